@@ -1,0 +1,86 @@
+"""The recipe interface and the in-memory dataset every built-in recipe uses."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from traingate.spec import RunSpec
+
+
+@dataclass
+class TensorData:
+    """Samples held as tensors, addressed by integer sample id (0..n-1).
+
+    Batches are gathered by id, so the sampler's position alone decides what a
+    step sees: that is what makes resume exact.
+    """
+
+    tensors: tuple[torch.Tensor, ...]
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0])
+
+    def batch(self, ids: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.as_tensor(list(ids), dtype=torch.long)
+        return tuple(t.index_select(0, index) for t in self.tensors)
+
+    def head(self, n: int) -> "TensorData":
+        return TensorData(tuple(t[:n] for t in self.tensors))
+
+    def content_hash(self) -> str:
+        h = hashlib.sha256()
+        for t in self.tensors:
+            h.update(t.contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+
+class Recipe:
+    """Model + data + loss + eval. Subclasses set ``name`` and ``Params``."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+
+    def __init__(self, spec: "RunSpec"):
+        from traingate.spec import SpecError
+
+        self.spec = spec
+        try:
+            self.params = self.Params.model_validate(spec.recipe.params)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise SpecError(
+                f"recipe.params.{loc} = {err.get('input')!r}: {err['msg']} "
+                f"(recipe {self.name!r} takes {sorted(self.Params.model_fields)})") from None
+
+    # -- data
+    def data_uri(self) -> str:
+        """Where the data comes from (recorded with the run)."""
+        raise NotImplementedError
+
+    def check_data(self) -> int:
+        """Cheaply confirm the data exists; return the number of training samples. Raises SpecError."""
+        raise NotImplementedError
+
+    def load_data(self) -> tuple[TensorData, TensorData]:
+        """(train, val)."""
+        raise NotImplementedError
+
+    # -- model
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, data: TensorData, batch_size: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def tokens_per_sample(self) -> int:
+        return 1

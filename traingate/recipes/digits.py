@@ -1,0 +1,85 @@
+"""digits-cnn: a small CNN on scikit-learn's bundled 8x8 digits (real data, offline)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from traingate.recipes.base import Recipe, TensorData
+
+BUILTIN_URI = "sklearn://load_digits"
+
+
+class DigitsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    channels: int = Field(default=16, ge=1)
+    hidden: int = Field(default=64, ge=1)
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+
+
+class DigitsNet(nn.Module):
+    def __init__(self, p: DigitsParams):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, p.channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(p.channels, 2 * p.channels, 3, padding=1)
+        self.fc1 = nn.Linear(2 * p.channels * 4 * 4, p.hidden)
+        self.fc2 = nn.Linear(p.hidden, 10)
+        self.drop = nn.Dropout(p.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # 8x8 -> 4x4
+        x = self.drop(F.relu(self.fc1(x.flatten(1))))
+        return self.fc2(x)
+
+
+class DigitsCNN(Recipe):
+    name = "digits-cnn"
+    Params = DigitsParams
+
+    def data_uri(self) -> str:
+        return self.spec.data.uri or BUILTIN_URI
+
+    def check_data(self) -> int:
+        from traingate.spec import SpecError
+
+        if self.data_uri() != BUILTIN_URI:
+            raise SpecError(f"data.uri = {self.spec.data.uri!r}: digits-cnn reads only {BUILTIN_URI}; remove data.uri")
+        n = 1797
+        return n - max(1, int(round(n * self.spec.data.val_fraction)))
+
+    def load_data(self) -> tuple[TensorData, TensorData]:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        y = torch.tensor(d.target, dtype=torch.long)
+        # A fixed split (not the run seed): the data snapshot must not depend on the seed.
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
+        x, y = x[perm], y[perm]
+        n_val = max(1, int(round(len(y) * self.spec.data.val_fraction)))
+        return TensorData((x[n_val:], y[n_val:])), TensorData((x[:n_val], y[:n_val]))
+
+    def build_model(self) -> nn.Module:
+        return DigitsNet(self.params)
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TensorData, batch_size: int) -> dict[str, Any]:
+        total_loss, correct = 0.0, 0
+        confusion = torch.zeros(10, 10, dtype=torch.long)
+        for start in range(0, len(data), batch_size):
+            x, y = data.batch(range(start, min(start + batch_size, len(data))))
+            logits = model(x)
+            total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+            pred = logits.argmax(1)
+            correct += (pred == y).sum().item()
+            confusion.index_put_((y, pred), torch.ones_like(y), accumulate=True)
+        return {"val_loss": total_loss / len(data), "val_accuracy": correct / len(data),
+                "confusion": confusion.tolist()}

@@ -1,0 +1,390 @@
+"""The training process: ``python -m traingate.runtime.train`` (under torchrun or alone).
+
+init -> parse -> build -> train -> close. The orchestrator hands over the run's
+identity and locations through the environment (see :mod:`traingate.runtime.env`);
+this process never calls back into Prefect. Rank 0 writes ``result.json`` into the
+stage's output directory; every rank writes a heartbeat each step and, on a caught
+error, a last-words file the supervisor reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from traingate.recipes import get_recipe
+from traingate.runtime import exitcodes, rng
+from traingate.runtime.checkpoint import CheckpointError, Checkpointer, RetentionPolicy
+from traingate.runtime.dist import DistInfo, close_distributed, init_distributed
+from traingate.runtime.env import RuntimeEnv
+from traingate.runtime.profile import StepProfile
+from traingate.runtime.sampler import ResumableSampler
+from traingate.spec import RunSpec, SpecError, parse_spec
+from traingate.tracking.tracker import make_tracker
+
+log = logging.getLogger("traingate.runtime")
+
+
+@dataclass
+class Outcome:
+    status: str = "completed"  # completed | stopped | preempted | diverged
+    steps_done: int = 0
+    resumed_from_step: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = exitcodes.OK
+
+
+class _StopFlag:
+    """Set by SIGTERM; read once per step and agreed on by all ranks."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+def _lr_lambda(spec: RunSpec, total_steps: int):
+    warm, sched = spec.optim.warmup_steps, spec.optim.schedule
+
+    def f(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if sched == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, stage: str, env: RuntimeEnv, d: DistInfo, stop_at_step: int | None):
+        self.spec, self.stage, self.env, self.d = spec, stage, env, d
+        self.limits = getattr(spec.stages, stage)
+        self.stop_at_step = stop_at_step
+        self.recipe = get_recipe(spec)
+        train, self.val = self.recipe.load_data()
+        if self.limits.max_samples:
+            train = train.head(self.limits.max_samples)
+        self.train = train
+        # Same init on every rank (DDP also broadcasts it); per-rank streams after that.
+        rng.seed_all(spec.optim.seed)
+        model = self.recipe.build_model().to(d.device)
+        rng.seed_all(spec.optim.seed + 1 + d.rank)
+        self.module = model
+        if d.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.model: torch.nn.Module = DDP(model, device_ids=[d.device] if d.device.type == "cuda" else None)
+        else:
+            self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.limits.max_steps))
+        self.scaler = torch.amp.GradScaler("cuda", enabled=d.device.type == "cuda")
+        self.micro = spec.optim.batch_size
+        self.accum = spec.optim.grad_accum
+        self.sampler = ResumableSampler(len(self.train), self.micro * self.accum * d.world_size, spec.optim.seed)
+        self.step = 0
+        ck = spec.checkpoint
+        self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every),
+                                 async_save=ck.async_save, staging_dir=str(env.out_dir),
+                                 fault_hook=env.fault_hook()) if d.is_main else None
+        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id)
+        self.profile = StepProfile()
+        self.stop = _StopFlag()
+        self.sample_log = open(env.record_samples_path(d.rank), "a") if env.record_samples else None
+
+    # ---------------------------------------------------------------- state
+    def state(self) -> dict[str, Any]:
+        rng_states = [rng.capture()]
+        if self.d.world_size > 1:
+            gathered: list[Any] = [None] * self.d.world_size
+            dist.all_gather_object(gathered, rng_states[0])
+            rng_states = gathered
+        return {
+            "model": self.module.state_dict(),
+            "train_state": {
+                "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "sampler": self.sampler.state_dict(),
+                "rng": rng_states,
+                "step": self.step,
+                "world_size": self.d.world_size,
+            },
+        }
+
+    def save(self, emergency: bool = False) -> None:
+        state = self.state()  # collective: every rank takes part
+        if self.ckpt is not None:
+            meta = {"run_id": self.env.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
+                    "mlflow_run_id": self.env.mlflow_run_id, "emergency": emergency}
+            self.ckpt.save(self.step, state, meta)
+            if emergency:
+                self.ckpt.wait()
+
+    def resume(self) -> int:
+        """Load the latest valid checkpoint of this run and stage, if any; return its step."""
+        step = self.ckpt.find_latest() if self.ckpt is not None else None
+        if self.d.world_size > 1:
+            box = [step]
+            dist.broadcast_object_list(box, src=0)
+            step = box[0]
+        if step is None:
+            return 0
+        if self.ckpt is not None:
+            state = self.ckpt.load(step)
+            payload = [state]
+        else:
+            payload = [None]
+        if self.d.world_size > 1:
+            dist.broadcast_object_list(payload, src=0)
+        state = payload[0]
+        self.module.load_state_dict(state["model"])
+        ts = state["train_state"]
+        self.opt.load_state_dict(ts["optimizer"])
+        self.sched.load_state_dict(ts["scheduler"])
+        self.scaler.load_state_dict(ts["scaler"])
+        self.sampler.load_state_dict(ts["sampler"])
+        states = ts["rng"]
+        # Same world size: each rank gets its own streams back. Otherwise rank r takes r mod saved.
+        rng.restore(states[self.d.rank % len(states)])
+        self.step = int(ts["step"])
+        return self.step
+
+    # ---------------------------------------------------------------- loop
+    def _train_step(self) -> tuple[float, float, bool, bool]:
+        t_data = time.perf_counter()
+        ids = ResumableSampler.shard(self.sampler.next_batch(), self.d.rank, self.d.world_size)
+        micro_ids = [ids[i * self.micro:(i + 1) * self.micro] for i in range(self.accum)]
+        batches = [tuple(t.to(self.d.device, non_blocking=True) for t in self.train.batch(m)) for m in micro_ids]
+        self.profile.data_wait(time.perf_counter() - t_data)
+        if self.sample_log is not None:
+            self.sample_log.write(f"{self.step + 1} {' '.join(map(str, ids))}\n")
+        total = torch.zeros((), device=self.d.device)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            ctx = self.model.no_sync() if (self.d.world_size > 1 and not last) else _null()
+            with ctx:
+                loss = self.recipe.loss(self.model, batch) / self.accum
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        self.scaler.unscale_(self.opt)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.spec.optim.max_grad_norm)
+        # One small all-reduce a step: the global loss, whether any rank saw a non-finite value,
+        # and whether any rank was asked to stop -- so every rank takes the same decision.
+        flags = torch.stack([total, (~torch.isfinite(total)).float(), torch.tensor(float(self.stop.requested),
+                                                                                   device=self.d.device)])
+        if self.d.world_size > 1:
+            sums = flags.clone()
+            dist.all_reduce(sums[:2], op=dist.ReduceOp.SUM)
+            stopv = flags[2:].clone()
+            dist.all_reduce(stopv, op=dist.ReduceOp.MAX)
+            flags = torch.cat([sums[:1] / self.d.world_size, sums[1:2], stopv])
+        loss_v, nonfinite, stop = float(flags[0]), bool(flags[1] > 0), bool(flags[2] > 0)
+        if nonfinite or not math.isfinite(float(grad_norm)):
+            self.opt.zero_grad(set_to_none=True)  # skip the update; the step still counts
+            self.scaler.update()
+            nonfinite = True
+        else:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        self.step += 1
+        return loss_v, float(grad_norm), nonfinite, stop
+
+    def _heartbeat(self) -> None:
+        _write_json(self.env.out_dir / f"heartbeat.rank{self.d.rank}.json",
+                    {"step": self.step, "time": time.time(), "pid": os.getpid()})
+
+    def run(self) -> Outcome:
+        out = Outcome()
+        out.resumed_from_step = self.resume()
+        self.profile.started(self.env.launch_ts)
+        if self.d.is_main:
+            log.info("stage %s: world %d, steps %d -> %d, %d train samples%s", self.stage, self.d.world_size,
+                     self.step, self.limits.max_steps, len(self.train),
+                     f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "")
+        ck = self.spec.checkpoint
+        last_ckpt_time = time.monotonic()
+        self.model.train()
+        losses: list[float] = []
+        nonfinite_steps, max_grad = 0, 0.0
+        tolerance = self.spec.optim.nonfinite_tolerance
+        tps = self.recipe.tokens_per_sample()
+        global_batch = self.sampler.global_batch
+        self._heartbeat()
+        while self.step < self.limits.max_steps:
+            t0 = time.perf_counter()
+            loss, gnorm, bad, stop = self._train_step()
+            dt = time.perf_counter() - t0
+            self.profile.step(dt)
+            self._heartbeat()
+            if bad:
+                nonfinite_steps += 1
+            else:
+                losses.append(loss)
+                max_grad = max(max_grad, gnorm)
+            if self.step % self.spec.tracking.log_every == 0 or self.step == self.limits.max_steps:
+                self.tracker.log_metrics({
+                    "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
+                    "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
+                    "data_wait_s": self.profile.last_data_wait}, step=self.step)
+            if nonfinite_steps > tolerance:
+                out.status, out.exit_code = "diverged", exitcodes.DIVERGED
+                log.error("non-finite loss at step %d (%d steps > tolerance %d); stopping",
+                          self.step, nonfinite_steps, tolerance)
+                break
+            if stop:
+                log.warning("SIGTERM: writing emergency checkpoint at step %d", self.step)
+                self.save(emergency=True)
+                out.status, out.exit_code = "preempted", exitcodes.PREEMPTED
+                break
+            if self.stop_at_step is not None and self.step >= self.stop_at_step:
+                self.save(emergency=True)
+                out.status = "stopped"
+                break
+            due_steps = ck.every_steps and self.step % ck.every_steps == 0
+            due_time = ck.every_minutes and time.monotonic() - last_ckpt_time >= ck.every_minutes * 60
+            if self.d.world_size > 1 and ck.every_minutes:
+                box = torch.tensor(float(bool(due_time)))
+                dist.all_reduce(box, op=dist.ReduceOp.MAX)  # wall clocks differ; agree on one step
+                due_time = bool(box > 0)
+            if (due_steps or due_time) and self.step < self.limits.max_steps:
+                self.save()
+                last_ckpt_time = time.monotonic()
+        out.steps_done = self.step
+        if out.status == "completed":
+            self.save()  # the final state is a checkpoint too (the stage's artifact)
+        if self.ckpt is not None:
+            self.ckpt.wait()
+        out.metrics = self._summary(losses, nonfinite_steps, max_grad, out)
+        return out
+
+    def _summary(self, losses: list[float], nonfinite: int, max_grad: float, out: Outcome) -> dict[str, Any]:
+        m: dict[str, Any] = {"nonfinite_steps": nonfinite, "max_grad_norm": max_grad,
+                             "steps": self.step, "resumed_from_step": out.resumed_from_step,
+                             "world_size": self.d.world_size}
+        if losses:
+            k = max(1, min(5, len(losses) // 4))  # smooth the ends over a few steps
+            first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+            m.update(first_loss=first, final_loss=last,
+                     loss_decrease_fraction=(first - last) / first if first > 0 else 0.0)
+        if out.status == "completed":
+            self.model.eval()
+            evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
+            self.model.train()
+            for k, v in evals.items():
+                if isinstance(v, (int, float)):
+                    m[k] = float(v)
+            m["eval"] = {k: v for k, v in evals.items() if not isinstance(v, (int, float))}
+        prof = self.profile.summary(self.sampler.global_batch, self.recipe.tokens_per_sample())
+        m["profile"] = prof
+        final = {k: v for k, v in m.items() if isinstance(v, (int, float))}
+        final.update({f"profile_{k}": v for k, v in prof.items() if isinstance(v, (int, float))})
+        self.tracker.log_metrics({k: v for k, v in final.items() if k != "steps"}, step=self.step)
+        return m
+
+    def close(self) -> None:
+        try:
+            if self.ckpt is not None:
+                self.ckpt.close()
+            self.tracker.close()
+        finally:
+            if self.sample_log is not None:
+                self.sample_log.close()
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m traingate.runtime.train")
+    p.add_argument("--spec", required=True, help="resolved spec (JSON or YAML)")
+    p.add_argument("--stage", required=True, choices=["smoke", "canary", "full"])
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="checkpoint and exit 0 at this step (the smoke stage's resume drill)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [rank %(rank)s] %(message)s")
+    rank = os.environ.get("RANK", "0")
+    for h in logging.getLogger().handlers:
+        h.addFilter(lambda r: setattr(r, "rank", rank) or True)
+    env = RuntimeEnv.from_environ()
+    trainer: Trainer | None = None
+    d: DistInfo | None = None
+    try:
+        d = init_distributed()
+        args = _parse(argv)
+        import yaml
+
+        spec = parse_spec(yaml.safe_load(Path(args.spec).read_text()))
+        env.out_dir.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(spec, args.stage, env, d, args.stop_at_step)
+        outcome = trainer.run()
+        if d.is_main:
+            _write_json(env.out_dir / "result.json", {
+                "status": outcome.status, "exit_code": outcome.exit_code, "steps_done": outcome.steps_done,
+                "resumed_from_step": outcome.resumed_from_step, "metrics": outcome.metrics,
+                "checkpoint_uri": trainer.ckpt.uri if trainer.ckpt else None,
+                "last_checkpoint_step": trainer.ckpt.last_saved_step if trainer.ckpt else None,
+                "checkpoint_blocked_s": trainer.ckpt.blocked_s if trainer.ckpt else 0.0,
+            })
+        trainer.close()
+        return outcome.exit_code
+    except (SpecError, ValueError) as e:
+        return _last_words(env, d, "user_error", e, exitcodes.USER_ERROR)
+    except CheckpointError as e:
+        return _last_words(env, d, "checkpoint_error", e, exitcodes.TRANSIENT_IO)
+    except Exception as e:  # noqa: BLE001 - classified and reported through last words, then exit non-zero
+        cause = "oom" if isinstance(e, torch.OutOfMemoryError) or isinstance(e, MemoryError) else \
+            "collective_timeout" if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower() else \
+            "transient_io" if isinstance(e, (ConnectionError, TimeoutError)) else "user_error"
+        code = {"user_error": exitcodes.USER_ERROR, "transient_io": exitcodes.TRANSIENT_IO}.get(cause, 1)
+        return _last_words(env, d, cause, e, code)
+    finally:
+        close_distributed()
+
+
+def _last_words(env: RuntimeEnv, d: DistInfo | None, cause: str, e: BaseException, code: int) -> int:
+    rank = d.rank if d else int(os.environ.get("RANK", "0"))
+    log.error("%s: %s", cause, e)
+    try:
+        env.out_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(env.out_dir / f"last_words.rank{rank}.json", {
+            "cause": cause, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:],
+            "time": time.time(), "exit_code": code})
+    except OSError as write_err:
+        log.error("could not write last words: %s", write_err)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
