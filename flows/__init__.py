@@ -1,0 +1,1 @@
+"""Prefect flows. Thin: they read like the pipeline diagram."""

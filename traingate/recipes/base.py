@@ -63,6 +63,11 @@ class Recipe:
         """Where the data comes from (recorded with the run)."""
         raise NotImplementedError
 
+    def data_snapshot(self) -> str:
+        """Content hash of the data this recipe trains on."""
+        train, val = self.load_data()
+        return hashlib.sha256((train.content_hash() + val.content_hash()).encode()).hexdigest()
+
     def check_data(self) -> int:
         """Cheaply confirm the data exists; return the number of training samples. Raises SpecError."""
         raise NotImplementedError

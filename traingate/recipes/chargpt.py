@@ -5,6 +5,7 @@ reference), so the recipe works offline on a fresh machine.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from importlib import resources
 from pathlib import Path
@@ -98,6 +99,9 @@ class CharGPT(Recipe):
                 text = text[: self.params.max_chars]
             self._text = text
         return self._text
+
+    def data_snapshot(self) -> str:
+        return hashlib.sha256(self._read().encode()).hexdigest()
 
     def _windows(self) -> int:
         return (len(self._read()) - 1) // self.params.block_size

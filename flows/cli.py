@@ -1,0 +1,109 @@
+"""The `traingate` command.
+
+    traingate validate SPEC [--set k=v ...]            print the resolved spec
+    traingate run SPEC [--set k=v ...] [--until STAGE] [--dry-run]
+
+A spec error prints one line naming the field, the value and the fix, exits 2,
+and starts nothing: validation runs before Prefect or MLflow is touched.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import yaml
+
+from traingate.settings import Settings
+from traingate.spec import STAGES, SpecError, load_spec
+
+EXIT_SPEC = 2
+
+
+def _embedded_defaults(settings: Settings) -> None:
+    """Keep Prefect's home inside the state dir and its telemetry off (set before importing prefect)."""
+    os.environ.setdefault("PREFECT_HOME", str(settings.state_dir / "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traingate", description="staged model training on Prefect")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def spec_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("spec", help="RunSpec YAML file")
+        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. --set optim.lr=0.001 (repeatable)")
+
+    v = sub.add_parser("validate", help="validate a spec and print it fully resolved")
+    spec_args(v)
+    r = sub.add_parser("run", help="run the ladder (Prefect flow `pipeline`)")
+    spec_args(r)
+    r.add_argument("--until", choices=STAGES, default="full", help="last stage to run")
+    r.add_argument("--dry-run", action="store_true", help="print the plan and estimated cost; run nothing")
+    return p
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    from traingate.validate import check_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    return spec, check_spec(spec)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec, _ = _load(args)
+    print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
+    print(f"# spec ok: hash {spec.spec_hash()}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from traingate.plan import plan, render
+
+    spec, samples = _load(args)
+    settings = Settings.from_env()
+    print(render(plan(spec, samples, args.until), spec))
+    if args.dry_run:
+        return 0
+    settings.ensure()
+    _embedded_defaults(settings)
+    from flows.pipeline import pipeline
+
+    state = pipeline(args.spec, args.overrides, args.until, return_state=True)
+    summary = _summary(state)
+    print()
+    print(f"pipeline {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
+    if summary:
+        print(f"  traingate run / MLflow parent run: {summary['run_id']}")
+        for stage, info in summary["stages"].items():
+            print(f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+                  f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}")
+        if summary.get("checkpoint_uri"):
+            print(f"  checkpoint:      {summary['checkpoint_uri']}")
+        print(f"  prefect flow run: {summary['flow_run_id']}")
+        print(f"  stage outputs:   {summary['run_dir']}")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri}")
+    print(f"  Prefect UI: PREFECT_HOME={os.environ['PREFECT_HOME']} prefect server start")
+    return 0 if state.is_completed() else 1
+
+
+def _summary(state: Any) -> dict[str, Any] | None:
+    data = state.result(raise_on_failure=False)
+    return data if isinstance(data, dict) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"validate": cmd_validate, "run": cmd_run}[args.cmd](args)
+    except SpecError as e:
+        print(f"traingate: invalid spec: {e}", file=sys.stderr)
+        return EXIT_SPEC
+
+
+if __name__ == "__main__":
+    sys.exit(main())

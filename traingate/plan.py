@@ -1,0 +1,48 @@
+"""The ladder's plan: which stages run, with what limits, at what cost ceiling. Nothing runs."""
+from __future__ import annotations
+
+from traingate import sizing
+from traingate.launch import stage_world
+from traingate.spec import STAGES, RunSpec
+
+
+def stages_until(until: str) -> list[str]:
+    return list(STAGES[: STAGES.index(until) + 1])
+
+
+def plan(spec: RunSpec, samples: dict[str, int], until: str = "full",
+         profile: dict[str, float] | None = None) -> list[dict[str, object]]:
+    """One row per stage. ``profile`` (a previous canary's) turns ceilings into estimates."""
+    rows: list[dict[str, object]] = []
+    price = spec.pool.price_per_gpu_hour
+    for stage in stages_until(until):
+        gate = spec.gate(stage)
+        row: dict[str, object] = {"stage": stage,
+                                  "gate": "; ".join(f"{r.metric} {r.op} {r.value:g}" for r in gate.rules)
+                                  + ("; human approval" if gate.require_approval else "")}
+        if stage == "unit":
+            row.update(processes=1, steps="-", samples="-", cost_ceiling_usd=0.0)
+        else:
+            nodes, nproc = stage_world(spec, stage)
+            limits = getattr(spec.stages, stage)
+            n_slots = sizing.slots(nodes * nproc)
+            row.update(processes=nodes * nproc, steps=limits.max_steps, samples=samples.get(stage, "-"),
+                       cost_ceiling_usd=sizing.cost_usd(limits.timeout_s, n_slots, price))
+            if profile:
+                est = sizing.estimate_stage(profile, limits.max_steps, n_slots, price)
+                row.update(est_wall_s=est["wall_s"], est_cost_usd=est["cost_usd"])
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict[str, object]], spec: RunSpec) -> str:
+    head = (f"plan for {spec.identity.experiment!r} ({spec.recipe.name}), pool {spec.resources.work_pool} "
+            f"at ${spec.pool.price_per_gpu_hour:g}/slot-hour"
+            + (f", budget ${spec.budget.max_cost_usd:g}" if spec.budget.max_cost_usd is not None else ""))
+    lines = [head, f"{'stage':<7} {'procs':>5} {'steps':>6} {'samples':>8} {'ceiling $':>10} {'est. $':>9}  gate"]
+    for r in rows:
+        est = r.get("est_cost_usd")
+        lines.append(f"{r['stage']:<7} {r['processes']:>5} {r['steps']!s:>6} {r['samples']!s:>8} "
+                     f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'after canary':>9}  "
+                     f"{r['gate']}")
+    return "\n".join(lines)

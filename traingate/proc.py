@@ -1,0 +1,106 @@
+"""Run one process tree: stream its output to a file (and a callback), stop it cleanly.
+
+The tree gets its own process group, so stopping it reaches torchrun's workers too:
+SIGTERM first (the runtime then writes an emergency checkpoint), SIGKILL after a grace period.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class ProcResult:
+    returncode: int
+    duration_s: float
+    tail: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    stopped: bool = False  # stopped on request (cancel/preempt)
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 else None
+
+
+class ProcessTree:
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path,
+                 on_line: Callable[[str], None] | None = None, tail_lines: int = 50):
+        self.cmd, self.log_path = cmd, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._on_line = on_line
+        self.started = time.monotonic()
+        self.popen = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True, text=True, errors="replace", bufsize=1)
+        self._reader = threading.Thread(target=self._pump, name="proc-reader", daemon=True)
+        self._reader.start()
+        self.stop_requested = False
+
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        with open(self.log_path, "a") as log:
+            for line in self.popen.stdout:
+                log.write(line)
+                log.flush()
+                line = line.rstrip("\n")
+                self._tail.append(line)
+                if self._on_line is not None:
+                    self._on_line(line)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass  # already gone
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the tree, wait up to grace_s, then SIGKILL what is left."""
+        self.stop_requested = True
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.signal_group(signal.SIGKILL)  # stragglers in the group, even if the leader exited
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout_s: float | None = None, grace_s: float = 30.0,
+             tick: Callable[[], bool] | None = None, tick_every_s: float = 0.5) -> ProcResult:
+        """Wait for exit. ``tick`` is called periodically; returning True stops the tree."""
+        deadline = None if timeout_s is None else self.started + timeout_s
+        timed_out = False
+        while self.popen.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+                self.stop(grace_s)
+                break
+            if tick is not None and tick():
+                self.stop(grace_s)
+                break
+            try:
+                self.popen.wait(timeout=tick_every_s)
+            except subprocess.TimeoutExpired:
+                pass
+        rc = self.popen.wait()
+        self.signal_group(signal.SIGKILL)  # orphans of a dead leader must not outlive the stage
+        self._reader.join(timeout=10)
+        return ProcResult(rc, time.monotonic() - self.started, list(self._tail), timed_out, self.stop_requested)
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path, timeout_s: float | None = None,
+        on_line: Callable[[str], None] | None = None) -> ProcResult:
+    return ProcessTree(cmd, env, cwd, log_path, on_line).wait(timeout_s)

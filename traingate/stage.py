@@ -1,0 +1,75 @@
+"""StageResult and GateDecision: plain data every stage ends in and every gate reads."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # completed | failed | diverged | preempted | skipped
+    metrics: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, bool] = field(default_factory=dict)  # named pass/fail facts, all must hold
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    checkpoint_uri: str | None = None
+    estimate: dict[str, float] = field(default_factory=dict)  # sizing estimate of the next stage
+    details: dict[str, Any] = field(default_factory=dict)  # profile, eval outputs, command, log tail
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StageResult":
+        return cls(**d)
+
+    def numeric_metrics(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+
+
+@dataclass
+class GateDecision:
+    stage: str
+    passed: bool
+    reasons: list[str]  # why it failed (empty when passed)
+    evaluated: list[tuple[str, str, bool]] = field(default_factory=list)  # (rule, measured, ok)
+
+    def summary(self) -> str:
+        if self.passed:
+            return f"gate after {self.stage}: passed ({len(self.evaluated)} rules)"
+        return f"gate after {self.stage}: FAILED: " + "; ".join(self.reasons)
+
+
+def render_markdown(result: StageResult, decision: GateDecision | None) -> str:
+    """The stage report shown as a Prefect artifact and stored in MLflow."""
+    lines = [f"# Stage `{result.stage}`: {result.status}", "",
+             f"duration {result.duration_s:.1f} s, cost ${result.cost_usd:.4f}"
+             + (f", checkpoint `{result.checkpoint_uri}`" if result.checkpoint_uri else ""), ""]
+    if result.error:
+        lines += [f"**error:** {result.error}", ""]
+    lines += ["| metric | value |", "|---|---|"]
+    for k, v in sorted(result.metrics.items()):
+        if isinstance(v, (int, float)):
+            lines.append(f"| {k} | {v:.6g} |")
+    if result.checks:
+        lines += ["", "| check | ok |", "|---|---|"]
+        lines += [f"| {k} | {'yes' if ok else '**no**'} |" for k, ok in sorted(result.checks.items())]
+    if result.estimate:
+        lines += ["", "| estimate (next stage) | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.6g} |" for k, v in sorted(result.estimate.items())]
+    if decision is not None:
+        lines += ["", f"## Gate: {'passed' if decision.passed else 'FAILED'}", "",
+                  "| rule | measured | ok |", "|---|---|---|"]
+        lines += [f"| {r} | {m} | {'yes' if ok else '**no**'} |" for r, m, ok in decision.evaluated]
+        if decision.reasons:
+            lines += ["", *[f"- {r}" for r in decision.reasons]]
+    return "\n".join(lines) + "\n"
+
+
+def dumps(result: StageResult) -> str:
+    return json.dumps(result.to_dict(), indent=1, sort_keys=True, default=str)
