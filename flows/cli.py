@@ -21,6 +21,11 @@ from traingate.spec import STAGES, SpecError, load_spec
 
 EXIT_SPEC = 2
 
+# Further subcommands, each a module with add_arguments(parser) and main(args) -> int.
+# Modules are imported only when their command runs (and to build --help).
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+}
+
 
 def _embedded_defaults(settings: Settings) -> None:
     """Keep Prefect's home inside the state dir and its telemetry off (set before importing prefect)."""
@@ -44,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     spec_args(r)
     r.add_argument("--until", choices=STAGES, default="full", help="last stage to run")
     r.add_argument("--dry-run", action="store_true", help="print the plan and estimated cost; run nothing")
+    for name, (module, help_text) in EXTRA_COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text)
+        __import__(module, fromlist=["add_arguments"]).add_arguments(sp)
     return p
 
 
@@ -70,7 +78,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     settings.ensure()
-    _embedded_defaults(settings)
     from flows.pipeline import pipeline
 
     state = pipeline(args.spec, args.overrides, args.until, return_state=True)
@@ -97,8 +104,11 @@ def _summary(state: Any) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _embedded_defaults(Settings.from_env())  # before anything imports prefect
     args = _parser().parse_args(argv)
     try:
+        if args.cmd in EXTRA_COMMANDS:
+            return __import__(EXTRA_COMMANDS[args.cmd][0], fromlist=["main"]).main(args)
         return {"validate": cmd_validate, "run": cmd_run}[args.cmd](args)
     except SpecError as e:
         print(f"traingate: invalid spec: {e}", file=sys.stderr)

@@ -294,16 +294,31 @@ _FIXES = {
 }
 
 
+_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
+           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+
+
 def _one_line(err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    parts = [str(p) for p in e["loc"]]
+    is_key = "[key]" in parts
+    loc = ".".join(p for p in parts if p != "[key]") or "spec"
     value = e.get("input")
-    shown = "(absent)" if e["type"] == "missing" else repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
     msg = e["msg"].removeprefix("Value error, ")
-    fix = _FIXES.get(e["type"])
-    text = f"{loc} = {shown}: {msg}" + (f" ({fix})" if fix and fix.lower() not in msg.lower() else "")
+    if e["type"] == "value_error" and isinstance(value, dict):
+        text = msg if loc == "spec" else f"{loc}: {msg}"  # a cross-field check: its message names the fields
+    else:
+        shown = "(absent)" if e["type"] == "missing" else repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        if is_key:
+            loc = loc.rsplit(".", 1)[0] + f".{value}" if "." in loc else str(value)
+            msg = f"unknown key; {msg[0].lower()}{msg[1:]}"
+        fix = _FIXES.get(e["type"])
+        if e["type"] in _BOUNDS:
+            key, op = _BOUNDS[e["type"]]
+            fix = f"set it to a value {op} {e.get('ctx', {}).get(key)}"
+        text = f"{loc} = {shown}: {msg}" + (f" ({fix})" if fix and fix.lower() not in msg.lower() else "")
     more = len(err.errors()) - 1
     return text + (f" [+{more} more error(s)]" if more else "")
 
