@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from traingate.sweep.config import SweepSpec
+
 STAGES = ("unit", "smoke", "canary", "full")
 Stage = Literal["unit", "smoke", "canary", "full"]
 TRAINING_STAGES = ("smoke", "canary", "full")
@@ -193,7 +195,7 @@ class RunSpec(_Section):
     tracking: TrackingSpec = TrackingSpec()
     budget: BudgetSpec = BudgetSpec()
     pools: dict[str, PoolSpec] = Field(default_factory=_default_pools)
-    sweep: dict[str, Any] | None = None
+    sweep: SweepSpec | None = Field(default=None, description="hyperparameter sweep (traingate sweep SPEC)")
 
     @model_validator(mode="after")
     def _pool_is_known(self) -> "RunSpec":

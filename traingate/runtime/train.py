@@ -19,7 +19,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -112,6 +112,11 @@ class Trainer:
         self.profile = StepProfile()
         self.stop = _StopFlag()
         self.sample_log = open(env.record_samples_path(d.rank), "a") if env.record_samples else None
+        # Intermediate validation for sweeps: every `eval_every` steps rank 0 appends
+        # {step, val_loss, val_accuracy, ...} to progress.jsonl; an in-process caller may also
+        # pass `on_progress`, which stops training (status "stopped") by returning True.
+        self.eval_every = 0
+        self.on_progress: Callable[[dict[str, Any]], bool] | None = None
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
@@ -213,6 +218,20 @@ class Trainer:
         self.step += 1
         return loss_v, float(grad_norm), nonfinite, stop
 
+    def _progress(self) -> bool:
+        """Validate now, append to progress.jsonl, and ask ``on_progress`` whether to stop."""
+        if not self.d.is_main:
+            return False
+        self.model.eval()
+        evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
+        self.model.train()
+        rec = {"step": self.step, "time": time.time(),
+               **{k: float(v) for k, v in evals.items() if isinstance(v, (int, float))}}
+        with open(self.env.out_dir / "progress.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.tracker.log_metrics({k: v for k, v in rec.items() if k.startswith("val_")}, step=self.step)
+        return bool(self.on_progress and self.on_progress(rec))
+
     def _heartbeat(self) -> None:
         _write_json(self.env.out_dir / f"heartbeat.rank{self.d.rank}.json",
                     {"step": self.step, "time": time.time(), "pid": os.getpid()})
@@ -250,6 +269,9 @@ class Trainer:
                     "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                     "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
                     "data_wait_s": self.profile.last_data_wait}, step=self.step)
+            if self.eval_every and self.step % self.eval_every == 0 and self._progress():
+                out.status = "stopped"
+                break
             if nonfinite_steps > tolerance:
                 out.status, out.exit_code = "diverged", exitcodes.DIVERGED
                 log.error("non-finite loss at step %d (%d steps > tolerance %d); stopping",
@@ -329,6 +351,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stage", required=True, choices=["smoke", "canary", "full"])
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="checkpoint and exit 0 at this step (the smoke stage's resume drill)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="validate every N steps into progress.jsonl (sweeps prune on it); 0 = only at the end")
     return p.parse_args(argv)
 
 
@@ -348,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = parse_spec(yaml.safe_load(Path(args.spec).read_text()))
         env.out_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(spec, args.stage, env, d, args.stop_at_step)
+        trainer.eval_every = args.eval_every
         outcome = trainer.run()
         if d.is_main:
             _write_json(env.out_dir / "result.json", {
