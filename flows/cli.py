@@ -24,6 +24,7 @@ EXIT_SPEC = 2
 # Further subcommands, each a module with add_arguments(parser) and main(args) -> int.
 # Modules are imported only when their command runs (and to build --help).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "sweep": ("flows.commands.sweep", "run or resume the spec's hyperparameter sweep (Optuna; --promote the best)"),
 }
 
 

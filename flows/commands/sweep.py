@@ -1,0 +1,43 @@
+"""`traingate sweep SPEC [--set k=v ...] [--promote]`: run (or resume) the spec's hyperparameter sweep."""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="RunSpec YAML file with a `sweep:` section")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec field, e.g. --set sweep.n_trials=20 (repeatable)")
+    p.add_argument("--promote", action="store_true",
+                   help="run the best configuration up the ladder (to sweep.promotion.until, default full)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from traingate.settings import Settings
+    from traingate.spec import SpecError, load_spec
+    from traingate.sweep.space import check_space
+    from traingate.validate import check_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    if spec.sweep is None:
+        raise SpecError(f"{args.spec}: no `sweep:` section; add one (see README, Sweeps)")
+    check_spec(spec)
+    check_space(spec)  # every error before Prefect starts
+    settings = Settings.from_env().ensure()
+    from flows.sweep import sweep
+
+    state = sweep(args.spec, args.overrides, args.promote, return_state=True)
+    data = state.result(raise_on_failure=False)
+    print(f"sweep {'DONE' if state.is_completed() else 'STOPPED'}: {state.message}")
+    if isinstance(data, dict):
+        for k in ("study", "stop_reason", "trials_finished", "total_steps", "best_trial", "best_value",
+                  "best_params", "reproducibility", "best_spec", "parent_run_id", "promotion"):
+            if k in data:
+                print(f"  {k:<16} {data[k]}")
+        for p in data.get("plots", []):
+            print(f"  plot             {p}")
+    print(f"  optuna-dashboard {settings.optuna_storage}")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri}")
+    print(f"  Prefect UI: PREFECT_HOME={os.environ.get('PREFECT_HOME', '')} prefect server start")
+    return 0 if state.is_completed() else 1

@@ -1,0 +1,194 @@
+"""Sweep boundaries: concurrency slots on the Prefect server, one trial's process tree, MLflow, plots.
+
+Each task wraps one side effect. The search itself (ask/tell, budgets, re-queueing) is
+``traingate.sweep.driver``; the flow in ``flows/sweep.py`` wires the two together.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import optuna
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from optuna.trial import FrozenTrial
+
+from traingate import launch, outcomes, proc
+from traingate.settings import Settings
+from traingate.spec import RunSpec, write_resolved
+from traingate.sweep import tracking as sweep_tracking
+from traingate.sweep.fence import fence
+from traingate.sweep.plots import save_plots
+from traingate.sweep.report import ProgressFollower, Reporter, TrialOutcome, objective_values
+from traingate.sweep.study import open_study, trial_key
+from traingate.tracking import runs
+
+_MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=[1, 5, 15])
+LEASE_S = 300.0  # Prefect renews the lease while a trial runs; a dead holder's slots come back after this
+
+
+def limit_name(study_name: str) -> str:
+    return "sweep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", study_name)
+
+
+@task(name="ensure-concurrency-limit", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+def ensure_concurrency_limit(name: str, limit: int) -> None:
+    """Create the global concurrency limit, or set its size (idempotent: safe on every sweep start)."""
+    with get_client(sync_client=True) as c:
+        c.upsert_global_concurrency_limit_by_name(name, limit)
+
+
+def release_leases(trial: FrozenTrial) -> None:
+    """Give back the slots a dead driver's trial held (called when Optuna finds the trial stale)."""
+    from prefect.concurrency._sync import release_concurrency_slots_with_lease
+
+    for lease in trial.user_attrs.get("prefect_leases", []):
+        try:
+            release_concurrency_slots_with_lease(lease)
+        except ObjectNotFound:
+            pass  # the lease had already expired: the server took the slots back itself
+
+
+@contextlib.contextmanager
+def trial_slots(limits: list[tuple[str, int]], on_leases: Callable[[list[str]], None]) -> Iterator[None]:
+    """Hold ``occupy`` slots of each named limit (strict: a missing limit is an error, not a no-op).
+
+    Like ``prefect.concurrency.sync.concurrency``, but the lease ids are handed to
+    ``on_leases`` (stored on the Optuna trial), so whoever re-queues a dead trial can release
+    its slots at once instead of waiting for the lease to expire.
+    """
+    # Private Prefect API (pinned prefect==3.8.8): the public context manager hides the lease id.
+    from prefect.concurrency._leases import maintain_concurrency_lease
+    from prefect.concurrency._sync import (acquire_concurrency_slots_with_lease,
+                                            release_concurrency_slots_with_lease)
+
+    with contextlib.ExitStack() as stack:
+        leases: list[str] = []
+        for name, occupy in limits:  # always in the same order: no two trials wait on each other's half
+            resp = acquire_concurrency_slots_with_lease([name], occupy, lease_duration=LEASE_S, strict=True)
+            leases.append(str(resp.lease_id))
+            stack.callback(release_concurrency_slots_with_lease, resp.lease_id)
+            stack.enter_context(maintain_concurrency_lease(resp.lease_id, LEASE_S, raise_on_lease_renewal_failure=False))
+        on_leases(leases)
+        yield
+
+
+def trial_dir(settings: Settings, study_name: str, key: str) -> Path:
+    return settings.state_dir / "sweeps" / study_name / key
+
+
+@task(name="sweep-trial-stage", cache_policy=NONE, retries=0)
+def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_id: int | None, key: str | None,
+                    mlflow_run_id: str | None, limits: list[tuple[str, int]]) -> dict[str, Any]:
+    """Train one trial's stage as a process tree; report validation to Optuna while it runs; stop it when pruned.
+
+    ``trial_id`` None: a re-run outside the study (reproducibility check), named by ``key``, never pruned.
+    """
+    log = get_run_logger()
+    sw = spec.sweep
+    assert sw is not None
+    settings = Settings.from_env()
+    study = open_study(spec, storage_url)
+    trial = optuna.trial.Trial(study, trial_id) if trial_id is not None else None
+    key = trial_key(trial) if trial is not None else key
+    assert key, "a re-run needs a key"
+    number = trial.number if trial is not None else -1
+    out = trial_dir(settings, study.study_name, key)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = write_resolved(trial_spec, out / "spec.yaml")
+    stage = sw.stage
+    limits_cfg = getattr(trial_spec.stages, stage)
+    reporter = Reporter(trial, sw) if trial is not None else None
+    follower = ProgressFollower(out / "progress.jsonl")
+
+    def tick() -> bool:
+        prune = False
+        for rec in follower.new():
+            prune = (reporter is not None and reporter.feed(rec)) or prune
+        return prune
+
+    def on_leases(ids: list[str]) -> None:
+        if trial is not None:
+            trial.set_user_attr("prefect_leases", ids)
+
+    with trial_slots(limits, on_leases):
+        start = time.time()
+        fenced = fence(out)
+        if fenced:
+            log.warning("trial %d: stopped orphaned trainer(s) %s of a previous attempt", number, fenced)
+        (out / "result.json").unlink(missing_ok=True)
+        for lw in out.glob("last_words.rank*.json"):
+            lw.unlink()
+        cmd = launch.stage_command(trial_spec, stage, resolved, sys.executable) + ["--eval-every",
+                                                                                 str(sw.scheduler.report_every)]
+        env = launch.stage_env(trial_spec, settings, stage, f"{study.study_name}-{key}", out, mlflow_run_id)
+        log.info("trial %d (%s): %s", number, key, " ".join(cmd))
+        tree = proc.ProcessTree(cmd, env, out, out / "stdout.log")
+        res = tree.wait(timeout_s=limits_cfg.timeout_s, grace_s=15, tick=tick, tick_every_s=0.25)
+        end = time.time()
+    if not res.stopped:
+        tick()  # the last reports; a finished trial is not pruned after the fact
+    result = outcomes.from_runtime(trial_spec, stage, res, out, end - start)
+    data = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
+    steps = int(data.get("steps_done") or result.metrics.get("steps", 0))
+    metrics = dict(result.numeric_metrics())
+    metrics.update(cost_usd=result.cost_usd, duration_s=result.duration_s, steps=float(steps))
+    oc = TrialOutcome(state="failed", steps=steps, cost_usd=result.cost_usd, start_ts=start, end_ts=end,
+                      pid=tree.pid, metrics=metrics, resumed_from_step=int(data.get("resumed_from_step") or 0))
+    if reporter is not None and reporter.pruned_at is not None and res.stopped:
+        oc.state, oc.pruned_at_step = "pruned", reporter.pruned_at
+    elif result.status == "completed":
+        try:
+            oc.values, oc.state = objective_values(sw, metrics), "complete"
+        except ValueError as e:
+            oc.error = str(e)
+    else:
+        oc.error = result.error or result.status
+    d = oc.to_dict()
+    d["intermediate"] = reporter.history if reporter is not None else []
+    return d
+
+
+@task(name="open-sweep-run", **_MLFLOW)
+def open_sweep_run(spec: RunSpec, storage_url: str) -> str:
+    s = Settings.from_env()
+    return sweep_tracking.open_sweep_run(runs.client(s.tracking_uri), spec, open_study(spec, storage_url),
+                                         s.artifact_uri)
+
+
+@task(name="open-trial-run", **_MLFLOW)
+def open_trial_run(parent_run_id: str, label: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    c = runs.client(Settings.from_env().tracking_uri)
+    return sweep_tracking.open_trial_run(c, parent_run_id, label, params, tags)
+
+
+@task(name="record-trial", **_MLFLOW)
+def record_trial(run_id: str, outcome: dict[str, Any], metric: str) -> None:
+    oc = TrialOutcome(**{k: v for k, v in outcome.items() if k != "intermediate"})
+    c = runs.client(Settings.from_env().tracking_uri)
+    sweep_tracking.record_trial(c, run_id, oc, [tuple(x) for x in outcome.get("intermediate", [])], metric)
+
+
+@task(name="sweep-report", cache_policy=NONE)
+def publish_sweep(spec: RunSpec, storage_url: str, parent_run_id: str, summary: dict[str, Any],
+                  files: list[str], out_dir: str) -> list[str]:
+    """Plots of the study, the summary as a Prefect artifact, everything onto the MLflow parent run."""
+    study = open_study(spec, storage_url)
+    plots = save_plots(study, Path(out_dir) / "plots")
+    c = runs.client(Settings.from_env().tracking_uri)
+    sweep_tracking.close_sweep_run(c, parent_run_id, summary, [*plots, *map(Path, files)])
+    lines = [f"# Sweep `{study.study_name}`", "", f"stopped: {summary.get('stop_reason')}", "",
+             "| key | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in summary.items()], "",
+             "Plots (MLflow artifacts of the parent run, folder `sweep/`): " + ", ".join(p.name for p in plots)]
+    create_markdown_artifact("\n".join(lines), key=re.sub(r"[^a-z0-9-]+", "-", limit_name(study.study_name).lower()),
+                             description="sweep summary")
+    return [str(p) for p in plots]
+

@@ -1,0 +1,177 @@
+"""The ask-and-tell loop: keep up to ``max_concurrent`` trials in flight until the budget is spent.
+
+The driver does not know how a trial runs: ``run_trial(trial, params) -> TrialOutcome``
+may launch a process tree under a Prefect subflow, or train in-process (the benchmark).
+Each in-flight trial gets a heartbeat into the Optuna storage; trials of a driver that
+died go stale and are re-queued (see :mod:`traingate.sweep.study`), and this loop picks
+them up first, because ``study.ask()`` pops waiting trials before sampling new ones.
+
+>>> import optuna
+>>> from traingate.sweep.config import SweepSpec
+>>> sw = SweepSpec.model_validate({"space": {"x": {"type": "float", "low": 0, "high": 1}},
+...                                "sampler": "random", "n_trials": 3})
+>>> study = optuna.create_study(direction="maximize")
+>>> fn = lambda t, p: TrialOutcome("complete", values=[p["x"]], steps=1)
+>>> len(drive(study, sw, fn).finished)
+3
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from traingate.sweep.config import SweepSpec
+from traingate.sweep.report import TrialOutcome
+from traingate.sweep.space import suggest
+
+log = logging.getLogger("traingate.sweep")
+
+RunTrial = Callable[[optuna.Trial, dict[str, Any]], TrialOutcome]
+
+
+@dataclass
+class Tally:
+    finished: list[FrozenTrial]  # complete, pruned, or failed for good
+    running: int
+    waiting: int
+    cost_usd: float
+    steps: int
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> "Tally":
+        trials = study.get_trials(deepcopy=False)
+        requeued = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                    or (t.state == TrialState.FAIL and t.number not in requeued)]
+        return cls(finished=finished,
+                   running=sum(t.state == TrialState.RUNNING for t in trials),
+                   waiting=sum(t.state == TrialState.WAITING for t in trials),
+                   cost_usd=sum(float(t.user_attrs.get("cost_usd", 0.0)) for t in trials),
+                   steps=sum(int(t.user_attrs.get("steps", 0)) for t in trials))
+
+    def can_ask(self, n_trials: int) -> bool:
+        return self.waiting > 0 or len(self.finished) + self.running < n_trials
+
+
+@dataclass
+class DriveResult:
+    finished: list[FrozenTrial]
+    stop_reason: str
+    steps: int
+    cost_usd: float
+    trials_run_here: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def budget_stop(sweep: SweepSpec, tally: Tally, started_ts: float, now: float | None = None) -> str | None:
+    """Why no new trial may start (None if one may)."""
+    b = sweep.budget
+    now = time.time() if now is None else now
+    if b.max_wall_s is not None and now - started_ts >= b.max_wall_s:
+        return f"wall-clock budget of {b.max_wall_s:.0f} s spent"
+    if b.max_cost_usd is not None and tally.cost_usd >= b.max_cost_usd:
+        return f"cost budget of ${b.max_cost_usd:.4f} spent (${tally.cost_usd:.4f})"
+    return None
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
+    """Record the trial's heartbeat in the storage until the block ends (no-op without RDB heartbeats)."""
+    storage = study._storage  # noqa: SLF001 - optuna's heartbeat API lives on the storage
+    if not isinstance(storage, optuna.storages.BaseHeartbeat) or not storage.is_heartbeat_enabled():
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+            done.wait(every_s)
+    t = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(timeout=every_s + 5)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
+    try:
+        outcome: TrialOutcome = fut.result()
+    except Exception as e:  # noqa: BLE001 - the trial is recorded as FAIL with the error; the sweep goes on
+        log.error("trial %d raised %s: %s", trial.number, type(e).__name__, e)
+        outcome = TrialOutcome("failed", error=f"{type(e).__name__}: {e}", end_ts=time.time())
+    attrs = {"state": outcome.state, "steps": outcome.steps, "cost_usd": outcome.cost_usd,
+             "start_ts": outcome.start_ts, "end_ts": outcome.end_ts, "pid": outcome.pid,
+             "resumed_from_step": outcome.resumed_from_step, "pruned_at_step": outcome.pruned_at_step,
+             "error": outcome.error, "metrics": outcome.metrics}
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if outcome.state == "complete":
+        values = outcome.values or []
+        study.tell(trial, values if len(values) > 1 else values[0])
+    elif outcome.state == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+    log.info("trial %d %s after %d steps%s", trial.number, outcome.state, outcome.steps,
+             f": {outcome.error}" if outcome.error else "")
+
+
+def _grid_exhausted(study: optuna.Study) -> bool:
+    s = study.sampler
+    return isinstance(s, optuna.samplers.GridSampler) and s.is_exhausted(study)
+
+
+def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: float = 1.0) -> DriveResult:
+    """Run the sweep to its trial budget (or wall-clock / cost budget). Safe to call again after a crash."""
+    if "started_ts" not in study.user_attrs:
+        study.set_user_attr("started_ts", time.time())
+    started = float(study.user_attrs["started_ts"])
+    inflight: dict[Future, optuna.Trial] = {}
+    ran_here = 0
+    stop_reason = ""
+
+    def run(trial: optuna.Trial, params: dict[str, Any]) -> TrialOutcome:
+        with heartbeat(study, trial, sweep.heartbeat_s):
+            return run_trial(trial, params)
+
+    pool = ThreadPoolExecutor(sweep.max_concurrent, thread_name_prefix="trial")
+    try:
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            tally = Tally.of(study)
+            stop = budget_stop(sweep, tally, started)
+            while (len(inflight) < sweep.max_concurrent and stop is None and tally.can_ask(sweep.n_trials)
+                   and not (tally.waiting == 0 and _grid_exhausted(study))):
+                trial = study.ask()
+                if "trial_key" not in trial.user_attrs:  # a re-queued trial keeps its original's key
+                    trial.set_user_attr("trial_key", f"trial-{trial.number:04d}")
+                params = suggest(trial, sweep.space)
+                inflight[pool.submit(run, trial, params)] = trial
+                ran_here += 1
+                tally = Tally.of(study)
+            if not inflight:
+                if stop is not None or (tally.running == 0 and tally.waiting == 0):
+                    stop_reason = stop or ("search space exhausted" if _grid_exhausted(study)
+                                           else f"{len(tally.finished)} trials finished")
+                    break
+                time.sleep(poll_s)  # trials of another (or a dead) driver: wait for them or their staleness
+                continue
+            done, _ = wait(inflight, timeout=max(poll_s, sweep.heartbeat_s), return_when=FIRST_COMPLETED)
+            for f in done:
+                _tell(study, inflight.pop(f), f)
+    finally:
+        pool.shutdown(wait=True)
+    tally = Tally.of(study)
+    return DriveResult(finished=tally.finished, stop_reason=stop_reason, steps=tally.steps,
+                       cost_usd=tally.cost_usd, trials_run_here=ran_here)

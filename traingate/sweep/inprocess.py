@@ -1,0 +1,41 @@
+"""Run a training stage inside this process: the same Trainer the training process runs, minus the process.
+
+The benchmark uses it so that dozens of trials fit on a 2-core machine (no interpreter
+and torch start-up per trial). Pruning hooks into the trainer's ``on_progress``, so a
+pruned trial stops at the step the scheduler decided, exactly as the process path does.
+Single process, main thread only (the trainer installs a SIGTERM handler).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from traingate.runtime.dist import DistInfo
+from traingate.runtime.env import RuntimeEnv
+from traingate.runtime.train import Trainer
+from traingate.spec import RunSpec
+
+
+def run_stage(spec: RunSpec, stage: str, out_dir: Path, eval_every: int = 0,
+              on_progress: Callable[[dict[str, Any]], bool] | None = None,
+              checkpoint_uri: str | None = None) -> dict[str, Any]:
+    """Train ``stage`` of ``spec`` here; returns {status, steps, metrics, duration_s}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = RuntimeEnv(run_id=out_dir.name, stage=stage, out_dir=out_dir,
+                     checkpoint_uri=checkpoint_uri or (out_dir / "checkpoints").as_uri(),
+                     tracking_uri=None, mlflow_run_id=None, launch_ts=time.time(), record_samples=False, fault=None)
+    d = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+    t0 = time.perf_counter()
+    trainer = Trainer(spec, stage, env, d, stop_at_step=None)
+    trainer.eval_every = eval_every
+    trainer.on_progress = on_progress
+    try:
+        outcome = trainer.run()
+    finally:
+        trainer.close()
+    metrics = {k: v for k, v in outcome.metrics.items() if isinstance(v, (int, float))}
+    return {"status": outcome.status, "steps": outcome.steps_done, "metrics": metrics,
+            "duration_s": time.perf_counter() - t0}

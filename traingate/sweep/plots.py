@@ -1,0 +1,46 @@
+"""Optuna's visualisations as PNG files: optimisation history, parameter importance, intermediate values."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; sweeps run on headless workers and in threads
+
+import matplotlib.pyplot as plt  # noqa: E402
+import optuna  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+
+def save_plots(study: optuna.Study, out_dir: Path) -> list[Path]:
+    """Write the plots that the study's trials support; returns their paths."""
+    from optuna.visualization import matplotlib as ovm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    multi = len(study.directions) > 1
+    plots = {}
+    if complete:
+        if multi:
+            plots["pareto_front"] = lambda: ovm.plot_pareto_front(study)
+            plots["optimization_history"] = lambda: ovm.plot_optimization_history(
+                study, target=lambda t: t.values[0], target_name="objective 0")
+        else:
+            plots["optimization_history"] = lambda: ovm.plot_optimization_history(study)
+    if len(complete) >= 2 and len({tuple(sorted(t.params.items(), key=str)) for t in complete}) >= 2:
+        plots["param_importances"] = (lambda: ovm.plot_param_importances(study, target=lambda t: t.values[0])) \
+            if multi else (lambda: ovm.plot_param_importances(study))
+    if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        plots["intermediate_values"] = lambda: ovm.plot_intermediate_values(study)
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for name, make in plots.items():
+            ax = make()
+            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+            p = out_dir / f"{name}.png"
+            fig.savefig(p, dpi=90, bbox_inches="tight")
+            plt.close(fig)
+            paths.append(p)
+    return paths

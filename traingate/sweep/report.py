@@ -1,0 +1,85 @@
+"""Trial outcomes -> objective values; reading progress.jsonl; reporting to Optuna while a trial runs."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from traingate.sweep.config import SweepSpec
+
+EXTRA_METRICS = ("cost_usd", "duration_s", "steps")
+
+
+@dataclass
+class TrialOutcome:
+    state: str  # complete | pruned | failed
+    values: list[float] | None = None
+    steps: int = 0
+    cost_usd: float = 0.0
+    start_ts: float = 0.0  # when the trial held its slots and started training
+    end_ts: float = 0.0
+    pid: int | None = None
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    pruned_at_step: int | None = None
+    resumed_from_step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def objective_values(sweep: SweepSpec, metrics: dict[str, float]) -> list[float]:
+    """The objective vector of a finished trial, in the spec's order. Raises ValueError naming what is missing."""
+    out = []
+    for o in sweep.objectives:
+        v = metrics.get(o.metric)
+        if v is None or not math.isfinite(float(v)):
+            raise ValueError(f"objective metric {o.metric!r} missing or not finite in the trial's results "
+                             f"(have {sorted(metrics)}); fix sweep.objectives")
+        out.append(float(v))
+    return out
+
+
+class ProgressFollower:
+    """Reads the lines a running trainer appends to progress.jsonl, each once."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[:chunk.rfind("\n") + 1]  # a half-written last line waits for the next call
+        self.offset += len(complete.encode())
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+class Reporter:
+    """Feeds intermediate values to ``trial.report`` and answers whether the scheduler prunes the trial."""
+
+    def __init__(self, trial: optuna.Trial, sweep: SweepSpec):
+        self.trial = trial
+        self.metric = sweep.objectives[0].metric
+        self.enabled = len(sweep.objectives) == 1  # Optuna cannot prune multi-objective trials
+        self.last_step = -1
+        self.pruned_at: int | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def feed(self, rec: dict[str, Any]) -> bool:
+        step = int(rec["step"])
+        if not self.enabled or step <= self.last_step or self.metric not in rec:
+            return self.pruned_at is not None
+        value = float(rec[self.metric])
+        self.trial.report(value, step)
+        self.history.append((step, value))
+        self.last_step = step
+        if self.pruned_at is None and self.trial.should_prune():
+            self.pruned_at = step
+        return self.pruned_at is not None

@@ -1,0 +1,117 @@
+"""Search space -> Optuna suggestions, and a sampled point -> a runnable RunSpec.
+
+>>> from traingate.sweep.config import ParamSpec
+>>> space = {"optim.schedule": ParamSpec(type="categorical", choices=["constant", "cosine"]),
+...          "optim.warmup_steps": ParamSpec(type="int", low=0, high=10, when={"optim.schedule": "cosine"})}
+>>> active({"optim.schedule": "cosine"}, space["optim.warmup_steps"].when)
+True
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import yaml
+
+from traingate.spec import RunSpec, SpecError, apply_overrides, parse_spec
+from traingate.sweep.config import ParamSpec, SweepSpec
+
+
+def active(chosen: dict[str, Any], when: dict[str, Any] | None) -> bool:
+    """Whether a conditional parameter applies, given the values sampled so far."""
+    for name, want in (when or {}).items():
+        allowed = want if isinstance(want, list) else [want]
+        if name not in chosen or chosen[name] not in allowed:
+            return False
+    return True
+
+
+def distribution(p: ParamSpec) -> optuna.distributions.BaseDistribution:
+    if p.type == "categorical":
+        return optuna.distributions.CategoricalDistribution(p.choices)
+    if p.type == "int":
+        return optuna.distributions.IntDistribution(int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+    return optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+
+
+def suggest(trial: optuna.Trial, space: dict[str, ParamSpec]) -> dict[str, Any]:
+    """Sample every active parameter, in declaration order (so `when` can see earlier values)."""
+    chosen: dict[str, Any] = {}
+    for name, p in space.items():
+        if not active(chosen, p.when):
+            continue
+        if p.type == "categorical":
+            chosen[name] = trial.suggest_categorical(name, p.choices)
+        elif p.type == "int":
+            chosen[name] = trial.suggest_int(name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        else:
+            chosen[name] = trial.suggest_float(name, p.low, p.high, step=p.step, log=p.log)
+    return chosen
+
+
+def grid(space: dict[str, ParamSpec]) -> dict[str, list[Any]]:
+    """Every value of every parameter (the grid sampler's search space)."""
+    out: dict[str, list[Any]] = {}
+    for name, p in space.items():
+        if p.type == "categorical":
+            out[name] = list(p.choices)
+        elif p.type == "int":
+            out[name] = list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+        else:
+            assert p.step is not None, "validated by SweepSpec"
+            n = int(round((p.high - p.low) / p.step))
+            out[name] = [float(v) for v in np.round(p.low + p.step * np.arange(n + 1), 12)]
+    return out
+
+
+def grid_size(space: dict[str, ParamSpec]) -> int:
+    return int(np.prod([len(v) for v in grid(space).values()]))
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def trial_spec(base: RunSpec, params: dict[str, Any], seed: int | None = None) -> RunSpec:
+    """The RunSpec one trial runs: the base spec with the sampled values set, no sweep section."""
+    tree = base.to_dict()
+    tree["sweep"] = None
+    for key, value in params.items():
+        node = tree
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _plain(value)
+    if seed is not None:
+        apply_overrides(tree, [f"optim.seed={seed}"])
+    try:
+        return parse_spec(tree)
+    except SpecError as e:
+        raise SpecError(f"sweep point {params}: {e}") from None
+
+
+def check_space(base: RunSpec) -> None:
+    """Set each parameter to its bounds/choices once, so a bad path or value fails before any trial runs."""
+    assert base.sweep is not None
+    for name, p in base.sweep.space.items():
+        values = p.choices if p.type == "categorical" else [p.low, p.high]
+        for v in values:
+            v = int(v) if p.type == "int" else v
+            try:
+                trial_spec(base, {name: v})
+            except SpecError as e:
+                raise SpecError(f"sweep.space.{name}: the value {v!r} does not make a valid spec ({e}); "
+                                f"check the dotted path and the range") from None
+
+
+def write_spec(spec: RunSpec, path: str | Path, header: str = "") -> Path:
+    """Write a ready-to-run spec (`traingate run PATH`)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tree = spec.to_dict()
+    tree.pop("sweep", None)
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(tree, sort_keys=False)
+    p.write_text(text)
+    return p
