@@ -1,11 +1,14 @@
 """Run one process tree: stream its output to a file (and a callback), stop it cleanly.
 
-The tree gets its own process group, so stopping it reaches torchrun's workers too:
+The tree gets its own process group. torchrun starts each worker in a session of its
+own, so signals go to the group *and* to every descendant seen while the tree ran
+(a worker orphaned by a dead torchrun is no longer anyone's child, but still ours to stop):
 SIGTERM first (the runtime then writes an emergency checkpoint), SIGKILL after a grace period.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import psutil
 
 
 @dataclass
@@ -43,6 +48,7 @@ class ProcessTree:
         self._reader = threading.Thread(target=self._pump, name="proc-reader", daemon=True)
         self._reader.start()
         self.stop_requested = False
+        self._seen: dict[int, psutil.Process] = {}
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
@@ -59,11 +65,25 @@ class ProcessTree:
     def pid(self) -> int:
         return self.popen.pid
 
+    def refresh_descendants(self) -> None:
+        """Remember the tree's current descendants (called on every wait tick)."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.popen.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+
     def signal_group(self, sig: int) -> None:
+        self.refresh_descendants()
         try:
             os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass  # already gone
+        for pid, p in list(self._seen.items()):
+            try:
+                p.send_signal(sig)  # psutil refuses a pid that was reused by an unrelated process
+            except psutil.NoSuchProcess:
+                del self._seen[pid]
+            except psutil.Error:
+                pass
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM the tree, wait up to grace_s, then SIGKILL what is left."""
@@ -88,6 +108,7 @@ class ProcessTree:
                 timed_out = True
                 self.stop(grace_s)
                 break
+            self.refresh_descendants()
             if tick is not None and tick():
                 self.stop(grace_s)
                 break

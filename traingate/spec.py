@@ -159,6 +159,22 @@ class CheckpointSpec(_Section):
     async_save: bool = True
 
 
+class SupervisionSpec(_Section):
+    """How a training stage is restarted after faults (see traingate.supervision)."""
+
+    max_restarts: int = Field(default=5, ge=0, description="restarts per stage before giving up")
+    max_downtime_s: float = Field(default=3600.0, gt=0, description="wall-clock of failed launches + backoff, per stage")
+    backoff_base_s: float = Field(default=1.0, ge=0, description="first restart delay; doubles each restart, with jitter")
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    hang_timeout_s: float | None = Field(default=None, gt=0,
+                                         description="no step for this long = hang; default 2x canary p99, >= floor")
+    hang_floor_s: float = Field(default=60.0, gt=0)
+    startup_timeout_s: float = Field(default=300.0, gt=0, description="launch -> first heartbeat of every rank")
+    preempt_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM -> SIGKILL, for the emergency checkpoint")
+    oom_halve_batch: bool = Field(default=False, description="on OOM retry with half the micro-batch, 2x grad_accum")
+    checkpoint_check_s: float = Field(default=10.0, gt=0, description="how often to look for a stale checkpoint")
+
+
 class TrackingSpec(_Section):
     enabled: bool = True
     log_every: int = Field(default=10, ge=1)
@@ -192,6 +208,7 @@ class RunSpec(_Section):
     stages: StagesSpec = StagesSpec()
     gates: dict[Stage, GateSpec] = Field(default_factory=dict, description="per stage; unset stages get default_gate")
     checkpoint: CheckpointSpec = CheckpointSpec()
+    supervision: SupervisionSpec = SupervisionSpec()
     tracking: TrackingSpec = TrackingSpec()
     budget: BudgetSpec = BudgetSpec()
     pools: dict[str, PoolSpec] = Field(default_factory=_default_pools)

@@ -32,6 +32,8 @@ from traingate.runtime.env import RuntimeEnv
 from traingate.runtime.profile import StepProfile
 from traingate.runtime.sampler import ResumableSampler
 from traingate.spec import RunSpec, SpecError, parse_spec
+from traingate.supervision import inject
+from traingate.supervision.causes import cause_of_exception, exit_code_for
 from traingate.tracking.tracker import make_tracker
 
 log = logging.getLogger("traingate.runtime")
@@ -104,10 +106,13 @@ class Trainer:
         self.accum = spec.optim.grad_accum
         self.sampler = ResumableSampler(len(self.train), self.micro * self.accum * d.world_size, spec.optim.seed)
         self.step = 0
+        self.injector = inject.Injector.from_environ(d.rank, env.out_dir)  # drills and tests only
+        self._start_step, self._first_step_time = 0, None
         ck = spec.checkpoint
+        storage_fault = self.injector.storage_hook if self.injector.faults else None
         self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every),
                                  async_save=ck.async_save, staging_dir=str(env.out_dir),
-                                 fault_hook=env.fault_hook()) if d.is_main else None
+                                 fault_hook=inject.chain(env.fault_hook(), storage_fault)) if d.is_main else None
         self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id)
         self.profile = StepProfile()
         self.stop = _StopFlag()
@@ -233,8 +238,12 @@ class Trainer:
         return bool(self.on_progress and self.on_progress(rec))
 
     def _heartbeat(self) -> None:
+        now = time.time()
+        if self._first_step_time is None and self.step > self._start_step:
+            self._first_step_time = now  # the supervisor's time-to-recovery ends here
         _write_json(self.env.out_dir / f"heartbeat.rank{self.d.rank}.json",
-                    {"step": self.step, "time": time.time(), "pid": os.getpid()})
+                    {"step": self.step, "time": now, "pid": os.getpid(), "start_step": self._start_step,
+                     "first_step_time": self._first_step_time})
 
     def run(self) -> Outcome:
         out = Outcome()
@@ -252,8 +261,10 @@ class Trainer:
         tolerance = self.spec.optim.nonfinite_tolerance
         tps = self.recipe.tokens_per_sample()
         global_batch = self.sampler.global_batch
+        self._start_step = self.step
         self._heartbeat()
         while self.step < self.limits.max_steps:
+            self.injector.before_step(self.step, self.module)
             t0 = time.perf_counter()
             loss, gnorm, bad, stop = self._train_step()
             dt = time.perf_counter() - t0
@@ -389,11 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:
         return _last_words(env, d, "checkpoint_error", e, exitcodes.TRANSIENT_IO)
     except Exception as e:  # noqa: BLE001 - classified and reported through last words, then exit non-zero
-        cause = "oom" if isinstance(e, torch.OutOfMemoryError) or isinstance(e, MemoryError) else \
-            "collective_timeout" if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower() else \
-            "transient_io" if isinstance(e, (ConnectionError, TimeoutError)) else "user_error"
-        code = {"user_error": exitcodes.USER_ERROR, "transient_io": exitcodes.TRANSIENT_IO}.get(cause, 1)
-        return _last_words(env, d, cause, e, code)
+        cause = cause_of_exception(e)
+        return _last_words(env, d, cause, e, exit_code_for(cause))
     finally:
         close_distributed()
 

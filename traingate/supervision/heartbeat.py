@@ -1,0 +1,95 @@
+"""What the supervisor reads from a running stage: heartbeats, last words; and what it decides from them.
+
+Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time})
+after every step. A run is hung when some rank's step has not advanced for the hang
+timeout, or when a rank has not written its first heartbeat within the startup timeout.
+
+>>> hang_timeout(canary_p99_s=0.4, floor_s=60.0)
+60.0
+>>> hang_timeout(canary_p99_s=90.0, floor_s=60.0)
+180.0
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_RANK = re.compile(r"\.rank(\d+)\.json$")
+
+
+def _read_ranked(stage_dir: Path, prefix: str) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for p in stage_dir.glob(f"{prefix}.rank*.json"):
+        m = _RANK.search(p.name)
+        if not m:
+            continue
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced right now, or a rank killed mid-write: next tick reads it
+        if isinstance(data, dict):
+            data["rank"] = int(m.group(1))
+            out[int(m.group(1))] = data
+    return out
+
+
+def read_heartbeats(stage_dir: Path) -> dict[int, dict[str, Any]]:
+    return _read_ranked(stage_dir, "heartbeat")
+
+
+def read_last_words(stage_dir: Path) -> list[dict[str, Any]]:
+    return sorted(_read_ranked(stage_dir, "last_words").values(), key=lambda w: w.get("time", 0.0))
+
+
+def hang_timeout(canary_p99_s: float | None, floor_s: float, factor: float = 2.0) -> float:
+    """Default hang timeout: ``factor`` x the canary's p99 step time, never below ``floor_s``."""
+    return max(floor_s, factor * canary_p99_s) if canary_p99_s else floor_s
+
+
+@dataclass
+class HangDetector:
+    """Watches per-rank heartbeats of one launch (wall-clock ``time.time()`` seconds)."""
+    timeout_s: float
+    startup_timeout_s: float
+    world_size: int
+    launched_at: float
+    _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, when it last advanced)
+
+    def observe(self, heartbeats: dict[int, dict[str, Any]], now: float) -> None:
+        for rank, hb in heartbeats.items():
+            step = int(hb.get("step", -1))
+            prev = self._last.get(rank)
+            if prev is None or step != prev[0]:
+                # Trust the rank's own timestamp for when it advanced, but not a future one.
+                self._last[rank] = (step, min(now, float(hb.get("time", now))))
+
+    def stalled(self, now: float) -> str | None:
+        """Why the run looks hung, or None."""
+        if len(self._last) < self.world_size:
+            if now - self.launched_at > self.startup_timeout_s:
+                missing = sorted(set(range(self.world_size)) - set(self._last))
+                return (f"rank(s) {missing} wrote no heartbeat within {self.startup_timeout_s:.0f} s of launch "
+                        "(supervision.startup_timeout_s)")
+            return None
+        for rank, (step, since) in sorted(self._last.items()):
+            if now - since > self.timeout_s:
+                return f"rank {rank} stuck at step {step} for {now - since:.1f} s (hang timeout {self.timeout_s:.1f} s)"
+        return None
+
+
+def checkpoint_stale(step: int, last_checkpoint_step: int, every_steps: int | None,
+                     seconds_since_checkpoint: float, every_s: float | None) -> str | None:
+    """Alert text when no new checkpoint arrived within 2x the checkpoint interval, else None.
+
+    >>> checkpoint_stale(step=120, last_checkpoint_step=50, every_steps=25,
+    ...                  seconds_since_checkpoint=10.0, every_s=None)
+    'no checkpoint for 70 steps (interval 25 steps)'
+    """
+    if every_steps and step - last_checkpoint_step > 2 * every_steps:
+        return f"no checkpoint for {step - last_checkpoint_step} steps (interval {every_steps} steps)"
+    if every_s and seconds_since_checkpoint > 2 * every_s:
+        return f"no checkpoint for {seconds_since_checkpoint:.0f} s (interval {every_s:.0f} s)"
+    return None
