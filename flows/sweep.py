@@ -26,7 +26,7 @@ from traingate.sweep.driver import drive
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.results import Reproduction, ranked, reproducibility, sweep_seeds
 from traingate.sweep.space import check_space, trial_spec, write_spec
-from traingate.sweep.study import open_study
+from traingate.sweep.study import open_study, requeue_of
 from traingate.validate import check_spec
 
 
@@ -96,7 +96,7 @@ def sweep(spec_path: str, overrides: list[str] | None = None, promote: bool = Fa
 
     def run_trial(trial: optuna.Trial, params: dict[str, Any]) -> TrialOutcome:
         out = call(sweep_trial, spec, storage, params, parent, limits, trial_id=trial._trial_id,  # noqa: SLF001
-                   trial_number=trial.number, requeue_of=trial.system_attrs.get("failed_trial"))
+                   trial_number=trial.number, requeue_of=requeue_of(trial))
         return TrialOutcome(**{k: v for k, v in out.items() if k != "intermediate"})
 
     result = drive(study, sw, run_trial)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -86,7 +87,7 @@ def budget_stop(sweep: SweepSpec, tally: Tally, started_ts: float, now: float | 
 def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
     """Record the trial's heartbeat in the storage until the block ends (no-op without RDB heartbeats)."""
     storage = study._storage  # noqa: SLF001 - optuna's heartbeat API lives on the storage
-    if not isinstance(storage, optuna.storages.BaseHeartbeat) or not storage.is_heartbeat_enabled():
+    if not hasattr(storage, "record_heartbeat") or not storage.get_heartbeat_interval():
         yield
         return
     done = threading.Event()
@@ -127,6 +128,15 @@ def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
              f": {outcome.error}" if outcome.error else "")
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Heartbeats are 'experimental' and 'meant for Study.optimize' to Optuna; ask-and-tell is the point here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        yield
+
+
 def _grid_exhausted(study: optuna.Study) -> bool:
     s = study.sampler
     return isinstance(s, optuna.samplers.GridSampler) and s.is_exhausted(study)
@@ -148,12 +158,14 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
     pool = ThreadPoolExecutor(sweep.max_concurrent, thread_name_prefix="trial")
     try:
         while True:
-            optuna.storages.fail_stale_trials(study)
+            with _quiet():
+                optuna.storages.fail_stale_trials(study)
             tally = Tally.of(study)
             stop = budget_stop(sweep, tally, started)
             while (len(inflight) < sweep.max_concurrent and stop is None and tally.can_ask(sweep.n_trials)
                    and not (tally.waiting == 0 and _grid_exhausted(study))):
-                trial = study.ask()
+                with _quiet():
+                    trial = study.ask()
                 if "trial_key" not in trial.user_attrs:  # a re-queued trial keeps its original's key
                     trial.set_user_attr("trial_key", f"trial-{trial.number:04d}")
                 params = suggest(trial, sweep.space)

@@ -73,9 +73,11 @@ class Reporter:
         self.history: list[tuple[int, float]] = []
 
     def feed(self, rec: dict[str, Any]) -> bool:
+        if self.pruned_at is not None:
+            return True  # the trial is over for the scheduler; later lines are the process winding down
         step = int(rec["step"])
         if not self.enabled or step <= self.last_step or self.metric not in rec:
-            return self.pruned_at is not None
+            return False
         value = float(rec[self.metric])
         self.trial.report(value, step)
         self.history.append((step, value))

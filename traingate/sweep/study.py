@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from typing import Callable
 
 import optuna
@@ -33,6 +34,12 @@ def trial_key(trial: optuna.Trial | FrozenTrial) -> str:
     return trial.user_attrs.get("trial_key") or f"trial-{trial.number:04d}"
 
 
+def requeue_of(trial: optuna.Trial) -> int | None:
+    """The number of the stale trial this one re-runs (None for a fresh trial)."""
+    attrs = trial.study._storage.get_trial_system_attrs(trial._trial_id)  # noqa: SLF001
+    return attrs.get("failed_trial")  # what RetryHeartbeatStaleTrialCallback records
+
+
 class _Requeue(RetryHeartbeatStaleTrialCallback):
     def __init__(self, on_stale: Callable[[FrozenTrial], None] | None):
         super().__init__(max_retry=MAX_REQUEUES)
@@ -44,14 +51,21 @@ class _Requeue(RetryHeartbeatStaleTrialCallback):
         super().__call__(study, trial)
 
 
+def _storage(url: str, heartbeat_s: float, grace_s: float,
+             on_stale: Callable[[FrozenTrial], None] | None) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(
+        url, heartbeat_interval=max(1, math.ceil(heartbeat_s)), grace_period=max(1, math.ceil(grace_s)),
+        heartbeat_stale_trial_callback=_Requeue(on_stale),
+        engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+
+
 def open_study(spec: RunSpec, storage_url: str,
                on_stale: Callable[[FrozenTrial], None] | None = None) -> optuna.Study:
     sw = spec.sweep
     assert sw is not None
-    storage = optuna.storages.RDBStorage(
-        storage_url, heartbeat_interval=max(1, math.ceil(sw.heartbeat_s)),
-        grace_period=max(1, math.ceil(sw.grace_s)), heartbeat_stale_trial_callback=_Requeue(on_stale),
-        engine_kwargs={"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else None)
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.8; we rely on them
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = _storage(storage_url, sw.heartbeat_s, sw.grace_s, on_stale)
     max_steps = getattr(spec.stages, sw.stage).max_steps
     study = optuna.create_study(study_name=study_name(spec), storage=storage, load_if_exists=True,
                                 directions=sw.directions, sampler=make_sampler(sw),
