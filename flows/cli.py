@@ -24,7 +24,12 @@ EXIT_SPEC = 2
 # Further subcommands, each a module with add_arguments(parser) and main(args) -> int.
 # Modules are imported only when their command runs (and to build --help).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "resume": ("flows.commands.resume", "continue a preempted or failed run from its latest checkpoint"),
+    "drill": ("flows.commands.drill", "fault-injection drill: break a run on purpose, check it ends bitwise equal"),
     "sweep": ("flows.commands.sweep", "run or resume the spec's hyperparameter sweep (Optuna; --promote the best)"),
+    "runs": ("flows.commands.runs", "list and compare runs (by experiment, team, metric)"),
+    "show": ("flows.commands.show", "identity, stages, gates, restarts, notes and cost of a run"),
+    "note": ("flows.commands.note", "add a timestamped note to a run's logbook"),
 }
 
 
@@ -33,6 +38,8 @@ def _embedded_defaults(settings: Settings) -> None:
     os.environ.setdefault("PREFECT_HOME", str(settings.state_dir / "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # The temporary server's 20 s default is too tight on a busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _parser() -> argparse.ArgumentParser:

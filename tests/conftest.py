@@ -52,12 +52,12 @@ def prefect_harness():
 
 TINY_DIGITS = """
 identity: {experiment: tests, owner: tester, team: platform, purpose: exercise the ladder in tests}
-recipe: {name: digits-cnn, params: {channels: 4, hidden: 16}}
-optim: {lr: 0.01, batch_size: 16, seed: 0}
+recipe: {name: digits-cnn, params: {channels: 8, hidden: 32}}
+optim: {lr: 0.05, batch_size: 16, seed: 0}
 resources: {work_pool: cpu-local, procs_per_node: 2}
 stages:
   smoke: {max_steps: 4, max_samples: 64}
-  canary: {max_steps: 12}
+  canary: {max_steps: 20}
   full: {max_steps: 16}
 gates:
   canary:

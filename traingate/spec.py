@@ -46,7 +46,7 @@ class ScriptRecipe(_Section):
     """An existing training command run unmodified, under torchrun or as-is."""
 
     command: list[str] = Field(min_length=1)
-    workdir: str = "."
+    workdir: str = Field(default=".", description="relative to the spec file's directory")
     launcher: Literal["torchrun", "plain"] = "plain"
     stage_args: dict[Literal["smoke", "canary", "full"], list[str]] = Field(default_factory=dict)
     # Regexes with named groups; each named group is a metric, a group named `step` is the step.
@@ -155,8 +155,14 @@ class CheckpointSpec(_Section):
     every_minutes: float | None = Field(default=None, gt=0)
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1, description="also keep every Nth step forever")
+    keep_best: int = Field(default=0, ge=0, description="also keep the N best checkpoints by best_metric")
+    best_metric: str = Field(default="train_loss", min_length=1,
+                             description="metric in each manifest that keep_best ranks by (mean since last save)")
+    best_mode: Literal["min", "max"] = "min"
     uri: str | None = Field(default=None, description="checkpoint root URI; settings default if unset")
     async_save: bool = True
+    in_flight: Literal["wait", "skip"] = Field(
+        default="wait", description="a save due while the previous one is still being written: wait for it, or skip")
 
 
 class SupervisionSpec(_Section):
@@ -368,7 +374,12 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"spec file {str(path)!r} does not exist; pass the path of a YAML spec")
-    return load_spec_text(p.read_text(), overrides, source=str(path))
+    spec = load_spec_text(p.read_text(), overrides, source=str(path))
+    script = spec.recipe.script
+    if script is not None and not Path(script.workdir).is_absolute():
+        # A script's workdir is relative to the spec file, so a spec works from any cwd.
+        script.workdir = str((p.resolve().parent / script.workdir).resolve())
+    return spec
 
 
 def write_resolved(spec: RunSpec, path: str | Path) -> Path:

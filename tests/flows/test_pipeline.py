@@ -1,0 +1,162 @@
+"""The ladder end to end: real Prefect (test harness), real MLflow (sqlite), real torchrun."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import PYTHON, ROOT
+from traingate.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+def _client() -> MlflowClient:
+    return MlflowClient(Settings.from_env().tracking_uri)
+
+
+def _children(client: MlflowClient, parent_id: str) -> dict[str, object]:
+    exp = client.get_run(parent_id).info.experiment_id
+    runs = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent_id}'")
+    return {r.data.tags["traingate.stage"]: r for r in runs}
+
+
+def test_ladder_climbs_all_four_stages_and_records_each(prefect_harness, state_dir, tiny_spec):
+    from prefect.artifacts import Artifact
+
+    from flows.pipeline import pipeline
+
+    state = pipeline(str(tiny_spec()), [], "full", return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert list(summary["stages"]) == ["unit", "smoke", "canary", "full"]
+
+    client = _client()
+    parent = client.get_run(summary["run_id"])
+    assert parent.info.status == "FINISHED"
+    tags = parent.data.tags
+    assert tags["traingate.owner"] == "tester" and tags["traingate.identity_valid"] == "true"
+    assert parent.data.params["optim.lr"] == "0.05"
+    stages = _children(client, summary["run_id"])
+    assert set(stages) == {"unit", "smoke", "canary", "full"}
+    for name, run in stages.items():
+        assert run.data.tags["traingate.gate_passed"] == "true", name
+        assert "gate/report.md" in [a.path for a in client.list_artifacts(run.info.run_id, "gate")]
+    assert stages["unit"].data.metrics["stage.tests_passed"] >= 7
+    assert stages["smoke"].data.metrics["stage.resumed_from_step"] == 2
+    canary = stages["canary"].data.metrics
+    for k in ("stage.step_time_p50_s", "stage.step_time_p99_s", "stage.samples_per_s", "stage.peak_memory_mb",
+              "stage.startup_s", "estimate.next_stage_wall_s", "estimate.next_stage_cost_usd"):
+        assert canary[k] > 0, k
+    full = stages["full"].data.metrics
+    assert full["stage.world_size"] == 2 and full["stage.steps"] == 16
+    assert len(client.get_metric_history(stages["full"].info.run_id, "train_loss")) == 8  # log_every 2
+    ckpt = Path(summary["checkpoint_uri"].removeprefix("file://"))
+    assert (ckpt / "step_00000016" / "manifest.json").exists()
+
+    artifact = Artifact.get("stage-canary")
+    assert artifact is not None and "step_time_p99_s" in artifact.data
+
+
+def test_canary_with_zero_learning_rate_stops_before_full_with_the_failing_rule(prefect_harness, state_dir,
+                                                                                tiny_spec):
+    from flows.pipeline import pipeline
+
+    state = pipeline(str(tiny_spec()), ["optim.lr=0"], "full", return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("gate after canary: FAILED: loss_decrease_fraction = ")
+    assert "required >= 0.05" in state.message
+    summary = state.result(raise_on_failure=False)
+    assert list(summary["stages"]) == ["unit", "smoke", "canary"]
+    client = _client()
+    assert set(_children(client, summary["run_id"])) == {"unit", "smoke", "canary"}
+    parent = client.get_run(summary["run_id"])
+    assert parent.info.status == "FAILED" and parent.data.tags["traingate.reached_stage"] == "canary"
+    assert not (Path(summary["run_dir"]) / "full").exists()
+
+
+def test_failing_training_code_tests_stop_the_ladder_at_the_unit_gate(prefect_harness, state_dir, tmp_path):
+    from flows.pipeline import pipeline
+
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", examples, ignore=shutil.ignore_patterns("__pycache__"))
+    (examples / "script_project" / "tests" / "test_broken.py").write_text(
+        "def test_loss_is_connected():\n    assert False, 'loss does not depend on the model'\n")
+    state = pipeline(str(examples / "script.yaml"), [], "full", return_state=True)
+    assert state.is_failed()
+    assert state.message == "gate after unit: FAILED: tests_failed = 1, required == 0"
+    assert list(state.result(raise_on_failure=False)["stages"]) == ["unit"]
+
+
+def test_script_recipe_climbs_the_ladder_with_metrics_read_from_its_output(prefect_harness, state_dir, tmp_path):
+    from flows.pipeline import pipeline
+
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", examples, ignore=shutil.ignore_patterns("__pycache__"))
+    state = pipeline(str(examples / "script.yaml"), ["recipe.script.stage_args.full=[--steps, '60']"], "full",
+                     return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    client = _client()
+    stages = _children(client, summary["run_id"])
+    assert stages["unit"].data.metrics["stage.tests_passed"] == 2
+    full = stages["full"]
+    assert full.data.metrics["stage.acc"] >= 0.9 and full.data.metrics["stage.steps"] == 60
+    assert len(client.get_metric_history(full.info.run_id, "loss")) == 60
+    # the script logged into the same run through the MLFLOW_RUN_ID it was handed
+    assert len(client.get_metric_history(full.info.run_id, "script_loss")) == 6
+
+
+def _wait_for_paused_run(timeout_s: float = 180):
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as c:
+        while time.monotonic() < deadline:
+            for fr in c.read_flow_runs(limit=20):
+                if fr.state is not None and fr.state.is_paused():
+                    return fr.id
+            time.sleep(1)
+    raise AssertionError("no flow run paused for approval")
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harness, state_dir, tiny_spec, approve):
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.pipeline import pipeline
+
+    spec = tiny_spec()
+    gate = ["gates.unit.require_approval=true", "gates.unit.approval_timeout_s=300",
+            "gates.unit.rules=[{metric: tests_failed, op: '==', value: 0}]"]
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(state=pipeline(str(spec), gate, "smoke", return_state=True)))
+    t.start()
+    run_id = _wait_for_paused_run()
+    resume_flow_run(run_id, run_input={"approve": approve, "reviewer": "ana", "reason": "looks fine" if approve
+                                       else "wait for the data fix"})
+    t.join(timeout=300)
+    state = box["state"]
+    if approve:
+        assert state.is_completed(), state.message
+        assert list(state.result()["stages"]) == ["unit", "smoke"]
+    else:
+        assert state.is_failed()
+        assert state.message == "promotion to smoke rejected by ana: wait for the data fix"
+
+
+def test_cli_run_prints_the_failing_rule_and_exits_1(tiny_spec, tmp_path):
+    env_dir = tmp_path / "cli-state"
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--set", "optim.lr=0",
+                        "--until", "canary"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "TRAINGATE_STATE_DIR": str(env_dir),
+                            "PREFECT_HOME": str(tmp_path / "prefect")})
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "pipeline STOPPED: gate after canary: FAILED: loss_decrease_fraction = " in p.stdout
+    assert "traingate run / MLflow parent run:" in p.stdout and "prefect flow run:" in p.stdout
