@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import optuna
 import psutil
@@ -10,6 +15,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
+from tests.conftest import PYTHON
 from tests.sweep.conftest import ONE_PROC, load, max_overlap
 
 pytestmark = pytest.mark.slow
@@ -27,11 +33,11 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
     from traingate.sweep.study import open_study
 
     path = sweep_spec("""
-        scheduler: {name: asha, report_every: 20, min_resource: 20, reduction_factor: 2}
+        scheduler: {name: asha, report_every: 10, min_resource: 10, reduction_factor: 2}
         n_trials: 2
         max_concurrent: 1
     """)
-    overrides = ONE_PROC + ["stages.canary.max_steps=400", "checkpoint.every_steps=1000"]
+    overrides = ONE_PROC + ["stages.canary.max_steps=200", "checkpoint.every_steps=1000"]
     s = _settings()
     # A good configuration first, then a hopeless one (lr near zero): ASHA must cut the second at its first rung.
     study = open_study(load_spec(path, overrides), s.optuna_storage)
@@ -45,12 +51,12 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
 
     study = load(path, overrides, s.optuna_storage)
     good, bad = study.trials
-    assert good.state == TrialState.COMPLETE and good.user_attrs["steps"] == 400
+    assert good.state == TrialState.COMPLETE and good.user_attrs["steps"] == 200
     assert bad.state == TrialState.PRUNED, (bad.intermediate_values, good.intermediate_values)
-    assert bad.user_attrs["pruned_at_step"] == 20
-    assert bad.user_attrs["steps"] < 400  # stopped while running, not after the fact
+    assert bad.user_attrs["pruned_at_step"] == 10
+    assert bad.user_attrs["steps"] < 200  # stopped while running, not after the fact
     assert not psutil.pid_exists(bad.user_attrs["pid"])
-    assert set(bad.intermediate_values) == {20}
+    assert set(bad.intermediate_values) == {10}
 
     # The best configuration is a ready-to-run spec.
     best = load_spec(summary["best_spec"])
@@ -68,7 +74,7 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
     assert by_state["PRUNED"].info.status == "KILLED"
     assert by_state["COMPLETE"].data.params["optim.lr"] == "0.05"
     history = c.get_metric_history(by_state["COMPLETE"].info.run_id, "val_accuracy")
-    assert sorted({m.step for m in history}) == list(range(20, 401, 20))  # intermediate, from the trainer
+    assert sorted({m.step for m in history}) == list(range(10, 201, 10))  # intermediate, from the trainer
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/optimization_history.png", "sweep/intermediate_values.png", "sweep/best_spec.yaml"} <= arts
 
@@ -82,14 +88,88 @@ def test_trials_never_run_more_at_once_than_the_pool_limit_allows(prefect_harnes
         c.upsert_global_concurrency_limit_by_name("tg-test-pool-1slot", 1)
     path = sweep_spec("""
         scheduler: {name: fifo, report_every: 50}
-        n_trials: 3
-        max_concurrent: 3
+        n_trials: 2
+        max_concurrent: 2
         pool_limit: tg-test-pool-1slot
     """)
-    overrides = ONE_PROC + ["stages.canary.max_steps=150", "checkpoint.every_steps=1000"]
+    overrides = ONE_PROC + ["stages.canary.max_steps=40", "checkpoint.every_steps=1000"]
     state = sweep(str(path), overrides, return_state=True)
     assert state.is_completed(), state.message
     trials = load(path, overrides, _settings().optuna_storage).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
     spans = [(t.user_attrs["start_ts"], t.user_attrs["end_ts"]) for t in trials]
     assert max_overlap(spans) == 1, spans
+
+
+def _kill_node(driver: subprocess.Popen, trial_dirs: list[Path]) -> None:
+    """What losing the sweep's machine looks like: the driver and every trainer it started die at once."""
+    os.killpg(driver.pid, signal.SIGKILL)
+    for d in trial_dirs:
+        for hb in d.glob("heartbeat.rank*.json"):
+            try:
+                os.killpg(os.getpgid(json.loads(hb.read_text())["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError):
+                pass
+    driver.wait(timeout=30)
+
+
+def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_ones(
+        prefect_harness, state_dir, sweep_spec, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.sweep import sweep
+    from traingate.spec import load_spec
+    from traingate.sweep.study import study_name
+
+    path = sweep_spec("""
+        scheduler: {name: fifo, report_every: 20}
+        n_trials: 3
+        max_concurrent: 2
+    """)
+    overrides = ONE_PROC + ["stages.canary.max_steps=400", "checkpoint.every_steps=20"]
+    s = _settings()
+    name = study_name(load_spec(path, overrides))
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TRAINGATE_STATE_DIR": str(state_dir)}
+    cmd = [PYTHON, "-m", "flows.cli", "sweep", str(path), *[a for o in overrides for a in ("--set", o)]]
+    driver = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
+                              stdout=open(tmp_path / "driver.log", "w"), stderr=subprocess.STDOUT)
+    sweep_dir = state_dir / "sweeps" / name
+    deadline = time.monotonic() + 400
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, (tmp_path / "driver.log").read_text()[-3000:]
+        assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name=name, storage=s.optuna_storage).trials
+        except KeyError:
+            continue  # the study does not exist yet
+        if not any(t.state == TrialState.COMPLETE for t in trials):
+            continue
+        for t in trials:
+            hb = sweep_dir / t.user_attrs.get("trial_key", "-") / "heartbeat.rank0.json"
+            if t.state == TrialState.RUNNING and hb.exists():
+                step = json.loads(hb.read_text())["step"]
+                if 45 <= step < 380:  # past two checkpoints, far from done
+                    victim = t.number
+    _kill_node(driver, [p for p in sweep_dir.iterdir() if p.is_dir()])
+    before = {t.number: t for t in optuna.load_study(study_name=name, storage=s.optuna_storage).trials}
+    done_before = {n: t for n, t in before.items() if t.state == TrialState.COMPLETE}
+
+    state = sweep(str(path), overrides, return_state=True)  # re-running the same spec resumes it
+    assert state.is_completed(), state.message
+
+    after = optuna.load_study(study_name=name, storage=s.optuna_storage).trials
+    for n, t in done_before.items():  # finished trials are kept exactly as they were
+        assert after[n].state == TrialState.COMPLETE and after[n].values == t.values
+        assert after[n].datetime_complete == t.datetime_complete
+    assert after[victim].state == TrialState.FAIL
+    retry = [t for t in after if t.system_attrs.get("failed_trial") == victim]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
+    assert retry[0].params == after[victim].params
+    assert retry[0].user_attrs["trial_key"] == after[victim].user_attrs["trial_key"]
+    assert 20 <= retry[0].user_attrs["resumed_from_step"] < 400  # from its checkpoint, not from scratch
+    keys = [t.user_attrs["trial_key"] for t in after if t.state == TrialState.COMPLETE]
+    assert len(keys) == len(set(keys)) == 3  # nothing lost, nothing run twice
+    spans = [(t.user_attrs["start_ts"], t.user_attrs["end_ts"]) for t in after if t.state == TrialState.COMPLETE]
+    assert max_overlap(spans) <= 2
