@@ -10,39 +10,34 @@ from traingate import sizing
 from traingate.launch import stage_world
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
-from traingate.runtime import exitcodes
 from traingate.spec import RunSpec
+from traingate.supervision import causes
+from traingate.supervision.heartbeat import read_last_words
 from traingate.stage import StageResult
 
 NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
 
 
 def last_words(stage_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for p in sorted(stage_dir.glob("last_words.rank*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except ValueError:
-            continue  # a rank killed mid-write: the other ranks' words still count
-    return out
+    """Every rank's last words (a caught error's cause and traceback), oldest first."""
+    return read_last_words(stage_dir)
 
 
 def classify_exit(proc: ProcResult, stage_dir: Path) -> tuple[str, str | None]:
-    """(status, error) for a process that did not complete."""
-    words = last_words(stage_dir)
-    if words:
-        w = words[0]
-        return ("diverged" if w.get("cause") == "diverged" else "failed"), f"{w.get('cause')}: {w.get('error')}"
-    if proc.timed_out:
-        return "failed", f"timeout: stage exceeded its time limit after {proc.duration_s:.0f} s"
-    if proc.returncode == exitcodes.PREEMPTED:
-        return "preempted", "preempted: SIGTERM honoured, emergency checkpoint written"
-    if proc.returncode == exitcodes.DIVERGED:
-        return "diverged", "diverged: non-finite loss beyond optim.nonfinite_tolerance"
-    if proc.signal:
-        return "failed", f"worker_lost: killed by signal {proc.signal}"
-    tail = " | ".join(proc.tail[-3:])
-    return "failed", f"exit code {proc.returncode}: {tail}"
+    """(status, error) for a process that did not complete: ``failed``, ``diverged`` or ``preempted``,
+    and ``"<cause>: <detail>"`` with a cause from :mod:`traingate.supervision.causes`."""
+    result_path = stage_dir / "result.json"
+    try:
+        result_status = json.loads(result_path.read_text()).get("status") if result_path.exists() else None
+    except ValueError:
+        result_status = None
+    verdict = causes.classify(causes.Evidence(
+        returncode=proc.returncode, result_status=result_status, last_words=last_words(stage_dir),
+        log_tail=proc.tail, stop_requested=proc.stopped, timed_out=proc.timed_out))
+    if verdict.completed:
+        return "completed", None
+    status = {causes.DIVERGED: "diverged", causes.PREEMPTED: "preempted"}.get(verdict.cause or "", "failed")
+    return status, f"{verdict.cause}: {verdict.detail}"
 
 
 def _cost(spec: RunSpec, stage: str, duration_s: float) -> float:

@@ -2,7 +2,8 @@
 
 Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time})
 after every step. A run is hung when some rank's step has not advanced for the hang
-timeout, or when a rank has not written its first heartbeat within the startup timeout.
+timeout, or when a rank has not written its first heartbeat within the startup timeout
+(which also bounds the work after the last step: final checkpoint, evaluation, exit).
 
 >>> hang_timeout(canary_p99_s=0.4, floor_s=60.0)
 60.0
@@ -53,12 +54,16 @@ def hang_timeout(canary_p99_s: float | None, floor_s: float, factor: float = 2.0
 class HangDetector:
     """Watches per-rank heartbeats of one launch (wall-clock ``time.time()`` seconds)."""
     timeout_s: float
-    startup_timeout_s: float
+    startup_timeout_s: float  # also bounds the end: final checkpoint, evaluation, shutdown
     world_size: int
     launched_at: float
+    final_step: int | None = None
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, when it last advanced)
+    _exited: set[int] = field(default_factory=set)
 
-    def observe(self, heartbeats: dict[int, dict[str, Any]], now: float) -> None:
+    def observe(self, heartbeats: dict[int, dict[str, Any]], now: float, exited: set[int] | None = None) -> None:
+        """``exited``: ranks whose process is gone; the tree is winding down, not hung."""
+        self._exited |= exited or set()
         for rank, hb in heartbeats.items():
             step = int(hb.get("step", -1))
             prev = self._last.get(rank)
@@ -75,8 +80,11 @@ class HangDetector:
                         "(supervision.startup_timeout_s)")
             return None
         for rank, (step, since) in sorted(self._last.items()):
-            if now - since > self.timeout_s:
-                return f"rank {rank} stuck at step {step} for {now - since:.1f} s (hang timeout {self.timeout_s:.1f} s)"
+            finishing = rank in self._exited or self.final_step is not None and step >= self.final_step
+            limit = self.startup_timeout_s if finishing else self.timeout_s
+            if now - since > limit:
+                what = f"finishing after step {step}" if finishing else f"stuck at step {step}"
+                return f"rank {rank} {what} for {now - since:.1f} s (timeout {limit:.1f} s)"
         return None
 
 
@@ -93,3 +101,19 @@ def checkpoint_stale(step: int, last_checkpoint_step: int, every_steps: int | No
     if every_s and seconds_since_checkpoint > 2 * every_s:
         return f"no checkpoint for {seconds_since_checkpoint:.0f} s (interval {every_s:.0f} s)"
     return None
+
+
+def exited_ranks(heartbeats: dict[int, dict[str, Any]]) -> set[int]:
+    """Ranks whose heartbeat pid no longer runs (gone, or a zombie waiting for torchrun to reap it)."""
+    import psutil
+
+    out = set()
+    for rank, hb in heartbeats.items():
+        try:
+            if psutil.Process(int(hb["pid"])).status() == psutil.STATUS_ZOMBIE:
+                out.add(rank)
+        except (psutil.NoSuchProcess, KeyError, ValueError):
+            out.add(rank)
+        except psutil.Error:
+            pass
+    return out

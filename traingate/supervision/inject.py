@@ -11,7 +11,8 @@ Kinds: ``kill`` SIGKILL this rank (worker lost) - ``stop`` SIGSTOP this rank (ha
 ``term`` SIGTERM the whole process tree (preemption) - ``io`` the checkpoint store
 fails with EIO - ``oom`` raise torch.OutOfMemoryError - ``nan`` poison the weights
 (divergence) - ``ctimeout`` raise the error a timed-out collective raises - ``error``
-raise a RuntimeError, as a bug in recipe code would.
+raise a RuntimeError, as a bug in recipe code would - ``slow`` from that step on, the rank
+sleeps 0.1 s every step (a straggler; not one-shot: it lasts as long as the variable is set).
 
 >>> [f.token for f in parse("kill@7:1, io@10")]
 ['kill@7:1', 'io@10']
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 ENV = "TRAINGATE_INJECT"
-KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error")
+KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow")
+SLOW_STEP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class Injector:
 
     def before_step(self, step: int, model: Any) -> None:
         """Called at the top of each training step with the number of steps done so far."""
+        if any(f.kind == "slow" and step >= f.step for f in self.faults):
+            time.sleep(SLOW_STEP_S)
         f = self._take(("kill", "stop", "term", "oom", "nan", "ctimeout", "error"), step, exact=True)
         if f is None:
             return

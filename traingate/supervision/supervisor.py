@@ -124,8 +124,13 @@ def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> s
 
 
 def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: dict[str, str],
-              python: str = sys.executable, hooks: Hooks | None = None, seed: int | None = None) -> Supervision:
-    """Run one training stage to its end under supervision (see the module docstring)."""
+              python: str = sys.executable, hooks: Hooks | None = None, seed: int | None = None,
+              resumed: dict[str, Any] | None = None) -> Supervision:
+    """Run one training stage to its end under supervision (see the module docstring).
+
+    ``resumed``: the state file of an earlier, interrupted supervision of this stage
+    (:func:`read_state`); its first launch then counts as a restart after that one.
+    """
     hooks = hooks or Hooks()
     sup = spec.supervision
     limits = getattr(spec.stages, stage)
@@ -141,6 +146,10 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
     current_spec, current_path = spec, spec_path
     overrides: list[str] = []
     stage_dir.mkdir(parents=True, exist_ok=True)
+    # Enough to relaunch this stage later (`traingate resume`), whoever started it.
+    launch_meta = {"run_id": env.get(renv.RUN_ID), "stage": stage, "spec_path": str(spec_path),
+                   "mlflow_run_id": env.get("MLFLOW_RUN_ID"), "checkpoint_uri": ckpt_uri}
+    (stage_dir / STATE_FILE).write_text(json.dumps({"launch": launch_meta, "attempts": [], "final": None}))
     hooks.info(f"{stage}: supervised: hang timeout {hang_s:.1f} s, up to {sup.max_restarts} restarts")
 
     while True:
@@ -148,16 +157,17 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
         _clear_launch_files(stage_dir)
         run_env = dict(env)
         run_env[renv.LAUNCH_TS] = repr(time.time())
-        if attempts:
-            prev = attempts[-1]
-            run_env.update({RESTART_CAUSE: str(prev.cause), RESTART_COUNT: str(n),
-                            RESTART_FAULT_TS: repr(prev.ended_at)})
+        earlier = (resumed or {}).get("attempts") or []
+        if attempts or earlier:
+            prev = asdict(attempts[-1]) if attempts else earlier[-1]
+            run_env.update({RESTART_CAUSE: str(prev["cause"]), RESTART_COUNT: str(len(earlier) + n),
+                            RESTART_FAULT_TS: repr(prev["ended_at"])})
         cmd = launch.stage_command(current_spec, stage, current_path, python)
         attempt = Attempt(n, time.time(), overrides=list(overrides))
         attempts.append(attempt)
         hooks.info(f"{stage}: launch {n + 1}: {' '.join(cmd)}")
         tree = proc.ProcessTree(cmd, run_env, stage_dir, stage_dir / "stdout.log", hooks.on_line, TAIL_LINES)
-        watch = heartbeat.HangDetector(hang_s, sup.startup_timeout_s, world, attempt.launched_at)
+        watch = heartbeat.HangDetector(hang_s, sup.startup_timeout_s, world, attempt.launched_at, limits.max_steps)
         state: dict[str, Any] = {"hang": None, "stop": None, "ckpt_check": 0.0, "alerted": False}
 
         def tick() -> bool:
@@ -168,7 +178,7 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
                            "emergency checkpoint")
                 return True  # ProcessTree.stop: SIGTERM, grace, SIGKILL
             beats = heartbeat.read_heartbeats(stage_dir)
-            watch.observe(beats, now)
+            watch.observe(beats, now, heartbeat.exited_ranks(beats))
             if (why := watch.stalled(now)) is not None:
                 # A hung group cannot write an emergency checkpoint: kill it outright.
                 state["hang"] = why
@@ -182,7 +192,14 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
             return False
 
         remaining = max(1.0, deadline - time.monotonic())
-        result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=tick)
+        try:
+            result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=tick)
+        except BaseException:
+            # The supervisor itself is going away (a runner's SIGTERM on cancel, Ctrl-C): the tree lives
+            # in sessions of its own and would outlive us, so preempt it first.
+            hooks.info(f"{stage}: supervisor interrupted: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace")
+            tree.stop(sup.preempt_grace_s)
+            raise
         attempt.ended_at = time.time()
         attempt.returncode = result.returncode
         beats = heartbeat.read_heartbeats(stage_dir)
@@ -276,7 +293,8 @@ def _stop_error(cause: str | None, detail: str, result: proc.ProcResult) -> str:
 
 
 def _write_state(stage_dir: Path, attempts: list[Attempt], final: dict[str, Any] | None) -> None:
-    data = {"attempts": [asdict(a) for a in attempts], "final": final}
+    meta = json.loads((stage_dir / STATE_FILE).read_text()).get("launch", {}) if (stage_dir / STATE_FILE).exists() else {}
+    data = {"launch": meta, "attempts": [asdict(a) for a in attempts], "final": final}
     tmp = stage_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     tmp.replace(stage_dir / STATE_FILE)

@@ -1,0 +1,88 @@
+"""Recovery: mean time to recovery per fault kind, and goodput of a run with a fault every N steps.
+
+The digits example spec (2 ranks, torchrun, gloo, CPU) under the real supervisor, faults
+injected with TRAINGATE_INJECT. Time to recovery runs from the fault (the injector's
+timestamp) to the first training step the relaunched tree completes, so it includes
+detection (for a hang: the hang timeout), backoff, torchrun start-up and checkpoint load.
+Goodput = useful steps / steps executed; the time ratio is the undisturbed run's wall time
+over the disturbed one's.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from traingate import launch
+from traingate.runtime import env as renv
+from traingate.settings import Settings
+from traingate.spec import load_spec, write_resolved
+from traingate.supervision import inject
+from traingate.supervision.drill import records, steps_executed
+from traingate.supervision.supervisor import supervise
+
+ROOT = Path(__file__).resolve().parents[1]
+HANG_TIMEOUT_S = 5.0
+CHECKPOINT_EVERY = 10
+# Two faults of each kind in a 60-step run; io faults surface at the save after the failed one.
+MTTR_FAULTS = {
+    "kill": "kill@15:1,kill@35:0",
+    "term": "term@15,term@35",
+    "stop": "stop@15:1,stop@35:0",
+    "io": "io@12,io@41",
+}
+GOODPUT_EVERY = 15
+GOODPUT_STEPS = 90
+
+
+def _spec(max_steps: int):
+    return load_spec(ROOT / "examples" / "digits.yaml", [
+        f"stages.full.max_steps={max_steps}", f"checkpoint.every_steps={CHECKPOINT_EVERY}",
+        "tracking.enabled=false", f"supervision.hang_timeout_s={HANG_TIMEOUT_S}",
+        "supervision.backoff_base_s=0.5", "supervision.max_restarts=10"])
+
+
+def _run(work: Path, name: str, max_steps: int, faults: str):
+    spec = _spec(max_steps)
+    settings = Settings.from_env()
+    stage_dir = work / name
+    spec_path = write_resolved(spec, work / f"{name}.yaml")
+    env = launch.stage_env(spec, settings, "full", f"bench-{name}", stage_dir, None)
+    env[renv.CHECKPOINT_URI] = (stage_dir / "checkpoints").as_uri()
+    env.pop(inject.ENV, None)
+    if faults:
+        env[inject.ENV] = faults
+    t0 = time.monotonic()
+    sup = supervise(spec, "full", spec_path, stage_dir, env, seed=0)
+    assert sup.status == "completed", sup.error
+    return sup, time.monotonic() - t0, inject.fired(stage_dir)
+
+
+def main() -> str:
+    work = Settings.from_env().ensure().state_dir / "bench" / "recovery" / time.strftime("%Y%m%d-%H%M%S")
+    rows = ["| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost |",
+            "|---|---|---|---|---|---|"]
+    for kind, faults in MTTR_FAULTS.items():
+        sup, _, fired = _run(work, f"mttr-{kind}", 60, faults)
+        recs = [r for r in records(sup, fired) if r.recovery_s is not None]
+        mttr = [r.recovery_s for r in recs]
+        lost = [r.steps_lost for r in recs if r.steps_lost is not None]
+        causes = sorted({r.classified_as or "-" for r in recs})
+        rows.append(f"| {kind} | {', '.join(causes)} | {len(recs)} | {statistics.mean(mttr):.1f} | "
+                    f"{min(mttr):.1f}-{max(mttr):.1f} | {statistics.mean(lost):.1f} |")
+
+    kinds = ["kill", "term", "stop"]
+    plan = [f"{kinds[i % 3]}@{s}" + (":1" if kinds[i % 3] in ("kill", "stop") else "")
+            for i, s in enumerate(range(GOODPUT_EVERY, GOODPUT_STEPS - 1, GOODPUT_EVERY))]
+    _, ref_s, _ = _run(work, "goodput-reference", GOODPUT_STEPS, "")
+    sup, drill_s, _ = _run(work, "goodput-drill", GOODPUT_STEPS, ",".join(plan))
+    executed = steps_executed(sup)
+    rows += ["", f"Goodput, {GOODPUT_STEPS} steps with a fault every {GOODPUT_EVERY} steps "
+                 f"({', '.join(plan)}), checkpoint every {CHECKPOINT_EVERY} steps:", "",
+             "| run | restarts | steps executed | goodput (useful / executed steps) | wall (s) | time ratio |",
+             "|---|---|---|---|---|---|",
+             f"| undisturbed | 0 | {GOODPUT_STEPS} | 100.0% | {ref_s:.1f} | 1.00 |",
+             f"| fault every {GOODPUT_EVERY} steps | {sup.restarts} | {executed} | "
+             f"{GOODPUT_STEPS / executed:.1%} | {drill_s:.1f} | {ref_s / drill_s:.2f} |",
+             "", f"(hang timeout {HANG_TIMEOUT_S:.0f} s; digits-cnn channels 16, 2 ranks, torchrun + gloo on CPU)"]
+    return "\n".join(rows)

@@ -1,0 +1,56 @@
+"""Run a tiny digits stage under the real supervisor (real torchrun, gloo, CPU) with injected faults."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from traingate import launch
+from traingate.runtime import env as renv
+from traingate.settings import Settings
+from traingate.spec import load_spec, write_resolved
+from traingate.supervision import inject
+from traingate.supervision.supervisor import Hooks, Supervision, supervise
+
+# Fast restarts, a short hang timeout, no MLflow: these tests are about the process tree.
+SUPERVISED = """
+tracking: {enabled: false, log_every: 2}
+supervision: {backoff_base_s: 0.2, backoff_max_s: 1.0, hang_timeout_s: 4, preempt_grace_s: 20}
+"""
+
+
+class Run:
+    def __init__(self, sup: Supervision, stage_dir: Path, seconds: float, events: list[dict[str, Any]],
+                 log: list[str]):
+        self.sup, self.stage_dir, self.seconds, self.events, self.log = sup, stage_dir, seconds, events, log
+
+    @property
+    def causes(self) -> list[str | None]:
+        return [a.cause for a in self.sup.attempts]
+
+    def fired(self) -> list[dict[str, Any]]:
+        return inject.fired(self.stage_dir)
+
+
+@pytest.fixture
+def supervised(tiny_spec, state_dir, tmp_path) -> Callable[..., Run]:
+    """supervised("kill@7:1", "optim.lr=1") -> Run: the full stage (2 ranks, 16 steps, checkpoint every 5)."""
+    def run(faults: str = "", *overrides: str, stage: str = "full", name: str = "run") -> Run:
+        spec = load_spec(tiny_spec(SUPERVISED, name=f"{name}.yaml"), list(overrides))
+        settings = Settings.from_env()
+        spec_path = write_resolved(spec, tmp_path / name / "spec.yaml")
+        stage_dir = tmp_path / name / stage
+        env = launch.stage_env(spec, settings, stage, name, stage_dir, None)
+        env.pop(inject.ENV, None)
+        if faults:
+            env[inject.ENV] = faults
+        events: list[dict[str, Any]] = []
+        log: list[str] = []
+        t0 = time.monotonic()
+        sup = supervise(spec, stage, spec_path, stage_dir, env,
+                        hooks=Hooks(info=log.append, on_restart=events.append), seed=0)
+        assert env[renv.CHECKPOINT_URI].startswith("file://")
+        return Run(sup, stage_dir, time.monotonic() - t0, events, log)
+    return run
