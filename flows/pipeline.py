@@ -11,7 +11,8 @@ from prefect.states import Completed, Failed, State
 
 from tasks.data import data_snapshot
 from tasks.report import publish_stage_report
-from tasks.tracking import close_pipeline_run, open_pipeline_run, open_stage_run, record_stage
+from tasks.tracking import (close_pipeline_run, open_pipeline_run, open_stage_run, record_stage,
+                            register_candidate)
 from tasks.train import run_training_stage
 from tasks.unit import run_unit_tests
 from traingate.gates import decide
@@ -67,5 +68,8 @@ def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = 
                 close_pipeline_run(run_id, False, stage, reason)
                 return Failed(message=reason, data=summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
+    if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
+        summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
+                                              summary.get("checkpoint_uri"))
     close_pipeline_run(run_id, True, stages[-1])
     return Completed(message=f"all {len(stages)} stages passed", data=summary)

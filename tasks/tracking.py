@@ -34,3 +34,11 @@ def record_stage(stage_run_id: str, result: StageResult, decision: GateDecision 
 @task(name="close-pipeline-run", **_MLFLOW)
 def close_pipeline_run(run_id: str, passed: bool, reached: str, reason: str = "") -> None:
     runs.close_pipeline_run(runs.client(Settings.from_env().tracking_uri), run_id, passed, reached, reason)
+
+
+@task(name="register-candidate", **_MLFLOW)
+def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None) -> dict:
+    """Promotion of the full stage: log and register its final model with alias `candidate` (if it may be)."""
+    from traingate.tracking.registry import register_candidate as register
+
+    return register(runs.client(Settings.from_env().tracking_uri), spec, stage_run_id, checkpoint_uri)

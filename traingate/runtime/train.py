@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from traingate.recipes import get_recipe
+from traingate.redact import RedactingFilter
 from traingate.runtime import exitcodes, rng
 from traingate.runtime.checkpoint import CheckpointError, Checkpointer, RetentionPolicy
 from traingate.runtime.dist import DistInfo, close_distributed, init_distributed
@@ -34,6 +35,7 @@ from traingate.runtime.sampler import ResumableSampler
 from traingate.spec import RunSpec, SpecError, parse_spec
 from traingate.supervision import inject
 from traingate.supervision.causes import cause_of_exception, exit_code_for
+from traingate.tracking.system import SystemSignals
 from traingate.tracking.tracker import make_tracker
 
 log = logging.getLogger("traingate.runtime")
@@ -113,7 +115,9 @@ class Trainer:
         self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every),
                                  async_save=ck.async_save, staging_dir=str(env.out_dir),
                                  fault_hook=inject.chain(env.fault_hook(), storage_fault)) if d.is_main else None
-        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id)
+        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id,
+                                    journal_dir=env.out_dir / "tracking")
+        self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
         self.stop = _StopFlag()
         self.sample_log = open(env.record_samples_path(d.rank), "a") if env.record_samples else None
@@ -248,6 +252,7 @@ class Trainer:
     def run(self) -> Outcome:
         out = Outcome()
         out.resumed_from_step = self.resume()
+        self.tracker.start_session(out.resumed_from_step)
         self.profile.started(self.env.launch_ts)
         if self.d.is_main:
             log.info("stage %s: world %d, steps %d -> %d, %d train samples%s", self.stage, self.d.world_size,
@@ -279,7 +284,7 @@ class Trainer:
                 self.tracker.log_metrics({
                     "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                     "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
-                    "data_wait_s": self.profile.last_data_wait}, step=self.step)
+                    "data_wait_s": self.profile.last_data_wait, **self.signals.collect(dt)}, step=self.step)
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
                 out.status = "stopped"
                 break
@@ -312,6 +317,7 @@ class Trainer:
         if self.ckpt is not None:
             self.ckpt.wait()
         out.metrics = self._summary(losses, nonfinite_steps, max_grad, out)
+        self.tracker.end_session(out.status)
         return out
 
     def _summary(self, losses: list[float], nonfinite: int, max_grad: float, out: Outcome) -> dict[str, Any]:
@@ -372,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     for h in logging.getLogger().handlers:
         h.addFilter(lambda r: setattr(r, "rank", rank) or True)
+        h.addFilter(RedactingFilter())
     env = RuntimeEnv.from_environ()
     trainer: Trainer | None = None
     d: DistInfo | None = None

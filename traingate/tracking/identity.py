@@ -10,9 +10,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# A run without every one of these (plus the spec params and the spec and environment
+# artifacts, see traingate.tracking.runs.identity_problems) is not valid and is not promoted.
 REQUIRED_TAGS = ("traingate.run_id", "traingate.experiment", "traingate.owner", "traingate.team",
-                 "traingate.purpose", "traingate.code_version", "traingate.code_dirty",
-                 "traingate.data_snapshot", "traingate.spec_hash")
+                 "traingate.purpose", "traingate.recipe", "traingate.code_version", "traingate.code_dirty",
+                 "traingate.data_snapshot", "traingate.data_uri", "traingate.spec_hash")
 
 
 def code_version(path: str | Path = ".") -> dict[str, str]:

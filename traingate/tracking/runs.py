@@ -1,14 +1,19 @@
 """The ladder's MLflow records: one parent run per pipeline, one child run per stage.
 
 Only the orchestrator creates and closes runs; training processes write into the
-stage run they are handed (MLFLOW_RUN_ID).
+stage run they are handed (MLFLOW_RUN_ID). Each run carries the full identity
+(:func:`identity_problems` says what is missing); a run without it is tagged
+``traingate.identity_valid=false`` and :func:`can_promote` refuses it.
 """
 from __future__ import annotations
 
 import json
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from traingate.redact import redact, redact_mapping
@@ -17,6 +22,9 @@ from traingate.stage import GateDecision, StageResult, render_markdown
 from traingate.tracking.identity import REQUIRED_TAGS
 
 _MAX_PARAM = 6000  # MLflow's param value limit
+SPEC_ARTIFACT = "spec/resolved_spec.json"
+ENVIRONMENT_ARTIFACT = "identity/environment.json"
+NOTE_PREFIX = "traingate.note."
 
 
 def client(tracking_uri: str) -> MlflowClient:
@@ -42,38 +50,107 @@ def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, 
         "traingate.purpose": spec.identity.purpose, "traingate.recipe": spec.recipe.name,
         "traingate.code_version": identity["code"]["sha"], "traingate.code_dirty": identity["code"]["dirty"],
         "traingate.code_diff_hash": identity["code"].get("diff_hash", ""),
-        "traingate.data_snapshot": identity["data_snapshot"], "traingate.data_uri": redact(identity["data_uri"]),
+        "traingate.data_snapshot": identity["data_snapshot"], "traingate.data_uri": identity["data_uri"],
         "traingate.spec_hash": spec.spec_hash(), "traingate.work_pool": spec.resources.work_pool,
         "mlflow.user": spec.identity.owner,
     }
-    tags["traingate.identity_valid"] = str(identity_complete(tags)).lower()
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
     for i in range(0, len(params), 100):
         c.log_batch(rid, params=params[i:i + 100])
-    c.log_batch(rid, tags=[RunTag(k, v) for k, v in tags.items()])
-    c.log_dict(rid, redact_mapping(spec.to_dict()), "spec/resolved_spec.json")
-    c.log_dict(rid, identity["environment"], "identity/environment.json")
+    c.log_batch(rid, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+    c.log_dict(rid, redact_mapping(spec.to_dict()), SPEC_ARTIFACT)
+    c.log_dict(rid, redact_mapping(identity["environment"]), ENVIRONMENT_ARTIFACT)
+    validate_identity(c, rid)
     return rid
 
 
-def identity_complete(tags: dict[str, str]) -> bool:
-    return all(tags.get(t) not in (None, "", "unknown", "undeclared") for t in REQUIRED_TAGS)
+# ------------------------------------------------------------------ identity
 
+def identity_problems(c: MlflowClient, run: Run) -> list[str]:
+    """What a run lacks of its identity (empty when complete). Checked on the stored run, not on intent."""
+    tags, params = run.data.tags, run.data.params
+    problems = [t for t in REQUIRED_TAGS if tags.get(t) in (None, "", "unknown", "undeclared")]
+    if tags.get("traingate.code_dirty") == "true" and not tags.get("traingate.code_diff_hash"):
+        problems.append("traingate.code_diff_hash")
+    exp = c.get_experiment(run.info.experiment_id)
+    if tags.get("traingate.experiment") and exp.name != tags["traingate.experiment"]:
+        problems.append(f"experiment (run is in {exp.name!r}, identity says {tags['traingate.experiment']!r})")
+    if not run.info.run_name:
+        problems.append("run name")
+    if "identity.experiment" not in params or "recipe.name" not in params:
+        problems.append("resolved spec as params")
+    for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
+        folder = artifact.rsplit("/", 1)[0]
+        if artifact not in {a.path for a in c.list_artifacts(run.info.run_id, folder)}:
+            problems.append(f"artifact {artifact}")
+    if tags.get("traingate.kind") == "stage":
+        problems += [t for t in ("traingate.stage", "mlflow.parentRunId") if not tags.get(t)]
+    elif tags.get("traingate.kind") != "pipeline":
+        problems.append("traingate.kind")
+    return problems
+
+
+def validate_identity(c: MlflowClient, run_id: str) -> list[str]:
+    """Check a run's identity and tag the verdict on it (``traingate.identity_valid``/``_missing``)."""
+    problems = identity_problems(c, c.get_run(run_id))
+    c.log_batch(run_id, tags=[RunTag("traingate.identity_valid", str(not problems).lower()),
+                              RunTag("traingate.identity_missing", "; ".join(problems)[:5000])])
+    return problems
+
+
+def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
+    """Whether a stage run may be registered as a model: full stage, completed, gate passed, identity complete.
+
+    The identity is re-checked on the stored run (and its parent) at the moment of promotion.
+    """
+    run = c.get_run(run_id)
+    tags = run.data.tags
+    reasons = [f"identity incomplete: {p}" for p in validate_identity(c, run_id)]
+    parent = tags.get("mlflow.parentRunId")
+    if parent:
+        reasons += [f"pipeline run identity incomplete: {p}" for p in validate_identity(c, parent)]
+    if tags.get("traingate.stage") != "full":
+        reasons.append(f"only the full stage is promoted, this is {tags.get('traingate.stage')!r}")
+    if tags.get("traingate.stage_status") != "completed":
+        reasons.append(f"stage status is {tags.get('traingate.stage_status')!r}, not 'completed'")
+    if tags.get("traingate.gate_passed") != "true":
+        reasons.append("its gate did not pass")
+    return not reasons, reasons
+
+
+# ------------------------------------------------------------------ stages
 
 def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str) -> str:
+    """A child run for one stage, carrying the parent's identity: tags, spec params and identity artifacts."""
     parent = c.get_run(parent_run_id)
-    inherited = {k: v for k, v in parent.data.tags.items() if k.startswith("traingate.") and k != "traingate.kind"}
+    inherited = {k: v for k, v in parent.data.tags.items()
+                 if k.startswith("traingate.") and k not in ("traingate.kind", "traingate.identity_valid",
+                                                             "traingate.identity_missing")
+                 and not k.startswith(NOTE_PREFIX)}
     run = c.create_run(parent.info.experiment_id, run_name=f"{parent.info.run_name}/{stage}",
                        tags={**inherited, "mlflow.parentRunId": parent_run_id, "traingate.kind": "stage",
-                             "traingate.stage": stage})
-    return run.info.run_id
+                             "traingate.stage": stage, "traingate.pipeline_run_id": parent_run_id,
+                             "mlflow.user": parent.data.tags.get("mlflow.user", "")})
+    rid = run.info.run_id
+    params = [Param(k, v) for k, v in sorted(parent.data.params.items())]
+    for i in range(0, len(params), 100):
+        c.log_batch(rid, params=params[i:i + 100])
+    with tempfile.TemporaryDirectory() as tmp:
+        for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
+            local = c.download_artifacts(parent_run_id, artifact, tmp)
+            c.log_artifact(rid, local, artifact.rsplit("/", 1)[0])
+    validate_identity(c, rid)
+    return rid
 
 
 def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decision: GateDecision | None) -> None:
-    """Log a stage's result and gate decision, then close its run."""
+    """Log a stage's result, gate decision, plots, eval outputs and checkpoint URIs, then close its run."""
     metrics = [Metric(f"stage.{k}", v, 0, 0) for k, v in result.numeric_metrics().items()]
     metrics += [Metric("stage.cost_usd", result.cost_usd, 0, 0), Metric("stage.duration_s", result.duration_s, 0, 0)]
     metrics += [Metric(f"estimate.{k}", float(v), 0, 0) for k, v in result.estimate.items()]
+    # A script's curves, read from its output: logged with their steps so MLflow can plot them.
+    for name, points in (result.details.get("series") or {}).items():
+        metrics += [Metric(name, float(v), 0, int(step)) for step, v in points]
     tags = [RunTag("traingate.stage_status", result.status)]
     if result.checkpoint_uri:
         tags.append(RunTag("traingate.checkpoint_uri", redact(result.checkpoint_uri)))
@@ -84,12 +161,105 @@ def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decisi
         c.log_batch(stage_run_id, metrics=metrics[i:i + 500], tags=tags if i == 0 else [])
     c.log_text(stage_run_id, redact(render_markdown(result, decision)), "gate/report.md")
     c.log_text(stage_run_id, redact(json.dumps(result.to_dict(), indent=1, default=str)), "stage/result.json")
+    _log_eval_outputs(c, stage_run_id, result.details.get("eval") or {})
+    _log_checkpoint_uris(c, stage_run_id, result.checkpoint_uri)
+    _log_plots(c, stage_run_id)
+    validate_identity(c, stage_run_id)
     ok = result.status == "completed" and (decision is None or decision.passed)
     c.set_terminated(stage_run_id, "FINISHED" if ok else "FAILED")
 
 
+def _log_eval_outputs(c: MlflowClient, run_id: str, evals: dict[str, Any]) -> None:
+    """Eval outputs that are not numbers: a confusion matrix (JSON + PNG), text samples, anything else as JSON."""
+    for name, value in evals.items():
+        if isinstance(value, str):
+            c.log_text(run_id, redact(value), f"eval/{name}.txt")
+            continue
+        c.log_text(run_id, redact(json.dumps(value, indent=1, default=str)), f"eval/{name}.json")
+        if name.startswith("confusion") and isinstance(value, list) and value and isinstance(value[0], list):
+            from traingate.tracking import plots
+
+            c.log_figure(run_id, plots.confusion_matrix(value), f"eval/{name}.png")
+
+
+def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None:
+    """Checkpoints are referenced by URI, never copied into the artifact store."""
+    if not root:
+        return
+    from traingate.runtime.checkpoint import Checkpointer, step_dir
+    from traingate.runtime.storage import join
+
+    steps = Checkpointer(root, async_save=False).list_steps()
+    index = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}
+    c.log_text(run_id, json.dumps(index, indent=1), "checkpoints/index.json")
+    if steps:
+        c.set_tag(run_id, "traingate.checkpoint.latest_uri", index["steps"][str(steps[-1])])
+
+
+def _log_plots(c: MlflowClient, run_id: str) -> None:
+    from traingate.tracking import plots
+
+    run = c.get_run(run_id)
+    keys = set(run.data.metrics)
+    loss_keys = [k for k in ("train_loss", "val_loss") if k in keys] or \
+        sorted(k for k in keys if "loss" in k and not k.startswith(("stage.", "profile_", "first_", "final_")))
+    if loss_keys:
+        series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in loss_keys}
+        c.log_figure(run_id, plots.curves(series, "loss", "loss curve"), "plots/loss_curve.png")
+    rate_keys = [k for k in ("samples_per_s", "tokens_per_s") if k in keys]
+    if rate_keys:
+        series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in rate_keys}
+        c.log_figure(run_id, plots.curves(series, "per second", "throughput"), "plots/throughput.png")
+
+
 def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str, reason: str = "") -> None:
-    c.log_batch(run_id, tags=[RunTag("traingate.reached_stage", reached),
-                              RunTag("traingate.outcome", "passed" if passed else "stopped"),
-                              RunTag("traingate.stop_reason", redact(reason)[:5000])])
+    children = stage_runs(c, run_id)
+    cost = sum(r.data.metrics.get("stage.cost_usd", 0.0) for r in children)
+    restarts = sum(int(r.data.tags.get("traingate.restarts", "0")) for r in children)
+    c.log_batch(run_id, metrics=[Metric("pipeline.cost_usd", cost, 0, 0), Metric("pipeline.restarts", restarts, 0, 0)],
+                tags=[RunTag("traingate.reached_stage", reached),
+                      RunTag("traingate.outcome", "passed" if passed else "stopped"),
+                      RunTag("traingate.stop_reason", redact(reason)[:5000])])
     c.set_terminated(run_id, "FINISHED" if passed else "FAILED")
+
+
+def stage_runs(c: MlflowClient, pipeline_run_id: str) -> list[Run]:
+    """The stage runs of a pipeline run, in ladder order."""
+    from traingate.spec import STAGES
+
+    exp = c.get_run(pipeline_run_id).info.experiment_id
+    runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{pipeline_run_id}'", max_results=1000)
+    order = {s: i for i, s in enumerate(STAGES)}
+    return sorted(runs, key=lambda r: (order.get(r.data.tags.get("traingate.stage", ""), 99), r.info.start_time))
+
+
+# ------------------------------------------------------------------ the logbook
+
+def add_note(c: MlflowClient, run_id: str, text: str, author: str) -> dict[str, Any]:
+    """Add a timestamped note to a run's logbook (a tag per note; also shown as the run's MLflow description)."""
+    if not text.strip():
+        raise ValueError("a note needs text, e.g. traingate note RUN_ID \"why we lowered the LR\"")
+    now = time.time()
+    note = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "author": redact(author),
+            "text": redact(text)}
+    c.set_tag(run_id, f"{NOTE_PREFIX}{int(now * 1000)}", json.dumps(note)[:8000])
+    logbook = notes(c.get_run(run_id))
+    c.set_tag(run_id, "mlflow.note.content",
+              "\n\n".join(f"**{n['time']}** {n['author']}: {n['text']}" for n in logbook)[:8000])
+    return note
+
+
+def notes(run: Run) -> list[dict[str, Any]]:
+    keys = sorted((k for k in run.data.tags if k.startswith(NOTE_PREFIX)), key=lambda k: int(k[len(NOTE_PREFIX):]))
+    return [json.loads(run.data.tags[k]) for k in keys]
+
+
+def restarts(run: Run) -> list[dict[str, str]]:
+    """The restarts a (stage) run recorded: number, cause, step resumed from, time lost."""
+    tags = run.data.tags
+    out = []
+    for i in range(1, int(tags.get("traingate.restarts", "0")) + 1):
+        p = f"traingate.restart.{i}."
+        out.append({"n": str(i), **{k[len(p):]: v for k, v in tags.items() if k.startswith(p)}})
+    return out
+

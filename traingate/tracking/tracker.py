@@ -1,18 +1,41 @@
 """The tracker a training process logs through.
 
-Rank 0 gets an :class:`MlflowTracker` that batches metrics and writes them from a
-background thread with ``log_batch``, so a step never waits on the tracking store.
-Every other rank gets the :class:`NullTracker`, built once.
+Rank 0 gets an :class:`MlflowTracker`: every record is appended to a local journal
+(:mod:`traingate.tracking.journal`) and a background thread delivers the journal to
+MLflow with ``log_batch``, so a step never waits on the tracking store, an outage of
+the store costs disk, not memory, and nothing is lost. Every other rank gets the
+:class:`NullTracker`, built once.
+
+One logical run spans process lifetimes: the process of a restarted stage writes into
+the same MLflow run (``MLFLOW_RUN_ID``), replays what its predecessor left undelivered,
+records the restart (count, cause, step resumed from, time lost) and skips the steps
+its predecessor already logged, so every step is in the metric history exactly once.
 """
 from __future__ import annotations
 
 import logging
-import queue
+import os
+import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from traingate.redact import redact
+from traingate.tracking.journal import History, Journal
+
 log = logging.getLogger(__name__)
+
+RESTART_CAUSE = "TRAINGATE_RESTART_CAUSE"  # set by the supervisor when it restarts a stage
+DRAIN_TIMEOUT = "TRAINGATE_TRACKING_DRAIN_S"  # how long close() keeps delivering to an unreachable store
+
+# MLflow's log_batch limits per request.
+_MAX_METRICS, _MAX_TAGS = 1000, 100
+_TAG_LIMIT = 8000
+# Errors after which retrying cannot help: the record is dropped and close() raises.
+_PERMANENT = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "INVALID_STATE", "BAD_REQUEST",
+              "PERMISSION_DENIED", "UNAUTHENTICATED"}
 
 
 class NullTracker:
@@ -30,91 +53,248 @@ class NullTracker:
     def log_dict(self, data: dict, artifact_file: str) -> None:
         pass
 
-    def flush(self) -> None:
+    def start_session(self, resumed_from_step: int) -> None:
+        pass
+
+    def end_session(self, status: str) -> None:
+        pass
+
+    def flush(self, timeout_s: float = 60.0) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _fail_fast_http() -> None:
+    # MLflow's REST client retries a refused connection for minutes by default. The writer
+    # thread has its own retry loop over the journal, so one quick attempt per round is right.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    import requests
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException, requests.RequestException, OSError, sqlalchemy.exc.SQLAlchemyError
 
 
 class MlflowTracker(NullTracker):
-    """Buffered writer into an existing MLflow run (the run is created by the orchestrator)."""
+    """Journaled, background writer into an existing MLflow run (created by the orchestrator)."""
 
-    def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 1.0, max_batch: int = 900):
+    def __init__(self, tracking_uri: str, run_id: str, journal_dir: str | Path, flush_every_s: float = 1.0,
+                 drain_timeout_s: float | None = None):
         from mlflow.tracking import MlflowClient
 
+        _fail_fast_http()
         self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
-        self.flush_every_s, self.max_batch = flush_every_s, max_batch
-        self._q: queue.Queue = queue.Queue()
+        self.journal = Journal(Path(journal_dir) / "journal.jsonl")
+        self.history: History = self.journal.history()
+        self._high_water = dict(self.history.high_water)
+        self.flush_every_s = flush_every_s
+        self.drain_timeout_s = float(os.environ.get(DRAIN_TIMEOUT, "120")) if drain_timeout_s is None \
+            else drain_timeout_s
+        self._transient = _transient_errors()
         self._stop = threading.Event()
-        self._flushed = threading.Condition()
-        self._pending = 0
+        self._wake = threading.Event()
         self._error: BaseException | None = None
+        self._outage_since: float | None = None
+        self.dropped_duplicates = 0
         self._thread = threading.Thread(target=self._run, name="tracker", daemon=True)
         self._thread.start()
 
+    # ------------------------------------------------------------ the training thread's side
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        ts = int(time.time() * 1000)
-        with self._flushed:
-            self._pending += len(metrics)
+        ts = _now_ms()
+        records = []
         for k, v in metrics.items():
-            self._q.put(Metric(k, float(v), ts, step))
+            # A resumed process redoes the steps after its checkpoint; they are logged already.
+            if step <= self._high_water.get(k, -1):
+                self.dropped_duplicates += 1
+                continue
+            self._high_water[k] = step
+            records.append({"m": k, "v": float(v), "s": step, "t": ts})
+        if records:
+            self.journal.append(records)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.journal.append([{"tag": k, "v": redact(str(v))[:_TAG_LIMIT]} for k, v in tags.items()])
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.journal.append([{"text": artifact_file, "v": redact(text)}])
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, data, artifact_file)
+        import json
 
-    def _drain(self) -> list:
-        batch = []
-        while len(batch) < self.max_batch:
-            try:
-                batch.append(self._q.get_nowait())
-            except queue.Empty:
-                break
-        return batch
+        self.log_text(json.dumps(data, indent=1, sort_keys=True, default=str), artifact_file)
 
+    def start_session(self, resumed_from_step: int) -> None:
+        """Record this process lifetime; if it is a restart, record cause, step resumed from and time lost."""
+        h = self.history
+        prior = len(h.sessions)
+        if prior == 0 and resumed_from_step > 0:
+            prior = self._learn_from_store()
+        now = _now_ms()
+        n = prior + 1
+        session: dict[str, Any] = {"session": n, "t": now, "pid": os.getpid(), "host": socket.gethostname(),
+                                   "resumed_from": resumed_from_step}
+        tags = {"traingate.sessions": str(n), "traingate.restarts": str(n - 1),
+                "traingate.host.rank0": socket.gethostname()}
+        metrics: dict[str, float] = {}
+        if n > 1:
+            cause = os.environ.get(RESTART_CAUSE) or (h.ended["end"] if h.ended else "unknown")
+            lost = round(max(0.0, now - self._reached_ms(resumed_from_step)) / 1000, 3)
+            total_lost = round(sum(s.get("time_lost_s", 0.0) for s in h.sessions) + lost, 3)
+            session.update(cause=cause, time_lost_s=lost)
+            r = n - 1
+            tags.update({f"traingate.restart.{r}.cause": cause,
+                         f"traingate.restart.{r}.resumed_from_step": str(resumed_from_step),
+                         f"traingate.restart.{r}.time_lost_s": str(lost),
+                         f"traingate.restart.{r}.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)),
+                         "traingate.time_lost_s": str(total_lost)})
+            metrics = {"restart.resumed_from_step": float(resumed_from_step), "restart.time_lost_s": lost}
+            log.warning("restart %d of this run (cause %s): resumed from step %d, %.1f s lost",
+                        r, cause, resumed_from_step, lost)
+        self.journal.append([session])
+        self.set_tags(tags)
+        if metrics:
+            self.log_metrics(metrics, step=n - 1)
+
+    def _reached_ms(self, step: int) -> int:
+        """When this run first reached ``step``: the newest record at or before it."""
+        h = self.history
+        before = [t for s, t in h.step_times_ms.items() if s <= step]
+        if before:
+            return max(before)
+        return h.sessions[0]["t"] if h.sessions else _now_ms()
+
+    def _learn_from_store(self) -> int:
+        """No local journal but a checkpoint to resume from: ask MLflow what earlier processes logged."""
+        try:
+            run = self.client.get_run(self.run_id)
+        except self._transient as e:
+            log.warning("tracking store unreachable at resume (%s); restart count and logged steps "
+                        "are taken from the local journal only", str(e).splitlines()[0][:200])
+            return 0
+        for m in run.data._metric_objs:  # latest value per key, whose step is the key's highest
+            self._high_water[m.key] = max(self._high_water.get(m.key, -1), m.step)
+        return int(run.data.tags.get("traingate.sessions", "0"))
+
+    def end_session(self, status: str) -> None:
+        self.journal.append([{"end": status, "t": _now_ms()}])
+
+    # ------------------------------------------------------------ the writer thread
     def _run(self) -> None:
+        backoff = 0.0
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(backoff or self.flush_every_s)
+                self._wake.clear()
+                backoff = 0.0 if self._deliver() else min(max(0.5, 2 * backoff), 5.0)
+            deadline = time.monotonic() + self.drain_timeout_s
+            while not self._deliver() and time.monotonic() < deadline:
+                time.sleep(min(max(0.5, 2 * backoff), 5.0, max(0.0, deadline - time.monotonic())))
+        except BaseException as e:  # noqa: BLE001 - a bug in delivery: surfaced by flush()/close()
+            self._error = e
+            raise
+
+    def _deliver(self) -> bool:
+        """Send everything pending, in order. False on a transient failure (the records stay pending)."""
         while True:
-            stopping = self._stop.wait(self.flush_every_s)
-            while batch := self._drain():
+            pending = self.journal.read_pending(_MAX_METRICS)
+            if not pending:
+                if self._outage_since is not None:
+                    log.warning("tracking store reachable again after %.0f s; journal replayed",
+                                time.monotonic() - self._outage_since)
+                    self._outage_since = None
+                return True
+            for group, end in _groups(pending):
                 try:
-                    self.client.log_batch(self.run_id, metrics=batch)
-                except Exception as e:  # noqa: BLE001 - surfaced to the training thread on flush()
+                    self._send(group)
+                except self._transient as e:
+                    if getattr(e, "error_code", None) not in _PERMANENT:
+                        if self._outage_since is None:
+                            self._outage_since = time.monotonic()
+                            log.warning("tracking store unreachable (%s); buffering in %s",
+                                        str(e).splitlines()[0][:200], self.journal.path)
+                        return False
                     self._error = e
-                    log.error("tracker: log_batch failed (%s); %d metrics not written", e, len(batch))
-                with self._flushed:
-                    self._pending -= len(batch)
-                    self._flushed.notify_all()
-            if stopping:
-                return
+                    log.error("tracking store rejected %d records: %s", len(group), e)
+                self.journal.commit(end)
+
+    def _send(self, group: list[dict[str, Any]]) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        if not group:
+            return
+        first = group[0]
+        if "text" in first:
+            self.client.log_text(self.run_id, first["v"], first["text"])
+            return
+        metrics = [Metric(r["m"], r["v"], r["t"], r["s"]) for r in group if "m" in r]
+        tags = {r["tag"]: r["v"] for r in group if "tag" in r}
+        if metrics or tags:
+            self.client.log_batch(self.run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait (up to ``timeout_s``) until the journal is delivered."""
         deadline = time.monotonic() + timeout_s
-        with self._flushed:
-            while self._pending > 0 and time.monotonic() < deadline:
-                self._flushed.wait(0.1)
+        while self.journal.pending_bytes() > 0 and time.monotonic() < deadline and self._thread.is_alive():
+            self._wake.set()
+            time.sleep(0.05)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"tracking store rejected metrics: {err}") from err
+            raise RuntimeError(f"tracking store rejected records: {err}") from err
 
     def close(self) -> None:
+        """Deliver what is pending (up to the drain timeout); what is left stays in the journal for replay."""
         self._stop.set()
-        self._thread.join(timeout=60)
-        if self._error is not None:
-            raise RuntimeError(f"tracking store rejected metrics: {self._error}")
+        self._wake.set()
+        self._thread.join()
+        left = self.journal.pending_bytes()
+        self.journal.close()
+        if left:
+            log.warning("tracking store still unreachable after %.0f s: %d bytes of records stay in %s and are "
+                        "replayed by the next process of this stage", self.drain_timeout_s, left, self.journal.path)
+        self._raise_if_failed()
 
 
-def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str | None) -> NullTracker:
+def _groups(pending: list[tuple[dict[str, Any], int]]):
+    """Split pending records into log_batch-sized groups (artifacts alone), with the offset after each."""
+    group: list[dict[str, Any]] = []
+    n_tags = 0
+    end = 0
+    for rec, off in pending:
+        if "session" in rec or "end" in rec:
+            end = off
+            continue
+        if "text" in rec or n_tags >= _MAX_TAGS:
+            if group:
+                yield group, end
+            group, n_tags = [], 0
+        group.append(rec)
+        n_tags += "tag" in rec
+        end = off
+        if "text" in rec:
+            yield group, end
+            group = []
+    if group or end:
+        yield group, end
+
+
+def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str | None,
+                 journal_dir: str | Path | None = None) -> NullTracker:
+    """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one."""
     if rank != 0 or not enabled or not tracking_uri or not run_id:
         return NullTracker()
-    return MlflowTracker(tracking_uri, run_id)
+    return MlflowTracker(tracking_uri, run_id, journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"))

@@ -1,0 +1,26 @@
+"""`traingate show RUN_ID`: identity, stages, gates, restarts, notes and cost of a run."""
+from __future__ import annotations
+
+import argparse
+
+from mlflow.exceptions import MlflowException
+
+from traingate.settings import Settings
+from traingate.tracking import browse
+from traingate.tracking.runs import client
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", help="a pipeline run id (or a stage run id: its pipeline is shown)")
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    try:
+        print(browse.show_run(client(settings.tracking_uri), args.run_id), end="")
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        print(f"traingate show: no run {args.run_id!r} in {settings.tracking_uri}; list runs with `traingate runs`")
+        return 2
+    return 0

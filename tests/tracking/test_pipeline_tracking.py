@@ -1,0 +1,242 @@
+"""The tracking contract on a real ladder: identity on every run, artifacts, promotion, ranks, secrets, CLI.
+
+One ladder (real Prefect test harness, real torchrun with 2 ranks, MLflow on SQLite, checkpoints
+on a real S3 endpoint on loopback) runs once for the module; each test reads what it left.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import TINY_DIGITS, free_port
+from tracking_helpers import fresh_store
+from traingate.spec import load_spec
+from traingate.tracking import runs
+from traingate.tracking.registry import CANDIDATE, register_candidate
+
+pytestmark = pytest.mark.slow
+
+ACCESS_KEY = "tgtest-access-key-id-AKIA0001"
+SECRET_KEY = "tgtest-secret-key-do-not-leak-0123456789"
+URL_PASSWORD = "pw-in-url-9f3kQ7"
+SECRETS = (ACCESS_KEY, SECRET_KEY, URL_PASSWORD)
+PURPOSE = f"check tracking; warehouse at postgresql://svc:{URL_PASSWORD}@db.internal/warehouse"
+
+
+@pytest.fixture(scope="module")
+def ladder(prefect_harness, tmp_path_factory):
+    """Run the whole ladder once, with S3 credentials and a password-bearing URL in play."""
+    from moto.server import ThreadedMotoServer
+
+    import boto3
+
+    root = tmp_path_factory.mktemp("ladder")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        port = free_port()
+        s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+        s3.start()
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tg-track")
+        mp.setenv("TRAINGATE_S3_ENDPOINT_URL", endpoint)
+        mp.setenv("TRAINGATE_CHECKPOINT_URI", "s3://tg-track/checkpoints")
+        mp.setenv("TRAINGATE_OPTUNA_STORAGE", f"postgresql://optuna:{URL_PASSWORD}@127.0.0.1:1/optuna")
+        mp.setenv("TRAINGATE_STATE_DIR", str(root / "state"))
+        uri = fresh_store(root / "state" / "mlflow.db")
+        spec = root / "spec.yaml"
+        spec.write_text(TINY_DIGITS.replace("purpose: exercise the ladder in tests", f"purpose: '{PURPOSE}'"))
+        from flows.pipeline import pipeline
+
+        state = pipeline(str(spec), [], "full", return_state=True)
+        summary = state.result(raise_on_failure=False)
+        try:
+            yield {"state": state, "summary": summary, "uri": uri, "spec": spec, "root": root,
+                   "client": MlflowClient(uri)}
+        finally:
+            s3.stop()
+
+
+def _stages(ladder) -> dict:
+    return {r.data.tags["traingate.stage"]: r for r in runs.stage_runs(ladder["client"], ladder["summary"]["run_id"])}
+
+
+def test_ladder_passes_with_tracking_on(ladder):
+    assert ladder["state"].is_completed(), ladder["state"].message
+
+
+def test_every_pipeline_and_stage_run_carries_the_full_identity(ladder):
+    c: MlflowClient = ladder["client"]
+    parent_id = ladder["summary"]["run_id"]
+    spec = load_spec(ladder["spec"])
+    exp = c.get_experiment_by_name("tests")
+    found = c.search_runs([exp.experiment_id], f"tags.`traingate.run_id` = '{parent_id}'")
+    assert {r.data.tags["traingate.kind"] for r in found} == {"pipeline", "stage"} and len(found) == 5
+    for run in found:
+        t, p = run.data.tags, run.data.params
+        assert run.info.run_name and run.info.experiment_id == exp.experiment_id
+        assert t["traingate.experiment"] == "tests" and t["traingate.owner"] == "tester"
+        assert t["traingate.team"] == "platform" and t["traingate.purpose"].startswith("check tracking")
+        assert re.fullmatch(r"[0-9a-f]{40}", t["traingate.code_version"])
+        assert t["traingate.code_dirty"] in ("true", "false")
+        assert (t["traingate.code_dirty"] == "true") == bool(t["traingate.code_diff_hash"])
+        assert re.fullmatch(r"[0-9a-f]{64}", t["traingate.data_snapshot"]) or len(t["traingate.data_snapshot"]) >= 16
+        assert t["traingate.data_uri"] == "sklearn://load_digits"
+        assert t["traingate.spec_hash"] == spec.spec_hash()
+        assert p["optim.lr"] == "0.01" and p["resources.procs_per_node"] == "2" and p["stages.full.max_steps"] == "16"
+        assert set(p) == set(spec.flat())  # the full resolved spec, every field
+        assert t["traingate.identity_valid"] == "true", t.get("traingate.identity_missing")
+        env = json.loads(Path(c.download_artifacts(run.info.run_id, runs.ENVIRONMENT_ARTIFACT,
+                                                   str(ladder["root"] / "dl" / run.info.run_id))).read_text())
+        assert env["python"].startswith("3.11") and env["torch"].startswith("2.")
+        assert {"cuda", "cudnn", "hostname", "cpu"} <= set(env) and env["gpus"] == []  # no GPU on this machine
+        assert any(pkg.startswith("mlflow==") for pkg in env["packages"])
+        resolved = json.loads(Path(c.download_artifacts(run.info.run_id, runs.SPEC_ARTIFACT,
+                                                        str(ladder["root"] / "dl" / run.info.run_id))).read_text())
+        assert resolved["optim"]["lr"] == 0.01
+        if t["traingate.kind"] == "stage":
+            assert t["mlflow.parentRunId"] == parent_id and t["traingate.stage"] in ("unit", "smoke", "canary", "full")
+
+
+def test_a_run_missing_part_of_its_identity_is_tagged_invalid_and_cannot_be_promoted(ladder):
+    c: MlflowClient = ladder["client"]
+    full = _stages(ladder)["full"]
+    assert runs.can_promote(c, full.info.run_id) == (True, [])
+    # A copy of the full stage's run that lost its purpose and its environment snapshot.
+    broken = runs.open_stage_run(c, ladder["summary"]["run_id"], "full")
+    c.delete_tag(broken, "traingate.purpose")
+    for k in ("traingate.stage_status", "traingate.gate_passed"):
+        c.set_tag(broken, k, full.data.tags[k])
+    problems = runs.validate_identity(c, broken)
+    assert problems == ["traingate.purpose"]
+    t = c.get_run(broken).data.tags
+    assert t["traingate.identity_valid"] == "false" and t["traingate.identity_missing"] == "traingate.purpose"
+    ok, reasons = runs.can_promote(c, broken)
+    assert not ok and reasons == ["identity incomplete: traingate.purpose"]
+    out = register_candidate(c, load_spec(ladder["spec"]), broken, ladder["summary"]["checkpoint_uri"])
+    assert out["registered"] is False
+    assert c.get_run(broken).data.tags["traingate.promotion"].startswith("refused: identity incomplete")
+    c.delete_run(broken)
+
+
+def test_full_stage_model_is_logged_and_registered_with_the_candidate_alias(ladder):
+    import mlflow.pytorch
+    import torch
+
+    c: MlflowClient = ladder["client"]
+    full = _stages(ladder)["full"]
+    model = ladder["summary"]["model"]
+    assert model["registered"] and model["alias"] == CANDIDATE
+    version = c.get_model_version_by_alias(model["name"], CANDIDATE)
+    assert version.run_id == full.info.run_id
+    assert version.tags["traingate.run_id"] == ladder["summary"]["run_id"]
+    net = mlflow.pytorch.load_model(f"models:/{model['name']}@{CANDIDATE}")
+    assert net(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def _artifact_files(c: MlflowClient, run_id: str, dest: Path) -> list[Path]:
+    local = Path(c.download_artifacts(run_id, "", str(dest)))
+    return [p for p in local.rglob("*") if p.is_file()]
+
+
+def test_stage_runs_hold_gate_reports_plots_eval_outputs_and_checkpoint_uris_not_copies(ladder):
+    c: MlflowClient = ladder["client"]
+    stages = _stages(ladder)
+    full = stages["full"].info.run_id
+    files = {str(p.relative_to(ladder["root"] / "art" / full)): p
+             for p in _artifact_files(c, full, ladder["root"] / "art" / full)}
+    for png in ("plots/loss_curve.png", "plots/throughput.png", "eval/confusion.png"):
+        assert files[png].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    confusion = json.loads(files["eval/confusion.json"].read_text())
+    assert len(confusion) == 10 and sum(map(sum, confusion)) == 180  # the digits validation split
+    assert "Gate: passed" in files["gate/report.md"].read_text()
+    index = json.loads(files["checkpoints/index.json"].read_text())
+    assert index["root"].startswith("s3://tg-track/checkpoints/") and index["steps"]
+    assert all(u.startswith("s3://") for u in index["steps"].values())
+    assert stages["full"].data.tags["traingate.checkpoint.latest_uri"] == index["steps"]["16"]
+    # References, not copies: no checkpoint file is in the artifact store (the model dir is the registered model).
+    assert not [f for f in files if f.endswith(".pt") and not f.startswith("model/")]
+    for name in ("unit", "smoke", "canary"):
+        assert "gate/report.md" in [a.path for a in c.list_artifacts(stages[name].info.run_id, "gate")]
+
+
+def test_rank_zero_logs_every_ranks_system_signals_once_per_logged_step(ladder):
+    c: MlflowClient = ladder["client"]
+    full = _stages(ladder)["full"]
+    expected = list(range(2, 17, 2))  # tiny spec: 16 steps, log_every 2
+    assert [m.step for m in c.get_metric_history(full.info.run_id, "train_loss")] == expected
+    for rank in (0, 1):
+        for signal in ("step_time_s", "cpu_percent", "rss_mb"):
+            key = f"system/rank{rank}/{signal}"
+            assert [m.step for m in c.get_metric_history(full.info.run_id, key)] == expected, key
+    assert "system/rank2/step_time_s" not in full.data.metrics
+    assert not [k for k in full.data.metrics if "gpu" in k]  # no GPU here: skipped, not zero
+    assert full.data.tags["traingate.sessions"] == "1" and full.data.tags["traingate.restarts"] == "0"
+    stage_dir = Path(ladder["summary"]["run_dir"]) / "full"
+    assert [p.name for p in (stage_dir / "tracking").iterdir() if p.suffix == ".jsonl"] == ["journal.jsonl"]
+
+
+def test_smoke_stages_planned_stop_and_resume_is_one_run_with_one_restart(ladder):
+    smoke = _stages(ladder)["smoke"]
+    t = smoke.data.tags
+    assert t["traingate.restarts"] == "1" and t["traingate.restart.1.cause"] == "stopped"
+    assert t["traingate.restart.1.resumed_from_step"] == "2"
+    c: MlflowClient = ladder["client"]
+    assert [m.step for m in c.get_metric_history(smoke.info.run_id, "train_loss")] == [2, 4]
+
+
+def test_no_secret_appears_in_params_tags_artifacts_or_logs(ladder, capsys):
+    from flows.cli import main
+
+    c: MlflowClient = ladder["client"]
+    run_id = ladder["summary"]["run_id"]
+    main(["note", run_id, f"moved data to postgresql://svc:{URL_PASSWORD}@db2/x; key {SECRET_KEY}"])
+    capsys.readouterr()
+    exp = c.get_experiment_by_name("tests")
+    everything = c.search_runs([exp.experiment_id])
+    assert len(everything) >= 5
+    for run in everything:
+        texts = [*run.data.params.items(), *run.data.tags.items()]
+        for k, v in texts:
+            for s in SECRETS:
+                assert s not in k and s not in v, (run.info.run_id, k)
+        for f in _artifact_files(c, run.info.run_id, ladder["root"] / "scan" / run.info.run_id):
+            blob = f.read_bytes()
+            for s in SECRETS:
+                assert s.encode() not in blob, f
+    assert "svc:***@db.internal" in c.get_run(run_id).data.tags["traingate.purpose"]
+    logs = [p for p in Path(ladder["summary"]["run_dir"]).rglob("*") if p.is_file() and p.suffix in (".log", ".jsonl")]
+    assert logs
+    for p in logs:
+        for s in SECRETS:
+            assert s not in p.read_text(errors="replace"), p
+
+
+def test_note_show_and_runs_commands_read_the_run_back(ladder, capsys):
+    from flows.cli import main
+
+    run_id = ladder["summary"]["run_id"]
+    assert main(["note", run_id, "lowered the LR: loss spikes after step 2k", "--author", "ana"]) == 0
+    capsys.readouterr()
+    assert main(["show", run_id]) == 0
+    out = capsys.readouterr().out
+    assert run_id in out and "tester" in out and "platform" in out and "check tracking" in out
+    for stage in ("unit", "smoke", "canary", "full"):
+        assert re.search(rf"^  {stage}\s+completed\s+gate passed", out, re.M), stage
+    assert "restart 1: cause stopped, resumed from step 2" in out
+    assert "ana: lowered the LR: loss spikes after step 2k" in out
+    assert re.search(r"^cost: \$\d+\.\d{4}$", out, re.M)
+    assert "promotion: registered" in out and "valid      true" in out
+
+    assert main(["runs", "--experiment", "tests", "--team", "platform", "--sort", "val_accuracy"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["RUN", "ID", "NAME"] and table[0].endswith("VAL_ACCURACY")
+    assert any(line.startswith(run_id) and "full" in line for line in table[1:])
+    assert main(["runs", "--team", "nobody"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # the header only
+    assert main(["show", "0" * 32]) == 2
