@@ -2,18 +2,30 @@
 
 The position is (epoch, offset): how many samples of the epoch's permutation have
 been consumed. Each step takes the next ``global_batch`` ids of the permutation and
-each rank takes its contiguous slice, so a resumed run continues at the same sample.
+each rank takes its contiguous slice (:meth:`shard`), so a resumed run continues at
+exactly the next sample. The permutation depends only on (seed, epoch), never on the
+world size. The tail of an epoch shorter than a global batch is dropped.
 
-Changing world size on resume: the position is in samples, so a run resumed with a
-different world size (or batch) continues at the same offset of the same permutation:
-no sample of the current epoch is skipped or repeated. Which rank sees which sample,
-and the math of each step, change (the global batch changed); bitwise equality with an
-uninterrupted run is guaranteed only for the same world size and batch.
+What is guaranteed on resume:
+
+* Same world size and batch: the resumed run consumes exactly the ids the
+  uninterrupted run would have, step for step and rank for rank (and, with the RNG
+  and optimizer state restored, computes bit for bit the same weights).
+* Different world size (or batch): the position is in samples, not steps, so the run
+  continues at the same offset of the same permutation - within the epoch no sample
+  is skipped and none is seen twice. What changes: which rank sees which sample, the
+  global batch (so the number of steps per epoch, and which tail is dropped at the
+  epoch's end), and therefore the arithmetic of every later step; bitwise equality
+  with an uninterrupted run holds only for the same world size and batch. Rank ``r``
+  of the new world resumes the RNG streams saved by rank ``r mod old_world_size``.
 
 >>> s = ResumableSampler(10, global_batch=4, seed=0)
 >>> a = s.next_batch(); state = s.state_dict(); b = s.next_batch()
 >>> t = ResumableSampler(10, global_batch=4, seed=0); t.load_state_dict(state)
 >>> t.next_batch() == b
+True
+>>> u = ResumableSampler(10, global_batch=2, seed=0); u.load_state_dict(state)  # a smaller world
+>>> u.next_batch() + u.next_batch() == b
 True
 """
 from __future__ import annotations
@@ -30,13 +42,15 @@ class ResumableSampler:
         self.epoch, self.offset = 0, 0
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
 
+    def permutation(self, epoch: int) -> list[int]:
+        """The order in which epoch ``epoch`` visits the sample ids (a function of seed and epoch only)."""
+        if not self.shuffle:
+            return list(range(self.n))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)).tolist()
+
     def _permutation(self) -> torch.Tensor:
         if self._perm_epoch != self.epoch:
-            if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-                self._perm = torch.randperm(self.n, generator=g)
-            else:
-                self._perm = torch.arange(self.n)
+            self._perm = torch.tensor(self.permutation(self.epoch), dtype=torch.long)
             self._perm_epoch = self.epoch
         return self._perm
 

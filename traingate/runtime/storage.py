@@ -17,11 +17,37 @@ import fsspec
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Errors worth retrying: the network or the endpoint, not our request.
-_TRANSIENT = (ConnectionError, TimeoutError, OSError)
-# ...but not these: retrying a full disk or a permission error only delays the clear error.
+# Not worth retrying: a full disk or a permission error only delays the clear error.
 _PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
                      errno.EISDIR, errno.ENOTDIR}
+# S3 error codes that mean "the service, not your request": retry.
+_TRANSIENT_S3_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
+                       "RequestTimeTooSkewed", "500", "502", "503", "504"}
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether an error from a storage call is the network or the endpoint (retry) rather than us.
+
+    botocore/aiohttp errors do not derive from the builtin ConnectionError, so they are
+    recognised by class name; an endpoint that is down raises EndpointConnectionError.
+    """
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(e, OSError):
+        return e.errno not in _PERMANENT_ERRNOS
+    names = {c.__name__ for c in type(e).__mro__}
+    module = type(e).__module__ or ""
+    if module.startswith(("botocore", "aiobotocore")):
+        if names & {"ConnectionError", "HTTPClientError", "ConnectionClosedError", "ReadTimeoutError",
+                    "ConnectTimeoutError", "EndpointConnectionError", "ResponseStreamingError"}:
+            return True
+        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+        return code in _TRANSIENT_S3_CODES
+    if module.startswith("aiohttp"):
+        return "ClientError" in names or "ServerDisconnectedError" in names
+    return False
 
 
 def storage_options(uri: str) -> dict:
@@ -45,7 +71,14 @@ class Storage:
 
     def __init__(self, root_uri: str, retries: int = 6, base_delay_s: float = 0.5):
         self.root = root_uri.rstrip("/")
-        self.fs, self._root_path = fsspec.core.url_to_fs(self.root, **storage_options(self.root))
+        # Importing a backend can draw from the global Python RNG (aiobotocore does); a training
+        # process has seeded it already, and exact resume needs it untouched.
+        rng_state = random.getstate()
+        try:
+            self.fs, self._root_path = fsspec.core.url_to_fs(self.root, **storage_options(self.root))
+        finally:
+            random.setstate(rng_state)
+        self._jitter = random.Random()  # backoff jitter must not advance the global RNG either
         self.retries, self.base_delay_s = retries, base_delay_s
         self.is_local = self.fs.protocol in ("file", "local") or "file" in tuple(self.fs.protocol)
 
@@ -53,17 +86,16 @@ class Storage:
         return f"{self._root_path}/{rel.strip('/')}" if rel else self._root_path
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
+        """Call ``fn``; on a transient error retry with exponential backoff and jitter."""
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except FileNotFoundError:
-                raise
-            except _TRANSIENT as e:
-                if isinstance(e, OSError) and e.errno in _PERMANENT_ERRNOS or attempt == self.retries:
+            except Exception as e:  # noqa: BLE001 - anything not transient is re-raised at once
+                if not is_transient(e) or attempt == self.retries:
                     raise
-                delay = self.base_delay_s * 2 ** attempt * (0.5 + random.random())
+                delay = self.base_delay_s * 2 ** attempt * (0.5 + self._jitter.random())
                 log.warning("storage: %s failed (%s: %s); retry %d/%d in %.1fs",
-                            what, type(e).__name__, e, attempt + 1, self.retries, delay)
+                            what, type(e).__name__, str(e).splitlines()[0][:200], attempt + 1, self.retries, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
 

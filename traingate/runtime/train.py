@@ -108,19 +108,22 @@ class Trainer:
         self.accum = spec.optim.grad_accum
         self.sampler = ResumableSampler(len(self.train), self.micro * self.accum * d.world_size, spec.optim.seed)
         self.step = 0
+        self._recent_losses: list[float] = []  # since the last save: the checkpoint's train_loss (keep_best)
         self.injector = inject.Injector.from_environ(d.rank, env.out_dir)  # drills and tests only
         self._start_step, self._first_step_time = 0, None
         ck = spec.checkpoint
         storage_fault = self.injector.storage_hook if self.injector.faults else None
-        self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every),
-                                 async_save=ck.async_save, staging_dir=str(env.out_dir),
+        self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best,
+                                                                  ck.best_metric, ck.best_mode),
+                                 async_save=ck.async_save, in_flight=ck.in_flight, staging_dir=str(env.out_dir),
                                  fault_hook=inject.chain(env.fault_hook(), storage_fault)) if d.is_main else None
         self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id,
                                     journal_dir=env.out_dir / "tracking")
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
         self.stop = _StopFlag()
-        self.sample_log = open(env.record_samples_path(d.rank), "a") if env.record_samples else None
+        # Line-buffered: a SIGKILL loses at most the line of the step in progress.
+        self.sample_log = open(env.record_samples_path(d.rank), "a", buffering=1) if env.record_samples else None
         # Intermediate validation for sweeps: every `eval_every` steps rank 0 appends
         # {step, val_loss, val_accuracy, ...} to progress.jsonl; an in-process caller may also
         # pass `on_progress`, which stops training (status "stopped") by returning True.
@@ -149,27 +152,26 @@ class Trainer:
 
     def save(self, emergency: bool = False) -> None:
         state = self.state()  # collective: every rank takes part
+        recent, self._recent_losses = self._recent_losses, []
         if self.ckpt is not None:
             meta = {"run_id": self.env.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
-                    "mlflow_run_id": self.env.mlflow_run_id, "emergency": emergency}
+                    "mlflow_run_id": self.env.mlflow_run_id, "emergency": emergency,
+                    "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {}}
             self.ckpt.save(self.step, state, meta)
             if emergency:
                 self.ckpt.wait()
 
     def resume(self) -> int:
         """Load the latest valid checkpoint of this run and stage, if any; return its step."""
-        step = self.ckpt.find_latest() if self.ckpt is not None else None
+        found = self.ckpt.load_latest() if self.ckpt is not None else None  # each file read and hashed once
+        step = found[0] if found is not None else None
         if self.d.world_size > 1:
             box = [step]
             dist.broadcast_object_list(box, src=0)
             step = box[0]
         if step is None:
             return 0
-        if self.ckpt is not None:
-            state = self.ckpt.load(step)
-            payload = [state]
-        else:
-            payload = [None]
+        payload = [found[1] if found is not None else None]
         if self.d.world_size > 1:
             dist.broadcast_object_list(payload, src=0)
         state = payload[0]
@@ -279,6 +281,7 @@ class Trainer:
                 nonfinite_steps += 1
             else:
                 losses.append(loss)
+                self._recent_losses.append(loss)
                 max_grad = max(max_grad, gnorm)
             if self.step % self.spec.tracking.log_every == 0 or self.step == self.limits.max_steps:
                 self.tracker.log_metrics({
@@ -295,6 +298,10 @@ class Trainer:
                 break
             if stop:
                 log.warning("SIGTERM: writing emergency checkpoint at step %d", self.step)
+                # Honoured once. torchrun forwards a SIGTERM to ranks still exiting when the first one
+                # is done; during interpreter shutdown Python's handler is gone and it would kill the
+                # rank (exit -15) instead of letting it report "preempted".
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 self.save(emergency=True)
                 out.status, out.exit_code = "preempted", exitcodes.PREEMPTED
                 break
@@ -410,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         cause = cause_of_exception(e)
         return _last_words(env, d, cause, e, exit_code_for(cause))
     finally:
+        if trainer is not None and trainer.ckpt is not None:
+            trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
         close_distributed()
 
 
