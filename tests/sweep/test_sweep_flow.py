@@ -51,11 +51,11 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
 
     study = load(path, overrides, s.optuna_storage)
     good, bad = study.trials
-    assert good.state == TrialState.COMPLETE and good.user_attrs["steps"] == 200
+    assert good.state == TrialState.COMPLETE and good.user_attrs["outcome"]["steps"] == 200
     assert bad.state == TrialState.PRUNED, (bad.intermediate_values, good.intermediate_values)
-    assert bad.user_attrs["pruned_at_step"] == 10
-    assert bad.user_attrs["steps"] < 200  # stopped while running, not after the fact
-    assert not psutil.pid_exists(bad.user_attrs["pid"])
+    assert bad.user_attrs["outcome"]["pruned_at_step"] == 10
+    assert bad.user_attrs["outcome"]["steps"] < 200  # stopped while running, not after the fact
+    assert not psutil.pid_exists(bad.user_attrs["outcome"]["pid"])
     assert set(bad.intermediate_values) == {10}
 
     # The best configuration is a ready-to-run spec.
@@ -97,7 +97,7 @@ def test_trials_never_run_more_at_once_than_the_pool_limit_allows(prefect_harnes
     assert state.is_completed(), state.message
     trials = load(path, overrides, _settings().optuna_storage).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
-    spans = [(t.user_attrs["start_ts"], t.user_attrs["end_ts"]) for t in trials]
+    spans = [(t.user_attrs["outcome"]["start_ts"], t.user_attrs["outcome"]["end_ts"]) for t in trials]
     assert max_overlap(spans) == 1, spans
 
 
@@ -168,8 +168,8 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
     assert retry[0].params == after[victim].params
     assert retry[0].user_attrs["trial_key"] == after[victim].user_attrs["trial_key"]
-    assert 20 <= retry[0].user_attrs["resumed_from_step"] < 400  # from its checkpoint, not from scratch
+    assert 20 <= retry[0].user_attrs["outcome"]["resumed_from_step"] < 400  # from its checkpoint, not from scratch
     keys = [t.user_attrs["trial_key"] for t in after if t.state == TrialState.COMPLETE]
     assert len(keys) == len(set(keys)) == 3  # nothing lost, nothing run twice
-    spans = [(t.user_attrs["start_ts"], t.user_attrs["end_ts"]) for t in after if t.state == TrialState.COMPLETE]
+    spans = [(t.user_attrs["outcome"]["start_ts"], t.user_attrs["outcome"]["end_ts"]) for t in after if t.state == TrialState.COMPLETE]
     assert max_overlap(spans) <= 2

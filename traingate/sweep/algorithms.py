@@ -14,10 +14,18 @@ from traingate.sweep.config import SweepSpec
 from traingate.sweep.space import grid
 
 
+class _AskTellGrid(optuna.samplers.GridSampler):
+    """GridSampler ends ``study.optimize`` with ``study.stop()`` when the grid is used up, which raises
+    outside optimize; with ask-and-tell the driver checks ``is_exhausted`` before asking instead."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001 - optuna's signature
+        return None
+
+
 def make_sampler(sweep: SweepSpec) -> optuna.samplers.BaseSampler:
     s, seed = sweep.sampler, sweep.seed
     if s == "grid":
-        return optuna.samplers.GridSampler(grid(sweep.space), seed=seed)
+        return _AskTellGrid(grid(sweep.space), seed=seed)
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "tpe":

@@ -38,6 +38,11 @@ log = logging.getLogger("traingate.sweep")
 RunTrial = Callable[[optuna.Trial, dict[str, Any]], TrialOutcome]
 
 
+def outcome(t: FrozenTrial) -> dict[str, Any]:
+    """What the trial's runner reported (steps, cost_usd, start_ts/end_ts, pid, error, metrics, ...)."""
+    return t.user_attrs.get("outcome", {})
+
+
 @dataclass
 class Tally:
     finished: list[FrozenTrial]  # complete, pruned, or failed for good
@@ -55,8 +60,8 @@ class Tally:
         return cls(finished=finished,
                    running=sum(t.state == TrialState.RUNNING for t in trials),
                    waiting=sum(t.state == TrialState.WAITING for t in trials),
-                   cost_usd=sum(float(t.user_attrs.get("cost_usd", 0.0)) for t in trials),
-                   steps=sum(int(t.user_attrs.get("steps", 0)) for t in trials))
+                   cost_usd=sum(float(outcome(t).get("cost_usd", 0.0)) for t in trials),
+                   steps=sum(int(outcome(t).get("steps", 0)) for t in trials))
 
     def can_ask(self, n_trials: int) -> bool:
         return self.waiting > 0 or len(self.finished) + self.running < n_trials
@@ -111,12 +116,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
     except Exception as e:  # noqa: BLE001 - the trial is recorded as FAIL with the error; the sweep goes on
         log.error("trial %d raised %s: %s", trial.number, type(e).__name__, e)
         outcome = TrialOutcome("failed", error=f"{type(e).__name__}: {e}", end_ts=time.time())
-    attrs = {"state": outcome.state, "steps": outcome.steps, "cost_usd": outcome.cost_usd,
-             "start_ts": outcome.start_ts, "end_ts": outcome.end_ts, "pid": outcome.pid,
-             "resumed_from_step": outcome.resumed_from_step, "pruned_at_step": outcome.pruned_at_step,
-             "error": outcome.error, "metrics": outcome.metrics}
-    for k, v in attrs.items():
-        trial.set_user_attr(k, v)
+    trial.set_user_attr("outcome", outcome.to_dict())  # one write: every storage commit costs an fsync
     if outcome.state == "complete":
         values = outcome.values or []
         study.tell(trial, values if len(values) > 1 else values[0])

@@ -42,7 +42,9 @@ def requeue_of(trial: optuna.Trial) -> int | None:
 
 class _Requeue(RetryHeartbeatStaleTrialCallback):
     def __init__(self, on_stale: Callable[[FrozenTrial], None] | None):
-        super().__init__(max_retry=MAX_REQUEUES)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            super().__init__(max_retry=MAX_REQUEUES)
         self.on_stale = on_stale
 
     def __call__(self, study: optuna.study.Study, trial: FrozenTrial) -> None:
@@ -53,6 +55,13 @@ class _Requeue(RetryHeartbeatStaleTrialCallback):
 
 def _storage(url: str, heartbeat_s: float, grace_s: float,
              on_stale: Callable[[FrozenTrial], None] | None) -> optuna.storages.RDBStorage:
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.8; we rely on them
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _rdb(url, heartbeat_s, grace_s, on_stale)
+
+
+def _rdb(url: str, heartbeat_s: float, grace_s: float,
+         on_stale: Callable[[FrozenTrial], None] | None) -> optuna.storages.RDBStorage:
     return optuna.storages.RDBStorage(
         url, heartbeat_interval=max(1, math.ceil(heartbeat_s)), grace_period=max(1, math.ceil(grace_s)),
         heartbeat_stale_trial_callback=_Requeue(on_stale),
@@ -63,9 +72,7 @@ def open_study(spec: RunSpec, storage_url: str,
                on_stale: Callable[[FrozenTrial], None] | None = None) -> optuna.Study:
     sw = spec.sweep
     assert sw is not None
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.8; we rely on them
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = _storage(storage_url, sw.heartbeat_s, sw.grace_s, on_stale)
+    storage = _storage(storage_url, sw.heartbeat_s, sw.grace_s, on_stale)
     max_steps = getattr(spec.stages, sw.stage).max_steps
     study = optuna.create_study(study_name=study_name(spec), storage=storage, load_if_exists=True,
                                 directions=sw.directions, sampler=make_sampler(sw),
