@@ -123,11 +123,16 @@ class _HashingWriter:
 
     def __init__(self, f: Any):
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         self.sha.update(data)
         self.size += len(memoryview(data).cast("B"))
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e  # torch's zip writer replaces it with a RuntimeError on its way out
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -264,7 +269,12 @@ class Checkpointer:
                 with open(path, "wb") as f:
                     w = _HashingWriter(f)
                     self._fault("tensor_write", step)
-                    torch.save(obj, w)
+                    try:
+                        torch.save(obj, w)
+                    except RuntimeError:
+                        if w.error is not None:
+                            raise w.error from None
+                        raise
                     f.flush()
                     os.fsync(f.fileno())
                 files[f"{key}.pt"] = {"sha256": w.sha.hexdigest(), "bytes": w.size}
