@@ -99,7 +99,7 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(box["flow_run_id"]).state.is_cancelled()
         events = _wait_for(lambda: client.read_events(EventFilter(
-            event=EventNameFilter(name=["traingate.run.restarted"]))).events, 30, "the restart event")
+            event=EventNameFilter(name=["traingate.run.restarted"])), limit=10).events, 30, "the restart event")
     assert events[0].payload["cause"] == "worker_lost"
     assert events[0].resource.id == f"traingate.run.{run_id}"
 

@@ -158,3 +158,9 @@ def test_hang_detector_does_not_call_a_rank_that_already_exited_hung():
     assert "rank 0 stuck" in d.stalled(now=7.0)
     d.observe({}, now=7.0, exited={0})
     assert d.stalled(now=30.0) is None
+
+
+def test_hang_detector_allows_a_rank_that_is_writing_its_emergency_checkpoint_to_be_slow():
+    d = HangDetector(timeout_s=5.0, startup_timeout_s=60.0, world_size=1, launched_at=0.0, final_step=16)
+    d.observe({0: {"step": 4, "time": 1.0, "phase": "preempting"}}, now=1.0)
+    assert d.stalled(now=30.0) is None

@@ -243,13 +243,14 @@ class Trainer:
         self.tracker.log_metrics({k: v for k, v in rec.items() if k.startswith("val_")}, step=self.step)
         return bool(self.on_progress and self.on_progress(rec))
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, phase: str = "train") -> None:
+        """``phase``: train | preempting | finishing; outside "train" the supervisor allows slow progress."""
         now = time.time()
         if self._first_step_time is None and self.step > self._start_step:
             self._first_step_time = now  # the supervisor's time-to-recovery ends here
         _write_json(self.env.out_dir / f"heartbeat.rank{self.d.rank}.json",
                     {"step": self.step, "time": now, "pid": os.getpid(), "start_step": self._start_step,
-                     "first_step_time": self._first_step_time})
+                     "first_step_time": self._first_step_time, "phase": phase})
 
     def run(self) -> Outcome:
         out = Outcome()
@@ -298,6 +299,7 @@ class Trainer:
                 break
             if stop:
                 log.warning("SIGTERM: writing emergency checkpoint at step %d", self.step)
+                self._heartbeat("preempting")
                 # Honoured once. torchrun forwards a SIGTERM to ranks still exiting when the first one
                 # is done; during interpreter shutdown Python's handler is gone and it would kill the
                 # rank (exit -15) instead of letting it report "preempted".
@@ -319,6 +321,7 @@ class Trainer:
                 self.save()
                 last_ckpt_time = time.monotonic()
         out.steps_done = self.step
+        self._heartbeat("finishing")  # final save, evaluation, exit: slow is not hung
         if out.status == "completed":
             self.save()  # the final state is a checkpoint too (the stage's artifact)
         if self.ckpt is not None:

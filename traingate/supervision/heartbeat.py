@@ -1,7 +1,7 @@
 """What the supervisor reads from a running stage: heartbeats, last words; and what it decides from them.
 
-Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time})
-after every step. A run is hung when some rank's step has not advanced for the hang
+Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time,
+phase}) after every step, and with phase ``preempting``/``finishing`` when it leaves the loop. A run is hung when some rank's step has not advanced for the hang
 timeout, or when a rank has not written its first heartbeat within the startup timeout
 (which also bounds the work after the last step: final checkpoint, evaluation, exit).
 
@@ -59,12 +59,14 @@ class HangDetector:
     launched_at: float
     final_step: int | None = None
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, when it last advanced)
-    _exited: set[int] = field(default_factory=set)
+    _exited: set[int] = field(default_factory=set)  # gone, preempting or finishing
 
     def observe(self, heartbeats: dict[int, dict[str, Any]], now: float, exited: set[int] | None = None) -> None:
         """``exited``: ranks whose process is gone; the tree is winding down, not hung."""
         self._exited |= exited or set()
         for rank, hb in heartbeats.items():
+            if hb.get("phase", "train") != "train":
+                self._exited.add(rank)  # preempting or finishing: bounded by the startup timeout
             step = int(hb.get("step", -1))
             prev = self._last.get(rank)
             if prev is None or step != prev[0]:
