@@ -77,6 +77,21 @@ class DriveResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class _Inline:
+    """The executor interface, running each call at once in the calling thread."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001 - delivered through the future, like a thread pool does
+            f.set_exception(e)
+        return f
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
 def budget_stop(sweep: SweepSpec, tally: Tally, started_ts: float, now: float | None = None) -> str | None:
     """Why no new trial may start (None if one may)."""
     b = sweep.budget
@@ -155,7 +170,9 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
         with heartbeat(study, trial, sweep.heartbeat_s):
             return run_trial(trial, params)
 
-    pool = ThreadPoolExecutor(sweep.max_concurrent, thread_name_prefix="trial")
+    # One trial at a time runs in the caller's thread (the in-process trainer needs the main thread).
+    pool = _Inline() if sweep.max_concurrent == 1 else ThreadPoolExecutor(sweep.max_concurrent,
+                                                                          thread_name_prefix="trial")
     try:
         while True:
             with _quiet():

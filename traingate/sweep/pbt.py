@@ -1,0 +1,105 @@
+"""Population-based training: the exploit/explore step between generations, and the checkpoint copy.
+
+A PBT sweep keeps a population of trials training side by side. Every
+``scheduler.pbt_interval`` steps the driver ranks the members by their latest
+intermediate value; each member in the bottom ``pbt_quantile`` *exploits* a member of
+the top quantile (its latest valid checkpoint is copied into the bottom member's
+checkpoint location, manifest last) and *explores* (the top member's hyperparameters,
+each numeric one multiplied by a factor from ``pbt_perturb`` and clipped to its range,
+categoricals re-drawn with a small probability). The bottom member then resumes from
+the copied checkpoint with the new hyperparameters, through the ordinary resume path.
+
+Parameters that shape the model (widths, layer counts) cannot change under a copied
+checkpoint; list only what may change in ``sweep.space``-order via ``mutable``.
+Optimizer hyperparameters (lr, weight decay) are restored from the copied optimizer
+state by the runtime, so perturbing them needs the runtime to prefer the spec's values on
+resume: that is the open second step; model-side parameters (dropout) work today.
+
+>>> import random
+>>> from traingate.sweep.config import ParamSpec
+>>> space = {"recipe.params.dropout": ParamSpec(type="float", low=0.0, high=0.5)}
+>>> ms = [Member("a", {"recipe.params.dropout": 0.1}, 0.9), Member("b", {"recipe.params.dropout": 0.4}, 0.5)]
+>>> [(e.dst, e.src) for e in plan_generation(ms, space, 0.5, [0.8, 1.2], "maximize", random.Random(0))]
+[('b', 'a')]
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from traingate.runtime.checkpoint import MANIFEST, Checkpointer, step_dir
+from traingate.runtime.storage import Storage
+from traingate.sweep.config import ParamSpec
+
+RESAMPLE_P = 0.25  # chance a categorical is re-drawn when exploring
+
+
+@dataclass
+class Member:
+    key: str  # the trial key: names its stage dir and checkpoint location
+    params: dict[str, Any]
+    score: float | None  # latest intermediate value (None: has not reported yet)
+
+
+@dataclass
+class Exploit:
+    dst: str  # bottom member that is overwritten
+    src: str  # top member it copies
+    params: dict[str, Any]  # src's hyperparameters, perturbed
+
+
+def perturb(params: dict[str, Any], space: dict[str, ParamSpec], factors: list[float], rng: random.Random,
+            mutable: set[str] | None = None) -> dict[str, Any]:
+    out = dict(params)
+    for name, value in params.items():
+        p = space.get(name)
+        if p is None or (mutable is not None and name not in mutable):
+            continue
+        if p.type == "categorical":
+            if rng.random() < RESAMPLE_P:
+                out[name] = rng.choice(p.choices)
+            continue
+        v = min(max(value * rng.choice(factors), p.low), p.high)
+        out[name] = int(round(v)) if p.type == "int" else float(v)
+    return out
+
+
+def plan_generation(members: list[Member], space: dict[str, ParamSpec], quantile: float, factors: list[float],
+                    direction: str, rng: random.Random, mutable: set[str] | None = None) -> list[Exploit]:
+    """Which bottom members copy which top members, with what new hyperparameters."""
+    scored = [m for m in members if m.score is not None and math.isfinite(m.score)]
+    n = int(len(scored) * quantile)
+    if n < 1:
+        return []
+    sign = -1.0 if direction == "maximize" else 1.0
+    order = sorted(scored, key=lambda m: sign * m.score)
+    top, bottom = order[:n], order[-n:]
+    plans = []
+    for m in bottom:
+        src = rng.choice(top)
+        plans.append(Exploit(dst=m.key, src=src.key, params=perturb(src.params, space, factors, rng, mutable)))
+    return plans
+
+
+def copy_checkpoint(src_uri: str, dst_uri: str) -> int:
+    """Copy the newest valid checkpoint under ``src_uri`` to ``dst_uri`` (manifest last); return its step.
+
+    Newer checkpoints at the destination are removed first, so the destination's latest is the copy.
+    """
+    step = Checkpointer(src_uri, async_save=False).find_latest()
+    if step is None:
+        raise ValueError(f"no valid checkpoint under {src_uri}; the source member has not checkpointed yet")
+    src, dst = Storage(src_uri), Storage(dst_uri)
+    for name in dst.listdir():
+        if name.startswith("step_") and name >= step_dir(step):
+            dst.rm(name)
+    name = step_dir(step)
+    dst.makedirs(name)
+    manifest = src.read_bytes(f"{name}/{MANIFEST}")
+    for f in sorted(src.listdir(name)):
+        if f != MANIFEST:
+            dst.write_bytes(f"{name}/{f}", src.read_bytes(f"{name}/{f}"))
+    dst.write_bytes(f"{name}/{MANIFEST}", manifest)
+    return step
