@@ -79,10 +79,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from traingate.plan import plan, render
+    from traingate.tracking.prior import latest_canary_profile
 
     spec, samples = _load(args)
     settings = Settings.from_env()
-    print(render(plan(spec, samples, args.until), spec))
+    prior = latest_canary_profile(settings, spec.identity.experiment, spec.recipe.name)
+    print(render(plan(spec, samples, args.until, profile=prior), spec))
+    if prior:
+        print(f"(estimates from the latest canary of {spec.identity.experiment!r}: "
+              f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)")
     if args.dry_run:
         return 0
     settings.ensure()

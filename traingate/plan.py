@@ -39,10 +39,11 @@ def render(rows: list[dict[str, object]], spec: RunSpec) -> str:
     head = (f"plan for {spec.identity.experiment!r} ({spec.recipe.name}), pool {spec.resources.work_pool} "
             f"at ${spec.pool.price_per_gpu_hour:g}/slot-hour"
             + (f", budget ${spec.budget.max_cost_usd:g}" if spec.budget.max_cost_usd is not None else ""))
-    lines = [head, f"{'stage':<7} {'procs':>5} {'steps':>6} {'samples':>8} {'ceiling $':>10} {'est. $':>9}  gate"]
+    lines = [head, "(ceiling: the stage's timeout at full price; estimate: from a previous canary's step times)",
+             f"{'stage':<7} {'procs':>5} {'steps':>6} {'samples':>8} {'ceiling $':>10} {'est. $':>9}  gate"]
     for r in rows:
         est = r.get("est_cost_usd")
         lines.append(f"{r['stage']:<7} {r['processes']:>5} {r['steps']!s:>6} {r['samples']!s:>8} "
-                     f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'after canary':>9}  "
+                     f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'n/a':>9}  "
                      f"{r['gate']}")
     return "\n".join(lines)

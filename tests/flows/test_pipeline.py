@@ -62,6 +62,16 @@ def test_ladder_climbs_all_four_stages_and_records_each(prefect_harness, state_d
     artifact = Artifact.get("stage-canary")
     assert artifact is not None and "step_time_p99_s" in artifact.data
 
+    # the next dry run of this experiment turns cost ceilings into estimates from this canary
+    from traingate.plan import plan
+    from traingate.spec import load_spec
+    from traingate.tracking.prior import latest_canary_profile
+
+    prior = latest_canary_profile(Settings.from_env(), "tests", "digits-cnn")
+    assert prior is not None and prior["step_time_mean_s"] > 0
+    rows = plan(load_spec(tiny_spec()), {}, "full", profile=prior)
+    assert rows[3]["est_cost_usd"] > 0 and rows[3]["est_wall_s"] > 16 * prior["step_time_mean_s"]
+
 
 def test_canary_with_zero_learning_rate_stops_before_full_with_the_failing_rule(prefect_harness, state_dir,
                                                                                 tiny_spec):
