@@ -72,7 +72,7 @@ def from_runtime(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, d
     evals = metrics.pop("eval", {}) or {}
     if resumed_from_step is not None:
         metrics["resumed_from_step"] = resumed_from_step
-    for k in ("step_time_p50_s", "step_time_p99_s", "samples_per_s", "tokens_per_s", "peak_memory_mb",
+    for k in ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s", "tokens_per_s", "peak_memory_mb",
               "startup_s", "data_wait_fraction"):
         if k in profile:
             metrics[k] = profile[k]
