@@ -104,6 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}")
         if summary.get("checkpoint_uri"):
             print(f"  checkpoint:      {summary['checkpoint_uri']}")
+        model = summary.get("model") or {}
+        if model.get("registered"):
+            print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
+        elif model:
+            print(f"  model not registered: {'; '.join(model.get('reasons', []))}")
         print(f"  prefect flow run: {summary['flow_run_id']}")
         print(f"  stage outputs:   {summary['run_dir']}")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri}")
