@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 SPEC = """
 stages:
   full: {max_steps: 40}
-tracking: {enabled: false, log_every: 2}
+tracking: {enabled: true, log_every: 10}
 supervision: {backoff_base_s: 0.2, hang_timeout_s: 20, preempt_grace_s: 30}
 """
 
@@ -110,3 +110,12 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
     assert final["resumed_from_step"] == stopped_at
     state = json.loads((run_dir / "full" / "supervisor.json").read_text())
     assert state["final"]["status"] == "completed"
+    # One logical run: the stage's MLflow run holds both restarts with their causes (issue 4's tracker
+    # reads TRAINGATE_RESTART_CAUSE, which the supervisor sets on every relaunch).
+    from traingate.settings import Settings
+    from traingate.tracking import runs
+
+    tags = runs.client(Settings.from_env().tracking_uri).get_run(state["launch"]["mlflow_run_id"]).data.tags
+    assert tags["traingate.restart.1.cause"] == "worker_lost"
+    assert tags["traingate.restart.2.cause"] == "preempted"
+    assert tags["traingate.restart.2.resumed_from_step"] == str(stopped_at)

@@ -42,6 +42,16 @@ def test_exit_evidence_is_classified_into_cause_and_retryability(evidence, cause
     assert (verdict.cause, verdict.retryable) == (cause, retryable)
 
 
+def test_torchruns_root_cause_names_the_signal_not_the_ranks_it_terminated_afterwards():
+    tail = ["Failures:", "  exitcode  : -15 (pid: 1)  (SIGTERM)", *TORCHRUN_SIGKILL_SUMMARY]
+    assert "signal 9" in classify(Evidence(returncode=1, log_tail=tail)).detail
+
+
+def test_a_rank_that_reported_its_error_is_not_blamed_on_a_hang():
+    words = [{"cause": "collective_timeout", "error": "Timed out", "time": 1.0}]
+    assert classify(Evidence(returncode=-9, last_words=words, hang_detected=True)).cause == "collective_timeout"
+
+
 def test_a_completed_run_has_no_cause():
     assert classify(Evidence(returncode=0, result_status="completed")).completed
 

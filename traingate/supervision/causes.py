@@ -106,14 +106,14 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
 
     if ev.returncode == 0 and ev.result_status == "completed":
         return Classification(None, False, "completed")
-    if ev.hang_detected:
+    words = sorted(ev.last_words, key=lambda w: w.get("time", 0.0))
+    primary = [w for w in words if w.get("cause") not in _ECHOES]
+    if ev.hang_detected and not primary:
         return out(HANG, "heartbeats stopped advancing; the tree was killed")
     if ev.result_status == exitcodes.NAMES[exitcodes.DIVERGED] or ev.returncode == exitcodes.DIVERGED:
         return out(DIVERGED, "non-finite loss beyond optim.nonfinite_tolerance")
     if ev.result_status == "preempted" or ev.returncode == exitcodes.PREEMPTED:
         return out(PREEMPTED, "SIGTERM honoured, emergency checkpoint written")
-    words = sorted(ev.last_words, key=lambda w: w.get("time", 0.0))
-    primary = [w for w in words if w.get("cause") not in _ECHOES]
     if primary:
         w = primary[0]
         cause = w.get("cause") or USER_ERROR
@@ -122,7 +122,9 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
         return out(cause, f"rank {w.get('rank', '?')}: {w.get('error')}")
     if ev.timed_out:
         return out(TIMEOUT, "the stage exceeded stages.<stage>.timeout_s")
-    signals = [int(s) for s in _TORCHRUN_SIGNAL.findall("\n".join(ev.log_tail))]
+    tail = "\n".join(ev.log_tail)
+    root = tail[tail.find("Root Cause"):] if "Root Cause" in tail else tail  # torchrun's first observed failure
+    signals = [int(s) for s in _TORCHRUN_SIGNAL.findall(root) or _TORCHRUN_SIGNAL.findall(tail)]
     if ev.returncode < 0:
         signals.append(-ev.returncode)
     if signals:

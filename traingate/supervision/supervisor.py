@@ -178,7 +178,10 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
                            "emergency checkpoint")
                 return True  # ProcessTree.stop: SIGTERM, grace, SIGKILL
             beats = heartbeat.read_heartbeats(stage_dir)
-            watch.observe(beats, now, heartbeat.exited_ranks(beats))
+            # A rank that wrote last words is exiting on a caught error; its peers wait on it in a
+            # collective until torchrun tears the group down. That is a failure in progress, not a hang.
+            failing = set(beats) if any(stage_dir.glob("last_words.rank*.json")) else set()
+            watch.observe(beats, now, heartbeat.exited_ranks(beats) | failing)
             if (why := watch.stalled(now)) is not None:
                 # A hung group cannot write an emergency checkpoint: kill it outright.
                 state["hang"] = why
@@ -216,7 +219,7 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
             log_tail=result.tail, hang_detected=state["hang"] is not None,
             stop_requested=state["stop"] is not None, timed_out=result.timed_out), oom_retry=oom_retry)
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
-        attempt.detail = state["hang"] or verdict.detail
+        attempt.detail = state["hang"] if verdict.cause == causes.HANG else verdict.detail
         _write_state(stage_dir, attempts, None)
 
         if verdict.completed:
