@@ -6,15 +6,14 @@ session's Prefect home, MLflow store and checkpoints all live in one temp dir.
 from __future__ import annotations
 
 import os
-import socket
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port  # noqa: F401 - re-exported for fixtures
+
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="traingate-tests-"))
 os.environ["TRAINGATE_STATE_DIR"] = str(_SESSION_DIR / "state")
 os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect")
@@ -24,13 +23,6 @@ for var in ("TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_ART
             "TRAINGATE_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
     os.environ.pop(var, None)
 
-PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -50,23 +42,7 @@ def prefect_harness():
         yield
 
 
-TINY_DIGITS = """
-identity: {experiment: tests, owner: tester, team: platform, purpose: exercise the ladder in tests}
-recipe: {name: digits-cnn, params: {channels: 8, hidden: 32}}
-optim: {lr: 0.05, batch_size: 16, seed: 0}
-resources: {work_pool: cpu-local, procs_per_node: 2}
-stages:
-  smoke: {max_steps: 4, max_samples: 64}
-  canary: {max_steps: 20}
-  full: {max_steps: 16}
-gates:
-  canary:
-    rules:
-      - {metric: loss_decrease_fraction, op: ">=", value: 0.05}
-      - {metric: nonfinite_steps, op: "==", value: 0}
-checkpoint: {every_steps: 5}
-tracking: {log_every: 2}
-"""
+
 
 
 @pytest.fixture
@@ -97,3 +73,9 @@ def s3_server(monkeypatch):
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tg-test")
     yield {"endpoint": endpoint, "bucket": "tg-test", "server": server, "port": port}
     server.stop()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT
 from traingate.spec import _default_pools
 
 

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import PYTHON, TINY_DIGITS
+from tgtest import PYTHON, TINY_DIGITS
 from traingate.spec import SpecError, apply_overrides, load_spec, load_spec_text
 from traingate.validate import check_spec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT
 from traingate.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import PYTHON, free_port
+from tgtest import PYTHON, free_port
 from tracking_helpers import heartbeat, new_run, start_training, steps_of, train_env, wait_until, write_spec
 
 STEPS = 1500

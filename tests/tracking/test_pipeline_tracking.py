@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import TINY_DIGITS, free_port
+from tgtest import TINY_DIGITS, free_port
 from tracking_helpers import fresh_store
 from traingate.redact import redact
 from traingate.spec import load_spec

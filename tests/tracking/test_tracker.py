@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from conftest import free_port
+from tgtest import free_port
 from tracking_helpers import fresh_store, new_run, steps_of
 from traingate.tracking.journal import Journal
 from traingate.tracking.tracker import MlflowTracker, NullTracker, make_tracker

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from mlflow.tracking import MlflowClient
 
-from conftest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT
 
 SPEC = """
 identity: {experiment: tracking-tests, owner: tester, team: platform, purpose: exercise the tracking contract}
