@@ -15,8 +15,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from tests.conftest import PYTHON
-from tests.sweep.conftest import ONE_PROC, load, max_overlap
+from sweep_helpers import ONE_PROC, load, max_overlap, sweep_spec  # noqa: F401 - sweep_spec is a fixture
+from tgtest import PYTHON
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,9 @@ def _settings():
     return Settings.from_env().ensure()
 
 
-def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(prefect_harness, state_dir, sweep_spec):
-    from flows.sweep import sweep
+def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promoted_to_full(
+        prefect_harness, state_dir, sweep_spec, capsys):
+    from flows.cli import main
     from traingate.spec import load_spec
     from traingate.sweep.study import open_study
 
@@ -36,6 +37,7 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
         scheduler: {name: asha, report_every: 10, min_resource: 10, reduction_factor: 2}
         n_trials: 2
         max_concurrent: 1
+        promotion: {top_k: 1, seeds: 1, require_reproducible: true, tolerance: 1.0, until: full}
     """)
     overrides = ONE_PROC + ["stages.canary.max_steps=200", "checkpoint.every_steps=1000"]
     s = _settings()
@@ -43,11 +45,11 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
     study = open_study(load_spec(path, overrides), s.optuna_storage)
     study.enqueue_trial({"optim.lr": 0.05, "recipe.params.hidden": 16})
     study.enqueue_trial({"optim.lr": 0.002, "recipe.params.hidden": 8})
-    study.set_user_attr("note", "seeded by the test")
 
-    state = sweep(str(path), overrides, return_state=True)
-    assert state.is_completed(), state.message
-    summary = state.result()
+    code = main(["sweep", str(path), *[a for o in overrides for a in ("--set", o)], "--promote"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "reproducibility  ok" in out and "optuna-dashboard sqlite:///" in out
 
     study = load(path, overrides, s.optuna_storage)
     good, bad = study.trials
@@ -59,17 +61,19 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
     assert set(bad.intermediate_values) == {10}
 
     # The best configuration is a ready-to-run spec.
-    best = load_spec(summary["best_spec"])
+    best_path = next(line.split()[-1] for line in out.splitlines() if line.strip().startswith("best_spec"))
+    best = load_spec(best_path)
     assert best.optim.lr == pytest.approx(0.05) and best.recipe.params["hidden"] == 16 and best.sweep is None
-    assert "sweep" not in yaml.safe_load(open(summary["best_spec"]))
+    assert "sweep" not in yaml.safe_load(open(best_path))
 
     # MLflow: the sweep is a parent run, each trial a child with params, intermediate metrics and state.
     c = MlflowClient(s.tracking_uri)
-    parent = c.get_run(summary["parent_run_id"])
-    assert parent.data.tags["traingate.kind"] == "sweep" and parent.info.status == "FINISHED"
-    children = c.search_runs([parent.info.experiment_id],
-                             filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    by_state = {r.data.tags["traingate.trial_state"]: r for r in children}
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    parent = next(r for r in runs if r.data.tags.get("traingate.kind") == "sweep")
+    assert parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    by_state = {r.data.tags["traingate.trial_state"]: r for r in children
+                if "traingate.reproduction_seed" not in r.data.tags}
     assert set(by_state) == {"COMPLETE", "PRUNED"}
     assert by_state["PRUNED"].info.status == "KILLED"
     assert by_state["COMPLETE"].data.params["optim.lr"] == "0.05"
@@ -77,6 +81,12 @@ def test_pruned_trial_stops_its_process_early_and_everything_lands_in_mlflow(pre
     assert sorted({m.step for m in history}) == list(range(10, 201, 10))  # intermediate, from the trainer
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/optimization_history.png", "sweep/intermediate_values.png", "sweep/best_spec.yaml"} <= arts
+
+    # The winner was re-run with a new seed, then promoted up the whole ladder.
+    rerun = next(r for r in children if "traingate.reproduction_seed" in r.data.tags)
+    assert rerun.data.tags["traingate.reproduction_seed"] == "1000" and rerun.info.status == "FINISHED"
+    ladder = next(r for r in runs if r.data.tags.get("traingate.kind") == "pipeline")
+    assert ladder.data.tags["traingate.reached_stage"] == "full" and ladder.data.tags["traingate.outcome"] == "passed"
 
 
 def test_trials_never_run_more_at_once_than_the_pool_limit_allows(prefect_harness, state_dir, sweep_spec):
@@ -173,3 +183,4 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
     assert len(keys) == len(set(keys)) == 3  # nothing lost, nothing run twice
     spans = [(t.user_attrs["outcome"]["start_ts"], t.user_attrs["outcome"]["end_ts"]) for t in after if t.state == TrialState.COMPLETE]
     assert max_overlap(spans) <= 2
+

@@ -10,7 +10,7 @@ import optuna
 import psutil
 import pytest
 
-from tests.conftest import TINY_DIGITS
+from tgtest import TINY_DIGITS
 from traingate.spec import SpecError, load_spec, load_spec_text
 
 SPACE = "sweep: {space: {optim.lr: {type: float, low: 0.001, high: 0.1, log: true}}%s}\n"
@@ -122,9 +122,3 @@ def test_plots_of_history_importance_and_intermediate_values_are_written(tmp_pat
     assert names == {"optimization_history.png", "param_importances.png", "intermediate_values.png"}
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
 
-
-def test_the_sweep_library_never_imports_prefect():
-    code = ("import sys, traingate.sweep.driver, traingate.sweep.study, traingate.sweep.pbt, traingate.sweep.plots, "
-            "traingate.sweep.inprocess, traingate.sweep.tracking, traingate.sweep.fence, traingate.sweep.results; "
-            "sys.exit('prefect' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -1,4 +1,5 @@
-"""Sweep fixtures: a tiny digits spec with a sweep section, and readers for what a sweep left behind."""
+"""Sweep test helpers (import as `from sweep_helpers import ...`): a tiny digits spec with a sweep section,
+and readers for what a sweep left behind."""
 from __future__ import annotations
 
 import textwrap
@@ -18,8 +19,8 @@ sweep:
   grace_s: 4
 """
 
-# Trials run one process each (no torchrun) and write no checkpoint until asked.
-ONE_PROC = ["resources.procs_per_node=1"]
+# Trials run one process each (no torchrun) on the smallest digits net.
+ONE_PROC = ["resources.procs_per_node=1", "recipe.params.channels=4"]
 
 
 @pytest.fixture
