@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from tgtest import PYTHON, free_port
 from tracking_helpers import heartbeat, new_run, start_training, steps_of, train_env, wait_until, write_spec
 
-STEPS = 1500
+STEPS = 1000
 
 
 class MlflowServer:
@@ -66,7 +66,7 @@ def mlflow_server(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_tracking_server_down_for_twelve_seconds_mid_run_loses_no_metric_step(tmp_path, mlflow_server):
+def test_tracking_server_down_for_over_ten_seconds_mid_run_loses_no_metric_step(tmp_path, mlflow_server):
     run_id = new_run(mlflow_server.uri)
     client = MlflowClient(mlflow_server.uri)
     spec = write_spec(tmp_path / "spec.yaml", STEPS, checkpoint_every=500)
@@ -77,7 +77,7 @@ def test_tracking_server_down_for_twelve_seconds_mid_run_loses_no_metric_step(tm
 
     mlflow_server.stop()
     down_at_step = heartbeat(stage)["step"]
-    time.sleep(12)
+    time.sleep(11)
     assert heartbeat(stage)["step"] > down_at_step  # training went on without its tracking store
     assert "tracking store unreachable" in log.read_text()
     mlflow_server.start()

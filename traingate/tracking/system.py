@@ -6,8 +6,8 @@ aggregates, so only rank 0 writes to the run. GPU signals come from NVML and are
 out where there is no NVIDIA driver (a normal state on CPU machines).
 
 >>> s = SystemSignals(rank=0, world_size=1, enabled=True)
->>> sorted(s.collect(0.01))[:3]
-['system/cpu_percent_mean', 'system/host_memory_percent', 'system/rank0/cpu_percent']
+>>> sorted(s.collect(0.01))
+['system/host_memory_percent', 'system/rank0/cpu_percent', 'system/rank0/rss_mb', 'system/rank0/step_time_s']
 >>> SystemSignals(rank=0, world_size=1, enabled=False).collect(0.01)
 {}
 """
@@ -73,6 +73,9 @@ class SystemSignals:
             for name, v in zip(_FIELDS, row):
                 if name != "host_memory_percent" and not math.isnan(v):
                     out[f"system/rank{r}/{name}"] = v
+        if len(rows) == 1:
+            out["system/host_memory_percent"] = rows[0][3]
+            return out  # one rank: aggregates would repeat it
         step_times = [row[0] for row in rows]
         out["system/step_time_max_s"] = max(step_times)
         out["system/step_time_mean_s"] = sum(step_times) / len(step_times)

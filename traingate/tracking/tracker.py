@@ -94,6 +94,10 @@ class MlflowTracker(NullTracker):
 
         _fail_fast_http()
         self.client = MlflowClient(tracking_uri)
+        if not tracking_uri.startswith(("http://", "https://")):
+            # A database store is built (engine, schema check) on first use: seconds of CPU that would
+            # otherwise land on the writer thread in the middle of the first training steps.
+            self.client._tracking_client.store  # noqa: B018
         self.run_id = run_id
         self.journal = Journal(Path(journal_dir) / "journal.jsonl")
         self.history: History = self.journal.history()
