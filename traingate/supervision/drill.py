@@ -27,8 +27,10 @@ from traingate.supervision import inject
 from traingate.supervision.supervisor import Attempt, Hooks, Supervision, supervise
 
 # What a drill may inject: the retryable faults. (oom/nan/error are stop-fast causes, tested separately.)
-DRILL_KINDS = ("kill", "term", "stop", "io")
-EXPECTED_CAUSE = {"kill": "worker_lost", "term": "preempted", "stop": "hang", "io": "transient_io"}
+DRILL_KINDS = ("kill", "term", "stop", "io", "ctimeout")
+DEFAULT_KINDS = ("kill", "term", "stop", "io")
+EXPECTED_CAUSE = {"kill": "worker_lost", "term": "preempted", "stop": "hang", "io": "transient_io",
+                  "ctimeout": "collective_timeout"}
 
 
 def plan(kinds: list[str], n: int, max_steps: int, world_size: int, seed: int,
@@ -52,7 +54,7 @@ def plan(kinds: list[str], n: int, max_steps: int, world_size: int, seed: int,
     extra = sorted(rng.randint(0, slack) for _ in range(n))
     faults, pos = [], 2
     for kind, gap, e in zip(order, gaps, extra):
-        rank = rng.randrange(world_size) if kind in ("kill", "stop") else None
+        rank = rng.randrange(world_size) if kind in ("kill", "stop", "ctimeout") else None
         faults.append(inject.Fault(kind, pos + e, rank))
         pos += gap
     return faults
