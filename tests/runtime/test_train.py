@@ -15,6 +15,8 @@ Scenarios (36 steps, a checkpoint every 4):
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -24,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from resume_drill import Drill, assert_state_equal, drive, write_spec
@@ -75,6 +78,32 @@ def _outage(root: Path, env: dict, moto) -> dict:
     return {"drill": drill, "rec": rec, "down_s": down_s}
 
 
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def _refused(root: Path, env: dict) -> dict:
+    """A run whose newest checkpoint was forged with a pickle payload (and a manifest that checks out)."""
+    spec = write_spec(root / "refused.yaml", "chargpt", 8, FILE_CKPT)
+    drill = Drill("refused", spec, 1, root, env=env)
+    drill.run("reference")  # real checkpoints at 4 and 8
+    marker = root / "pwned"
+    step = drill.out / "checkpoints" / "step_00000012"
+    step.mkdir()
+    torch.save({"w": torch.ones(1), "x": _Payload(str(marker))}, step / "model.pt")
+    data = (step / "model.pt").read_bytes()
+    (step / "manifest.json").write_text(json.dumps({"format": 1, "step": 12, "files": {
+        "model.pt": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}}))
+    proc = drill._launch()
+    rc = drill._wait(proc)
+    return {"rc": rc, "marker": marker, "stderr": drill._stderr(),
+            "last_words": json.loads((drill.out / "last_words.rank0.json").read_text())}
+
+
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory, s3_endpoint) -> dict[str, Future]:
     root = tmp_path_factory.mktemp("drills")
@@ -86,18 +115,19 @@ def scenarios(tmp_path_factory, s3_endpoint) -> dict[str, Future]:
         # The outage takes the shared endpoint down, so it runs only after c1 is done with it.
         return {**c1, "outage": _outage(root, env, s3_endpoint)}
 
-    futures = {
+    futures = {  # longest first
         "c2": pool.submit(_chain, root, env, "c2", "chargpt", 2, "after_manifest", 1),
         "d2": pool.submit(_chain, root, env, "d2", "digits", 2, "before_manifest", "none"),
         "c1": pool.submit(c1_then_outage),
         "d1": pool.submit(_chain, root, env, "d1", "digits", 1, "tensor_write", "none",
                           f"checkpoint: {{every_steps: {EVERY}, keep_last: 2, keep_every: 12, keep_best: 1}}\n"),
+        "refused": pool.submit(_refused, root, env),
     }
     yield futures
     pool.shutdown(wait=True)
     for name, fut in futures.items():
         if fut.done() and fut.exception() is None:
-            for key, d in fut.result().items():
+            for key, d in fut.result().items() if name != "refused" else ():
                 if isinstance(d, Drill):
                     print(f"{d.name}: " + ", ".join(f"{h.kind} {h.seconds:.1f}s" for h in d.history))
 
@@ -228,3 +258,10 @@ def test_s3_outage_during_training_is_retried_with_backoff_and_training_complete
     assert rec.latest == 80 and rec.latest_loads
     # No every_steps: the checkpoints before the final one were taken by the wall clock.
     assert len([s for s in rec.complete_steps if s < 80]) >= 2, rec.complete_steps
+
+
+def test_a_run_whose_newest_checkpoint_carries_a_pickle_payload_refuses_it_without_running_it(scenarios):
+    out = scenarios["refused"].result()
+    assert not out["marker"].exists(), "the pickle payload ran inside the training process"
+    assert out["rc"] == exitcodes.USER_ERROR  # not retryable: a restart would meet the same file
+    assert "refused" in out["last_words"]["error"] and "weights-only allowlist" in out["last_words"]["error"]

@@ -58,8 +58,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or is not valid to load."""
 
 
-class CheckpointRefused(CheckpointError):
-    """A checkpoint holds something unsafe to unpickle. Never fallen back past silently."""
+class CheckpointRefused(CheckpointError, ValueError):
+    """A checkpoint holds something unsafe to unpickle. Never fallen back past silently.
+
+    A ValueError too: retrying cannot help, so the runtime exits as a user error (not retried).
+    """
 
 
 def step_dir(step: int) -> str:
