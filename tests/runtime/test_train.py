@@ -42,7 +42,8 @@ FILE_CKPT = f"checkpoint: {{every_steps: {EVERY}}}\n"
 
 
 def _chain(root: Path, env: dict, name: str, recipe: str, nproc: int, phase: str, sigterm: str | int | None,
-           checkpoint: str = FILE_CKPT, uri: str | None = None) -> dict[str, Drill]:
+           checkpoint: str = FILE_CKPT, uri: str | None = None,
+           pool: ThreadPoolExecutor | None = None) -> dict[str, Drill]:
     spec = write_spec(root / f"{name}.yaml", recipe, MAX, checkpoint)
     ref = Drill(f"{name}-ref", spec, nproc, root, env=env)
     ref.run("reference")
@@ -50,11 +51,11 @@ def _chain(root: Path, env: dict, name: str, recipe: str, nproc: int, phase: str
     drive(chain, EVERY, MAX, [phase], seed=name, sigterm_rank=sigterm)
     out = {"ref": ref, "chain": chain}
     if name == "c2":
-        # The state right after the SIGTERM, resumed by a world of 1 instead of 2.
+        # The state right after the SIGTERM, resumed by a world of 1 instead of 2 (alongside).
         shutil.copytree(chain.out, root / "c2-ws")
         ws = Drill("c2-ws", spec, 1, root, env=env)
-        ws.run("final")
         out["ws"] = ws
+        out["ws_done"] = pool.submit(ws.run, "final")
     chain.run("final")
     return out
 
@@ -90,10 +91,9 @@ def _refused(root: Path, env: dict) -> dict:
     """A run whose newest checkpoint was forged with a pickle payload (and a manifest that checks out)."""
     spec = write_spec(root / "refused.yaml", "chargpt", 8, FILE_CKPT)
     drill = Drill("refused", spec, 1, root, env=env)
-    drill.run("reference")  # real checkpoints at 4 and 8
     marker = root / "pwned"
     step = drill.out / "checkpoints" / "step_00000012"
-    step.mkdir()
+    step.mkdir(parents=True)
     torch.save({"w": torch.ones(1), "x": _Payload(str(marker))}, step / "model.pt")
     data = (step / "model.pt").read_bytes()
     (step / "manifest.json").write_text(json.dumps({"format": 1, "step": 12, "files": {
@@ -108,7 +108,7 @@ def _refused(root: Path, env: dict) -> dict:
 def scenarios(tmp_path_factory, s3_endpoint) -> dict[str, Future]:
     root = tmp_path_factory.mktemp("drills")
     env = dict(os.environ)
-    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="drill")
+    pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="drill")
 
     def c1_then_outage() -> dict:
         c1 = _chain(root, env, "c1", "chargpt", 1, "upload", None, uri="s3://tg-test/drills/c1/full")
@@ -116,7 +116,7 @@ def scenarios(tmp_path_factory, s3_endpoint) -> dict[str, Future]:
         return {**c1, "outage": _outage(root, env, s3_endpoint)}
 
     futures = {  # longest first
-        "c2": pool.submit(_chain, root, env, "c2", "chargpt", 2, "after_manifest", 1),
+        "c2": pool.submit(_chain, root, env, "c2", "chargpt", 2, "after_manifest", 1, pool=pool),
         "d2": pool.submit(_chain, root, env, "d2", "digits", 2, "before_manifest", "none"),
         "c1": pool.submit(c1_then_outage),
         "d1": pool.submit(_chain, root, env, "d1", "digits", 1, "tensor_write", "none",
@@ -214,6 +214,7 @@ def test_resume_with_a_different_world_size_neither_skips_nor_repeats_a_sample(s
     runs = scenarios["c2"].result()
     term = next(h for h in runs["chain"].history if h.kind == "sigterm")
     ws = runs["ws"]
+    runs["ws_done"].result()
     assert ws.result()["resumed_from_step"] == term.latest and ws.result()["metrics"]["world_size"] == 1
     samples = ws.samples()  # the copied 2-process records, then the 1-process run's own
     rank1 = runs["chain"].samples()[1]
