@@ -82,6 +82,17 @@ def test_skip_policy_skips_a_save_while_one_is_in_flight(tmp_path):
     assert ck.list_steps() == [1, 3] and ck.saves_skipped == 1
 
 
+def test_skip_policy_never_skips_an_emergency_or_final_save(tmp_path):
+    gate = Gate()
+    ck = Checkpointer(tmp_path.as_uri(), fault_hook=gate, in_flight="skip")
+    ck.save(1, _state(1.0))
+    assert gate.entered.wait(10)
+    threading.Timer(0.3, gate.release.set).start()
+    assert ck.save(2, _state(2.0), force=True) is True  # waits for step 1 instead
+    ck.close()
+    assert ck.list_steps() == [1, 2]
+
+
 def test_a_directory_without_a_manifest_is_not_a_checkpoint(tmp_path):
     ck = Checkpointer(tmp_path.as_uri(), async_save=False)
     ck.save(4, _state(4.0))

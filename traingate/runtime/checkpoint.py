@@ -181,14 +181,16 @@ class Checkpointer:
         return self.storage.root
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None,
+             force: bool = False) -> bool:
         """Snapshot ``state`` (name -> object) and write it in the background as ``step_<step>``.
 
-        Returns False when the save was skipped because one is still in flight (policy "skip").
+        Returns False when the save was skipped because one is still in flight (policy "skip");
+        ``force`` (emergency and final checkpoints) waits instead, whatever the policy.
         ``meta`` goes into the manifest; ``meta["metrics"]`` is what keep-best retention reads.
         """
         t0 = time.perf_counter()
-        if self._inflight is not None and not self._inflight.done() and self.in_flight == "skip":
+        if self._inflight is not None and not self._inflight.done() and self.in_flight == "skip" and not force:
             self.saves_skipped += 1
             log.warning("checkpoint step %d skipped: the save of step %s is still in flight (in_flight=skip)",
                         step, self._inflight_step)

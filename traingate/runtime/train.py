@@ -157,7 +157,8 @@ class Trainer:
             meta = {"run_id": self.env.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
                     "mlflow_run_id": self.env.mlflow_run_id, "emergency": emergency,
                     "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {}}
-            self.ckpt.save(self.step, state, meta)
+            # An emergency or final checkpoint is never skipped by the in-flight policy.
+            self.ckpt.save(self.step, state, meta, force=emergency or self.step >= self.limits.max_steps)
             if emergency:
                 self.ckpt.wait()
 
