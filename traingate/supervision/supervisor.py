@@ -226,8 +226,9 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
             return _finish(stage_dir, attempts, result, "completed", None, None)
         if state["stop"] is not None:
             # Cancelled from outside: leave the checkpoint for `traingate resume`, do not restart.
-            err = (f"preempted: {state['stop']}; emergency checkpoint {'written' if verdict.cause == 'preempted' else 'NOT confirmed'}"
-                   f" ({verdict.detail}); continue with `traingate resume {env.get(renv.RUN_ID, 'RUN_ID')}`")
+            written = "written" if verdict.cause == causes.PREEMPTED else "NOT confirmed"
+            err = (f"preempted: {state['stop']}; emergency checkpoint {written} ({verdict.detail}); "
+                   f"continue with `traingate resume {env.get(renv.RUN_ID, 'RUN_ID')}`")
             return _finish(stage_dir, attempts, result, "preempted", err, state["stop"], cause=causes.PREEMPTED)
         status = "diverged" if verdict.cause == causes.DIVERGED else "failed"
         if not verdict.retryable:
@@ -242,7 +243,9 @@ def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: 
             err = _stop_error(verdict.cause, f"{attempt.detail}; no time left in stages.{stage}.timeout_s", result)
             return _finish(stage_dir, attempts, result, status, err, None, cause=verdict.cause)
         if verdict.cause == causes.OOM:
-            b, a = oom.smaller_micro_batch(current_spec.optim.batch_size, current_spec.optim.grad_accum)  # type: ignore[misc]
+            smaller = oom.smaller_micro_batch(current_spec.optim.batch_size, current_spec.optim.grad_accum)
+            assert smaller is not None  # oom_retry said it can shrink
+            b, a = smaller
             overrides = [f"optim.batch_size={b}", f"optim.grad_accum={a}"]
             current_spec = parse_spec(apply_overrides(spec.to_dict(), overrides))
             current_path = write_resolved(current_spec, stage_dir / f"spec.restart{n + 1}.yaml")
@@ -296,7 +299,8 @@ def _stop_error(cause: str | None, detail: str, result: proc.ProcResult) -> str:
 
 
 def _write_state(stage_dir: Path, attempts: list[Attempt], final: dict[str, Any] | None) -> None:
-    meta = json.loads((stage_dir / STATE_FILE).read_text()).get("launch", {}) if (stage_dir / STATE_FILE).exists() else {}
+    path = stage_dir / STATE_FILE
+    meta = json.loads(path.read_text()).get("launch", {}) if path.exists() else {}
     data = {"launch": meta, "attempts": [asdict(a) for a in attempts], "final": final}
     tmp = stage_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
