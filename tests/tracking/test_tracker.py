@@ -68,3 +68,18 @@ def test_only_rank_zero_with_a_run_to_write_into_gets_a_writer(tmp_path):
     t = make_tracker(0, True, uri, new_run(uri), tmp_path)
     assert isinstance(t, MlflowTracker)
     t.close()
+
+
+def test_a_process_relaunched_without_a_run_id_continues_the_run_its_checkpoint_was_written_under(tmp_path):
+    import torch
+
+    from traingate.runtime.checkpoint import Checkpointer
+    from traingate.tracking.tracker import run_to_resume
+
+    ckpt = Checkpointer((tmp_path / "ckpt").as_uri(), async_save=False)
+    assert run_to_resume(None, ckpt) is None  # nothing saved yet: nothing to continue
+    ckpt.save(5, {"model": {"w": torch.zeros(2)}}, {"mlflow_run_id": "0123abcd"})
+    assert run_to_resume(None, ckpt) == "0123abcd"
+    assert run_to_resume("handed-over", ckpt) == "handed-over"  # MLFLOW_RUN_ID wins
+    assert run_to_resume(None, None) is None  # ranks without a checkpointer
+    ckpt.close()

@@ -36,7 +36,7 @@ from traingate.spec import RunSpec, SpecError, parse_spec
 from traingate.supervision import inject
 from traingate.supervision.causes import cause_of_exception, exit_code_for
 from traingate.tracking.system import SystemSignals
-from traingate.tracking.tracker import make_tracker
+from traingate.tracking.tracker import make_tracker, run_to_resume
 
 log = logging.getLogger("traingate.runtime")
 
@@ -117,7 +117,8 @@ class Trainer:
                                                                   ck.best_metric, ck.best_mode),
                                  async_save=ck.async_save, in_flight=ck.in_flight, staging_dir=str(env.out_dir),
                                  fault_hook=inject.chain(env.fault_hook(), storage_fault)) if d.is_main else None
-        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, env.mlflow_run_id,
+        self.mlflow_run_id = run_to_resume(env.mlflow_run_id, self.ckpt)  # checkpoints carry it forward
+        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, self.mlflow_run_id,
                                     journal_dir=env.out_dir / "tracking")
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
@@ -155,7 +156,7 @@ class Trainer:
         recent, self._recent_losses = self._recent_losses, []
         if self.ckpt is not None:
             meta = {"run_id": self.env.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
-                    "mlflow_run_id": self.env.mlflow_run_id, "emergency": emergency,
+                    "mlflow_run_id": self.mlflow_run_id, "emergency": emergency,
                     "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {}}
             # An emergency or final checkpoint is never skipped by the in-flight policy.
             self.ckpt.save(self.step, state, meta, force=emergency or self.step >= self.limits.max_steps)

@@ -296,6 +296,15 @@ def _groups(pending: list[tuple[dict[str, Any], int]]):
         yield group, end
 
 
+def run_to_resume(run_id: str | None, checkpointer: Any) -> str | None:
+    """The MLflow run to write into: the one handed over (MLFLOW_RUN_ID), else the one the newest
+    checkpoint was written under, so a process relaunched by hand still continues its run."""
+    if run_id or checkpointer is None:
+        return run_id
+    step = checkpointer.find_latest(verify=False)
+    return checkpointer.manifest(step).get("mlflow_run_id") if step is not None else None
+
+
 def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str | None,
                  journal_dir: str | Path | None = None) -> NullTracker:
     """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one."""
