@@ -37,7 +37,6 @@ import pickle
 import re
 import shutil
 import tempfile
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
