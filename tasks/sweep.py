@@ -96,7 +96,7 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
     sw = spec.sweep
     assert sw is not None
     settings = Settings.from_env()
-    study = open_study(spec, storage_url)
+    study = open_study(spec, storage_url, reporting_only=True)
     trial = optuna.trial.Trial(study, trial_id) if trial_id is not None else None
     key = trial_key(trial) if trial is not None else key
     assert key, "a re-run needs a key"

@@ -39,7 +39,7 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
         max_concurrent: 1
         promotion: {top_k: 1, seeds: 1, require_reproducible: true, tolerance: 1.0, until: full}
     """)
-    overrides = ONE_PROC + ["stages.canary.max_steps=200", "checkpoint.every_steps=1000"]
+    overrides = ONE_PROC + ["stages.canary.max_steps=100", "checkpoint.every_steps=1000"]
     s = _settings()
     # A good configuration first, then a hopeless one (lr near zero): ASHA must cut the second at its first rung.
     study = open_study(load_spec(path, overrides), s.optuna_storage)
@@ -53,10 +53,10 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
 
     study = load(path, overrides, s.optuna_storage)
     good, bad = study.trials
-    assert good.state == TrialState.COMPLETE and good.user_attrs["outcome"]["steps"] == 200
+    assert good.state == TrialState.COMPLETE and good.user_attrs["outcome"]["steps"] == 100
     assert bad.state == TrialState.PRUNED, (bad.intermediate_values, good.intermediate_values)
     assert bad.user_attrs["outcome"]["pruned_at_step"] == 10
-    assert bad.user_attrs["outcome"]["steps"] < 200  # stopped while running, not after the fact
+    assert bad.user_attrs["outcome"]["steps"] < 100  # stopped while running, not after the fact
     assert not psutil.pid_exists(bad.user_attrs["outcome"]["pid"])
     assert set(bad.intermediate_values) == {10}
 
@@ -78,7 +78,7 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
     assert by_state["PRUNED"].info.status == "KILLED"
     assert by_state["COMPLETE"].data.params["optim.lr"] == "0.05"
     history = c.get_metric_history(by_state["COMPLETE"].info.run_id, "val_accuracy")
-    assert sorted({m.step for m in history}) == list(range(10, 201, 10))  # intermediate, from the trainer
+    assert sorted({m.step for m in history}) == list(range(10, 101, 10))  # intermediate, from the trainer
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/optimization_history.png", "sweep/intermediate_values.png", "sweep/best_spec.yaml"} <= arts
 
@@ -136,7 +136,7 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
         n_trials: 3
         max_concurrent: 2
     """)
-    overrides = ONE_PROC + ["stages.canary.max_steps=400", "checkpoint.every_steps=20"]
+    overrides = ONE_PROC + ["stages.canary.max_steps=240", "checkpoint.every_steps=20"]
     s = _settings()
     name = study_name(load_spec(path, overrides))
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TRAINGATE_STATE_DIR": str(state_dir)}
@@ -160,7 +160,7 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
             hb = sweep_dir / t.user_attrs.get("trial_key", "-") / "heartbeat.rank0.json"
             if t.state == TrialState.RUNNING and hb.exists():
                 step = json.loads(hb.read_text())["step"]
-                if 45 <= step < 380:  # past two checkpoints, far from done
+                if 45 <= step < 200:  # past two checkpoints, far from done
                     victim = t.number
     _kill_node(driver, [p for p in sweep_dir.iterdir() if p.is_dir()])
     before = {t.number: t for t in optuna.load_study(study_name=name, storage=s.optuna_storage).trials}
@@ -178,7 +178,7 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
     assert retry[0].params == after[victim].params
     assert retry[0].user_attrs["trial_key"] == after[victim].user_attrs["trial_key"]
-    assert 20 <= retry[0].user_attrs["outcome"]["resumed_from_step"] < 400  # from its checkpoint, not from scratch
+    assert 20 <= retry[0].user_attrs["outcome"]["resumed_from_step"] < 240  # from its checkpoint, not from scratch
     keys = [t.user_attrs["trial_key"] for t in after if t.state == TrialState.COMPLETE]
     assert len(keys) == len(set(keys)) == 3  # nothing lost, nothing run twice
     spans = [(t.user_attrs["outcome"]["start_ts"], t.user_attrs["outcome"]["end_ts"]) for t in after if t.state == TrialState.COMPLETE]

@@ -122,3 +122,36 @@ def test_plots_of_history_importance_and_intermediate_values_are_written(tmp_pat
     assert names == {"optimization_history.png", "param_importances.png", "intermediate_values.png"}
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
 
+
+
+def test_pbt_generations_move_bottom_members_onto_a_top_members_checkpoint_with_perturbed_params(tmp_path):
+    import random
+
+    from traingate.sweep.inprocess import run_stage
+    from traingate.sweep.pbt import Member, run_generations
+
+    space = load_spec_text(TINY_DIGITS + "sweep: {space: {recipe.params.dropout: {type: float, low: 0, high: 0.5}}}"
+                           ).sweep.space
+    lrs = {"good": 0.05, "bad": 0.0005}  # fixed per member: the copied optimizer state carries lr anyway
+    runs = []
+
+    def train(m: Member, until: int) -> float:
+        spec = load_spec_text(TINY_DIGITS, ["checkpoint.every_steps=1000", "checkpoint.async_save=false",
+                                            "tracking.enabled=false", f"stages.canary.max_steps={until}",
+                                            f"optim.lr={lrs[m.key]}", f"recipe.params.dropout={m.params['recipe.params.dropout']}"])
+        r = run_stage(spec, "canary", tmp_path / f"{m.key}-{until}", checkpoint_uri=(tmp_path / f"ck-{m.key}").as_uri())
+        runs.append((m.key, until, r["metrics"]["resumed_from_step"], r["metrics"]["val_accuracy"]))
+        return r["metrics"]["val_accuracy"]
+
+    members = [Member("good", {"recipe.params.dropout": 0.1}, None), Member("bad", {"recipe.params.dropout": 0.4}, None)]
+    history = run_generations(members, space, 0.5, [0.8, 1.2], "maximize", generations=2, interval=15, train=train,
+                              checkpoint_uri=lambda k: (tmp_path / f"ck-{k}").as_uri(), rng=random.Random(0))
+    first = {key: acc for key, until, _, acc in runs if until == 15}
+    top, bottom = sorted(first, key=first.get, reverse=True)
+    assert first[top] > first[bottom]
+    assert [(e.dst, e.src) for e in history[0]] == [(bottom, top)]
+    src_dropout = {"good": 0.1, "bad": 0.4}[top]
+    moved = next(m for m in members if m.key == bottom).params["recipe.params.dropout"]
+    assert moved in (pytest.approx(src_dropout * 0.8), pytest.approx(src_dropout * 1.2))
+    # Generation 2: both resume at step 15 -- the bottom one from the checkpoint it copied from the top one.
+    assert [(k, u, r) for k, u, r, _ in runs] == [("good", 15, 0), ("bad", 15, 0), ("good", 30, 15), ("bad", 30, 15)]

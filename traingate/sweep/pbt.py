@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from traingate.runtime.checkpoint import MANIFEST, Checkpointer, step_dir
 from traingate.runtime.storage import Storage
@@ -103,3 +103,28 @@ def copy_checkpoint(src_uri: str, dst_uri: str) -> int:
             dst.write_bytes(f"{name}/{f}", src.read_bytes(f"{name}/{f}"))
     dst.write_bytes(f"{name}/{MANIFEST}", manifest)
     return step
+
+
+def run_generations(members: list[Member], space: dict[str, ParamSpec], quantile: float, factors: list[float],
+                    direction: str, generations: int, interval: int,
+                    train: Callable[[Member, int], float], checkpoint_uri: Callable[[str], str],
+                    rng: random.Random, mutable: set[str] | None = None) -> list[list[Exploit]]:
+    """The PBT loop: each generation trains every member to ``g * interval`` steps (resuming its own
+    checkpoint) and scores it; between generations the bottom members exploit and explore.
+
+    ``train(member, until_step) -> score`` runs one member's stage (a process tree under a
+    trial's slots in a flow, or in-process); returns the exploits of each generation.
+    """
+    by_key = {m.key: m for m in members}
+    history = []
+    for g in range(1, generations + 1):
+        for m in members:
+            m.score = train(m, g * interval)
+        if g == generations:
+            break
+        plans = plan_generation(members, space, quantile, factors, direction, rng, mutable)
+        for e in plans:
+            copy_checkpoint(checkpoint_uri(e.src), checkpoint_uri(e.dst))
+            by_key[e.dst].params = e.params
+        history.append(plans)
+    return history

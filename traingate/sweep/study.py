@@ -68,14 +68,18 @@ def _rdb(url: str, heartbeat_s: float, grace_s: float,
         engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
 
 
-def open_study(spec: RunSpec, storage_url: str,
-               on_stale: Callable[[FrozenTrial], None] | None = None) -> optuna.Study:
+def open_study(spec: RunSpec, storage_url: str, on_stale: Callable[[FrozenTrial], None] | None = None,
+               reporting_only: bool = False) -> optuna.Study:
+    """The sweep's study. ``reporting_only``: for a trial's runner, which reports and asks the pruner but
+    never samples (so it gets a plain sampler: re-sampling a relative search space there would be wasted
+    work, and CMA-ES would record its generation twice)."""
     sw = spec.sweep
     assert sw is not None
     storage = _storage(storage_url, sw.heartbeat_s, sw.grace_s, on_stale)
     max_steps = getattr(spec.stages, sw.stage).max_steps
     study = optuna.create_study(study_name=study_name(spec), storage=storage, load_if_exists=True,
-                                directions=sw.directions, sampler=make_sampler(sw),
+                                directions=sw.directions,
+                                sampler=optuna.samplers.RandomSampler() if reporting_only else make_sampler(sw),
                                 pruner=make_pruner(sw, max_steps))
     # The study remembers what it was created for; a different objective under the same name is a mistake.
     fp = hashlib.sha256(repr((sw.directions, [o.metric for o in sw.objectives])).encode()).hexdigest()[:12]
