@@ -82,6 +82,9 @@ def sweep(spec_path: str, overrides: list[str] | None = None, promote: bool = Fa
         raise SpecError(f"{spec_path}: no `sweep:` section; add one (see README, Sweeps)")
     check_spec(spec)
     check_space(spec)
+    if sw.scheduler.name == "pbt":
+        log.warning("scheduler pbt: the flow does not run PBT generations yet (traingate.sweep.pbt has the loop); "
+                    "trials run to the end like fifo")
     settings = Settings.from_env().ensure()
     storage = settings.optuna_storage
     study = open_study(spec, storage, on_stale=release_leases)
