@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
     ("nan@3", [], "diverged", "diverged"),            # weights poisoned with NaN: non-finite loss
     ("error@3:0", [], "user_error", "failed"),        # an exception in recipe code
     ("", ["recipe.params.channels=0"], "user_error", "failed"),  # a config the recipe cannot build
-])
+], ids=["simulated-oom", "nan-weights", "recipe-exception", "bad-config"])
 def test_non_retryable_cause_stops_at_once_with_the_cause_and_the_log_tail(supervised, fault, overrides, cause,
                                                                         status):
     run = supervised(fault, *overrides)
@@ -27,7 +27,7 @@ def test_non_retryable_cause_stops_at_once_with_the_cause_and_the_log_tail(super
     assert "--- last " in run.sup.error and len(run.sup.error.splitlines()) > 3
 
 
-def test_oom_policy_retries_with_half_the_micro_batch_and_twice_the_accumulation(supervised):
+def test_oom_policy_retries_a_simulated_oom_with_half_the_micro_batch_and_twice_the_accumulation(supervised):
     run = supervised("oom@3:1", "supervision.oom_halve_batch=true")
     assert run.causes == ["oom", None], run.log
     assert run.events[0]["overrides"] == ["optim.batch_size=8", "optim.grad_accum=2"]
