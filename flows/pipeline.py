@@ -7,7 +7,7 @@ from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 
 from tasks.data import data_snapshot
 from tasks.report import publish_stage_report
@@ -56,6 +56,10 @@ def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = 
         summary["stages"][stage] = {"status": result.status, "gate": decision.passed, "mlflow_run_id": stage_run,
                                     "checkpoint_uri": result.checkpoint_uri, "cost_usd": result.cost_usd}
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
+        if result.status == "preempted":  # cancelled from the UI/API: checkpointed, resumable
+            close_pipeline_run(run_id, False, stage, result.error or "preempted")
+            return Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}",
+                             data=summary)
         if not decision.passed:
             close_pipeline_run(run_id, False, stage, decision.summary())
             return Failed(message=decision.summary(), data=summary)
