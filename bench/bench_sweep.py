@@ -60,7 +60,9 @@ def run_config(sampler: str, scheduler: dict, work: Path) -> dict:
     base = base.model_copy(update={"sweep": base.sweep.model_copy(update={"scheduler": type(base.sweep.scheduler)
                                                                            .model_validate(scheduler)})})
     sw = base.sweep
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(sw), pruner=make_pruner(sw, MAX_STEPS))
+    # A fixed study name: Hyperband assigns brackets by hashing it with the trial number.
+    study = optuna.create_study(study_name=f"bench-{sampler}-{scheduler['name']}", direction="maximize",
+                                sampler=make_sampler(sw), pruner=make_pruner(sw, MAX_STEPS))
 
     def run_trial(trial: optuna.Trial, params: dict) -> TrialOutcome:
         rep = Reporter(trial, sw)
