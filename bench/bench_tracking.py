@@ -38,7 +38,8 @@ def _run(work: Path, tracking: bool, i: int, tracking_uri: str) -> dict[str, flo
     env.pop("MLFLOW_RUN_ID", None)
     if tracking:
         c = MlflowClient(tracking_uri)
-        exp = c.get_experiment_by_name("bench-tracking") or c.get_experiment(c.create_experiment("bench-tracking"))
+        exp = c.get_experiment_by_name("bench-tracking") or c.get_experiment(
+            c.create_experiment("bench-tracking", artifact_location=(work / "mlartifacts").as_uri()))
         env["MLFLOW_RUN_ID"] = c.create_run(exp.experiment_id, run_name=name).info.run_id
     subprocess.run([sys.executable, "-m", "traingate.runtime.train", "--spec", str(spec_path), "--stage", "full"],
                    env=env, cwd=work, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -61,7 +62,7 @@ def _costs(work: Path) -> dict[str, float]:
 
     uri = f"sqlite:///{work}/costs.db"
     c = MlflowClient(uri)
-    run_id = c.create_run(c.create_experiment("costs")).info.run_id
+    run_id = c.create_run(c.create_experiment("costs", artifact_location=(work / "mlartifacts").as_uri())).info.run_id
     tracker = MlflowTracker(uri, run_id, work / "costs")
     signals = SystemSignals(0, 1, True)
     n = 500

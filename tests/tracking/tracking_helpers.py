@@ -50,7 +50,10 @@ def fresh_store(db: Path) -> str:
 def new_run(tracking_uri: str, experiment: str = "tracking-tests") -> str:
     c = MlflowClient(tracking_uri)
     exp = c.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+    # Artifacts next to the store (MLflow's default, ./mlruns, would write into the cwd).
+    store = Path(tracking_uri.removeprefix("sqlite:///")).parent
+    exp_id = exp.experiment_id if exp else c.create_experiment(
+        experiment, artifact_location=(store / "mlartifacts").as_uri())
     return c.create_run(exp_id, run_name="stage-under-test").info.run_id
 
 
