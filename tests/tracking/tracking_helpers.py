@@ -50,10 +50,12 @@ def fresh_store(db: Path) -> str:
 def new_run(tracking_uri: str, experiment: str = "tracking-tests") -> str:
     c = MlflowClient(tracking_uri)
     exp = c.get_experiment_by_name(experiment)
-    # Artifacts next to the store (MLflow's default, ./mlruns, would write into the cwd).
-    store = Path(tracking_uri.removeprefix("sqlite:///")).parent
-    exp_id = exp.experiment_id if exp else c.create_experiment(
-        experiment, artifact_location=(store / "mlartifacts").as_uri())
+    # With a SQLite store, artifacts go next to it (MLflow's default, ./mlruns, is the cwd);
+    # a tracking server keeps its own artifact root.
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    exp_id = exp.experiment_id if exp else c.create_experiment(experiment, artifact_location=location)
     return c.create_run(exp_id, run_name="stage-under-test").info.run_id
 
 
