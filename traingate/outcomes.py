@@ -18,11 +18,6 @@ from traingate.stage import StageResult
 NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
 
 
-def last_words(stage_dir: Path) -> list[dict[str, Any]]:
-    """Every rank's last words (a caught error's cause and traceback), oldest first."""
-    return read_last_words(stage_dir)
-
-
 def classify_exit(proc: ProcResult, stage_dir: Path) -> tuple[str, str | None]:
     """(status, error) for a process that did not complete: ``failed``, ``diverged`` or ``preempted``,
     and ``"<cause>: <detail>"`` with a cause from :mod:`traingate.supervision.causes`."""
@@ -32,7 +27,7 @@ def classify_exit(proc: ProcResult, stage_dir: Path) -> tuple[str, str | None]:
     except ValueError:
         result_status = None
     verdict = causes.classify(causes.Evidence(
-        returncode=proc.returncode, result_status=result_status, last_words=last_words(stage_dir),
+        returncode=proc.returncode, result_status=result_status, last_words=read_last_words(stage_dir),
         log_tail=proc.tail, stop_requested=proc.stopped, timed_out=proc.timed_out))
     if verdict.completed:
         return "completed", None
@@ -47,7 +42,7 @@ def _cost(spec: RunSpec, stage: str, duration_s: float) -> float:
 
 def _estimate_next(spec: RunSpec, stage: str, profile: dict[str, float]) -> dict[str, float]:
     nxt = NEXT.get(stage)
-    if nxt is None or nxt == "unit" or not profile.get("step_time_mean_s"):
+    if nxt is None or not profile.get("step_time_mean_s"):
         return {}
     nodes, nproc = stage_world(spec, nxt)
     est = sizing.estimate_stage(profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
@@ -56,8 +51,7 @@ def _estimate_next(spec: RunSpec, stage: str, profile: dict[str, float]) -> dict
             "next_stage_slot_hours": est["slot_hours"]}
 
 
-def from_runtime(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, duration_s: float,
-                 resumed_from_step: int | None = None) -> StageResult:
+def from_runtime(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, duration_s: float) -> StageResult:
     """A built-in recipe's stage: the runtime's result.json plus how the process ended."""
     result_path = stage_dir / "result.json"
     data = json.loads(result_path.read_text()) if result_path.exists() else None
@@ -70,8 +64,6 @@ def from_runtime(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, d
     metrics: dict[str, Any] = dict(data["metrics"]) if data else {}
     profile = metrics.pop("profile", {}) or {}
     evals = metrics.pop("eval", {}) or {}
-    if resumed_from_step is not None:
-        metrics["resumed_from_step"] = resumed_from_step
     for k in ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s", "tokens_per_s", "peak_memory_mb",
               "startup_s", "data_wait_fraction"):
         if k in profile:
@@ -96,10 +88,8 @@ def from_script(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, lo
     status, error = ("completed", None) if proc.returncode == 0 else classify_exit(proc, stage_dir)
     estimate: dict[str, float] = {}
     steps = metrics.get("steps", 0)
-    nxt = NEXT.get(stage)
-    if status == "completed" and nxt and nxt != "unit" and steps > 0:
-        profile = {"step_time_mean_s": proc.duration_s / steps}
-        estimate = _estimate_next(spec, stage, profile)
+    if status == "completed" and steps > 0:
+        estimate = _estimate_next(spec, stage, {"step_time_mean_s": proc.duration_s / steps})
     return StageResult(stage=stage, status=status, metrics=metrics, cost_usd=_cost(spec, stage, proc.duration_s),
                        duration_s=proc.duration_s, checkpoint_uri=None, estimate=estimate,
                        details={"command": cmd, "series": {k: v[-200:] for k, v in series.items()},

@@ -301,10 +301,6 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 _FIXES = {
     "extra_forbidden": "unknown key; remove it or check its spelling",
     "missing": "required; add it",
-    "greater_than_equal": "too small",
-    "greater_than": "too small",
-    "less_than": "too large",
-    "less_than_equal": "too large",
     "literal_error": "not an allowed value",
     "int_parsing": "must be an integer",
     "int_from_float": "must be a whole number",

@@ -9,6 +9,7 @@ error, a last-words file the supervisor reads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -201,7 +202,7 @@ class Trainer:
         total = torch.zeros((), device=self.d.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            ctx = self.model.no_sync() if (self.d.world_size > 1 and not last) else _null()
+            ctx = self.model.no_sync() if (self.d.world_size > 1 and not last) else contextlib.nullcontext()
             with ctx:
                 loss = self.recipe.loss(self.model, batch) / self.accum
                 self.scaler.scale(loss).backward()
@@ -364,14 +365,6 @@ class Trainer:
         finally:
             if self.sample_log is not None:
                 self.sample_log.close()
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
