@@ -19,7 +19,7 @@ from prefect.states import Completed, Failed, State
 from flows.pipeline import pipeline
 from tasks.sweep import (ensure_concurrency_limit, limit_name, open_sweep_run, open_trial_run, publish_sweep,
                          record_trial, release_leases, run_trial_stage)
-from traingate.launch import stage_world
+from traingate.job.world import stage_world
 from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError, load_spec
 from traingate.sweep.driver import drive

@@ -7,18 +7,10 @@ from pathlib import Path
 
 from traingate.recipes.script import build_command, torchrun_args
 from traingate.runtime import env as renv
+from traingate.job.world import stage_world
 from traingate.runtime.storage import join
 from traingate.settings import Settings
 from traingate.spec import RunSpec
-
-
-def stage_world(spec: RunSpec, stage: str) -> tuple[int, int]:
-    """(nodes, processes per node) a stage runs with: smoke is one process, canary one node."""
-    if stage == "smoke":
-        return 1, 1
-    if stage == "canary":
-        return 1, spec.resources.procs_per_node
-    return spec.resources.nodes, spec.resources.procs_per_node
 
 
 def checkpoint_uri(spec: RunSpec, settings: Settings, run_id: str, stage: str) -> str:

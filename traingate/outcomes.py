@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from traingate import sizing
-from traingate.launch import stage_world
+from traingate.job.world import stage_world
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
 from traingate.spec import RunSpec

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from traingate import sizing
-from traingate.launch import stage_world
+from traingate.job.world import stage_world
 from traingate.spec import STAGES, RunSpec
 
 

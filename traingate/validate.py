@@ -7,6 +7,7 @@ from pathlib import Path
 
 import fsspec
 
+from traingate.job.world import stage_world
 from traingate.recipes import SCRIPT, get_recipe
 from traingate.spec import TRAINING_STAGES, RunSpec, SpecError
 
@@ -27,7 +28,8 @@ def check_spec(spec: RunSpec) -> dict[str, int]:
             raise SpecError(f"stages.{stage}.max_samples = {limits.max_samples}: larger than the {n_train} "
                             f"training samples of {recipe.data_uri()}; lower it or leave it unset")
         n = limits.max_samples or n_train
-        world = 1 if stage == "smoke" else spec.world_size
+        nodes, nproc = stage_world(spec, stage)
+        world = nodes * nproc
         global_batch = spec.optim.batch_size * spec.optim.grad_accum * world
         if global_batch > n:
             raise SpecError(f"optim.batch_size = {spec.optim.batch_size}: the {stage} stage's global batch "

@@ -1,0 +1,10 @@
+"""The process boundary: what the orchestrator hands a training process, and what it hands back.
+
+- :mod:`traingate.job.stagejob` — ``StageJob``, every fact of one attempt of one stage, derived once.
+- :mod:`traingate.job.envvars`  — every environment variable the platform sets, writer beside reader.
+- :mod:`traingate.job.files`    — the stage directory's files (result, heartbeats, last words,
+  progress, supervisor state), one typed reader/writer each, atomic writes.
+- :mod:`traingate.job.vocab`    — stage status and failure cause as enums.
+
+Both sides import this package; it imports neither side.
+"""
