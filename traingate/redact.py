@@ -1,62 +1,226 @@
 """Keep secrets out of params, tags, artifacts and logs.
 
+One detector serves three callers: :func:`redact` (text), :func:`redact_tree` (configs, with keys
+and argument lists), and :mod:`traingate.secrets`, which turns what it finds into
+``${env:NAME}`` references instead of ``***``. A ``${env:NAME}`` reference is not a secret and is
+left as it is.
+
 >>> redact("s3://AKIA:hunter2@bucket/x")
 's3://AKIA:***@bucket/x'
 >>> redact("postgresql://optuna:pw@db/x?sslmode=require&password=hunter2")
 'postgresql://optuna:***@db/x?sslmode=require&password=***'
 >>> redact_mapping({"aws_secret_access_key": "abc", "lr": "0.1"})
 {'aws_secret_access_key': '***', 'lr': '0.1'}
+>>> redact("python train.py --api-token tok-123 --lr 0.1")
+'python train.py --api-token *** --lr 0.1'
+>>> redact("https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAX%2F2024&X-Amz-Signature=9f1c&x=1")
+'https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&x=1'
+>>> redact_tree({"command": ["python", "t.py", "--api-token", "tok-123"], "key": "${env:TOKEN}"})
+{'command': ['python', 't.py', '--api-token', '***'], 'key': '${env:TOKEN}'}
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
-from typing import Any, Mapping
+import traceback
+from typing import Any, Callable, Mapping
+from urllib.parse import quote
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@\s/]+)@")
-# `password=...`, `token: ...` in query strings, command lines and config dumps.
-_KEY_VALUE = re.compile(
-    r"(?P<key>\b[\w.-]*(?:secret|password|passwd|token|api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key"
-    r"|credentials?)[\"']?)(?P<sep>\s*[=:]\s*)(?P<quote>[\"']?)(?P<value>[^\s&\"',;}]+)", re.I)
-_SECRET_KEY = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|private[_-]?key)", re.I)
-_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_PASSWORD",
-               "MLFLOW_TRACKING_TOKEN", "PREFECT_API_KEY")
+MASK = "***"
+
+# A reference to an environment variable (see traingate.secrets): it names a secret, it is not one.
+REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_REF = r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}"
+
+# Names that hold a secret when a key or flag ENDS with them: `aws_secret_access_key`,
+# `--api-token`, `X-Amz-Credential`. Ending, not containing: `tokenizer` and `max_tokens` are not secrets.
+_WORD = (r"(?:secret|password|passwd|passphrase|token|api[_-]?key|apikey|access[_-]?key(?:[_-]?id)?"
+         r"|secret[_-]?key|private[_-]?key|credentials?|signature)")
+_KEY_NAME = re.compile(rf"[\w.-]*{_WORD}", re.I)
+_FLAG = re.compile(rf"--?[\w-]*{_WORD}", re.I)
+
+# A value in free text: a quoted string (to its closing quote), a reference, or a bare token.
+_BARE = r"""[^\s&"',;}\]]+"""
+_VALUE = rf"""(?P<q>["'])?(?P<v>(?(q)(?:(?!(?P=q))[^\n])+|(?:{_REF}|{_BARE})))"""
+
+_PATTERNS = [
+    # scheme://user:password@host (a password may hold `/`: users paste AWS keys unescaped)
+    re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s\"']+:(?P<v>[^@\s\"']+?)@"),
+    # scheme://TOKEN@host: a long bare token as the whole userinfo (git https tokens)
+    re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://(?P<v>[A-Za-z0-9_~.-]{20,})@"),
+    # key=value, key: value, "key": "value", query parameters
+    re.compile(rf"(?<![\w.-]){_KEY_NAME.pattern}[\"']?[ \t]*[=:][ \t]*{_VALUE}", re.I),
+    # --flag VALUE, --flag=VALUE, and the same flag/value pair inside a printed list
+    re.compile(rf"""(?<![\w-]){_FLAG.pattern}(?:[ \t]*=[ \t]*|["']?[ \t]*,[ \t]*|[ \t]+){_VALUE}""", re.I),
+    # Azure SAS and other presigned URLs sign with a short `sig` parameter
+    re.compile(r"[?&;]sig=(?P<v>[^&\s#\"']+)", re.I),
+    # Authorization headers, and bearer tokens wherever they are printed
+    re.compile(r"\bbearer[ \t]+(?P<v>[A-Za-z0-9._~+/-]{8,}=*)", re.I),
+    re.compile(rf"authorization[\"']?[ \t]*[=:][ \t]*(?:\w+[ \t]+)?{_VALUE}", re.I),
+    # AWS access key ids, wherever they appear
+    re.compile(r"\b(?P<v>(?:AKIA|ASIA)[A-Z0-9]{16})\b"),
+]
+
+# Environment variables whose values are secrets wherever they are printed.
+_SECRET_ENV_EXPLICIT = re.compile(
+    r"AWS_.*|MLFLOW_TRACKING_(?:PASSWORD|TOKEN)|PREFECT_API_KEY|TRAINGATE_SECRET_.*")
+# AWS_* settings that are not secrets; masking them would blank out regions and endpoints in every log.
+_AWS_NOT_SECRET = re.compile(
+    r"AWS_.*(?:REGION|PROFILE|_FILE|ENDPOINT_URL.*|CA_BUNDLE|OUTPUT|ATTEMPTS|MODE|DISABLED|ENDPOINTS"
+    r"|PAGER|TIMEOUT.*)")
+_SECRET_ENV_NAMED = re.compile(r".*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY).*", re.I)
+# Long values are masked wherever they occur; short values of variables that are certainly
+# secrets only as whole words, so a 4-letter password does not blank out parts of other words.
+_LONG = 8
+_SHORT = 4
 
 
-def _env_secrets() -> list[str]:
-    # Short values would blank out ordinary words; real keys and tokens are 16+ characters.
-    return [v for k in _SECRET_ENV if len(v := os.environ.get(k, "")) >= 8]
+def _env_secrets() -> tuple[list[str], list[str]]:
+    """(values masked anywhere, short values masked as whole words), from the current environment."""
+    long_, short = set(), set()
+    for name, value in os.environ.items():
+        upper = name.upper()
+        explicit = bool(_SECRET_ENV_EXPLICIT.fullmatch(upper)) and not _AWS_NOT_SECRET.fullmatch(upper)
+        if len(value) >= _LONG and (explicit or _SECRET_ENV_NAMED.fullmatch(name)):
+            long_.add(value)
+            if (q := quote(value, safe="")) != value:  # the same secret inside a URL
+                long_.add(q)
+        elif explicit and len(value) >= _SHORT:
+            short.add(value)
+    return sorted(long_, key=len, reverse=True), sorted(short, key=len, reverse=True)
+
+
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) spans of ``text`` that hold secrets, merged and sorted."""
+    spans: list[tuple[int, int]] = []
+    for rx in _PATTERNS:
+        for m in rx.finditer(text):
+            s, e = m.span("v")
+            if e > s and not REF.fullmatch(text[s:e]):
+                spans.append((s, e))
+    long_, short = _env_secrets()
+    for value in long_:
+        start = text.find(value)
+        while start >= 0:
+            spans.append((start, start + len(value)))
+            start = text.find(value, start + len(value))
+    for value in short:
+        for m in re.finditer(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", text):
+            spans.append(m.span())
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for s, e in spans:
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def replace_secrets(text: str, replace: Callable[[str], str]) -> str:
+    """``text`` with every secret span passed through ``replace`` (``redact`` replaces with ``***``)."""
+    spans = secret_spans(text)
+    if not spans:
+        return text
+    out, pos = [], 0
+    for s, e in spans:
+        out += [text[pos:s], replace(text[s:e])]
+        pos = e
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact(text: str) -> str:
-    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
-    text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['sep']}{m['quote']}***", text)
-    for secret in _env_secrets():
-        text = text.replace(secret, "***")
-    return text
+    """``text`` with every secret it holds replaced by ``***``."""
+    return replace_secrets(text, lambda _: MASK)
+
+
+def is_secret_key(key: Any) -> bool:
+    return isinstance(key, str) and bool(_KEY_NAME.fullmatch(key))
+
+
+def is_secret_flag(arg: Any) -> bool:
+    """``--api-token``, ``--password``: the NEXT argument is a secret."""
+    return isinstance(arg, str) and bool(_FLAG.fullmatch(arg))
+
+
+def map_secrets(obj: Any, replace: Callable[[str], str], _whole: bool = False) -> Any:
+    """A copy of a config tree with each secret passed through ``replace``.
+
+    A secret is: any value under a secret-named key (``password: x``, also inside lists and nested
+    mappings below it), the argument after a secret flag in a list (``[--api-token, x]``), and
+    every span :func:`secret_spans` finds in any other string. Tuples stay tuples.
+    """
+    if isinstance(obj, Mapping):
+        return {k: map_secrets(v, replace, _whole or is_secret_key(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = []
+        for i, item in enumerate(obj):
+            after_flag = i > 0 and is_secret_flag(obj[i - 1]) and isinstance(item, str)
+            out.append(map_secrets(item, replace, _whole or after_flag))
+        return type(obj)(out)
+    if _whole and isinstance(obj, (str, int, float)) and not isinstance(obj, bool):
+        text = str(obj)
+        return text if not text or REF.fullmatch(text) else replace(text)
+    if isinstance(obj, str):
+        return replace_secrets(obj, replace)
+    return obj
+
+
+def redact_tree(obj: Any) -> Any:
+    """A copy of a config tree (mappings, lists, tuples, scalars) with every secret masked."""
+    return map_secrets(obj, lambda _: MASK)
 
 
 def redact_mapping(d: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if _SECRET_KEY.search(str(k)):
-            out[k] = "***"
-        elif isinstance(v, Mapping):
-            out[k] = redact_mapping(v)
-        elif isinstance(v, str):
-            out[k] = redact(v)
-        else:
-            out[k] = v
-    return out
+    return redact_tree(d)
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact a log record in place: its message, and its traceback if it has one."""
+    try:
+        msg = record.getMessage()
+    except (TypeError, ValueError, KeyError):
+        # A malformed logging call: logging reports it with the raw arguments, so mask them first.
+        record.msg = redact(str(record.msg))
+        record.args = tuple(redact(repr(a)) for a in record.args) if isinstance(record.args, tuple) else None
+        return
+    clean = redact(msg)
+    if clean != msg:
+        record.msg, record.args = clean, None
+    if record.exc_info and not record.exc_text:
+        text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if (clean_exc := redact(text)) != text:
+            record.exc_text = clean_exc
+    elif record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
 
 
 class RedactingFilter(logging.Filter):
     """A logging filter that redacts every record's message (install it on the handlers)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        clean = redact(msg)
-        if clean != msg:
-            record.msg, record.args = clean, None
+        redact_record(record)
         return True
+
+
+def install_log_redaction() -> None:
+    """Redact every log record this process creates, whichever logger or handler it goes to.
+
+    Handler filters miss handlers created later (a logging reconfiguration); the record factory
+    runs for every record, after the level check, so disabled debug calls cost nothing. Idempotent.
+    """
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "_traingate_redacting", False):
+        return
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        redact_record(record)
+        return record
+
+    make._traingate_redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(make)

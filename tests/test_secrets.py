@@ -1,0 +1,116 @@
+"""traingate.secrets: literal secrets leave the spec as ${env:NAME} references and come back only in memory."""
+from __future__ import annotations
+
+import doctest
+import os
+
+import pytest
+import yaml
+
+import traingate.secrets as secrets_module
+from tgtest import ROOT
+from traingate.redact import redact_tree
+from traingate.secrets import (SecretRefError, check_refs, extract, protect, refs, resolve, resolve_tree)
+from traingate.spec import SpecError, apply_overrides, load_spec_text, parse_spec
+
+
+def test_module_doctests_pass():
+    assert doctest.testmod(secrets_module).failed == 0
+
+
+def _script_tree() -> dict:
+    tree = yaml.safe_load((ROOT / "examples" / "script.yaml").read_text())
+    script = tree["recipe"]["script"]
+    script["command"] += ["--api-token", "tok-Planted-1", "--endpoint=https://svc/x?sig=sig-Planted-2"]
+    script["stage_args"]["smoke"] += ["--password", "pw-Planted-3"]
+    tree["data"] = {"uri": "https://data.example/d.csv?X-Amz-Credential=cred-Planted-4&X-Amz-Signature=sig-Planted-5"}
+    tree["checkpoint"] = {"uri": "s3://u:pw-Planted-6@bucket/ckpt"}
+    return tree
+
+
+def test_extract_turns_every_literal_secret_in_a_spec_into_a_reference_and_nothing_else():
+    original = _script_tree()
+    tree, overrides, added = extract(original, env={})
+    assert added == {"TRAINGATE_SECRET_1": "tok-Planted-1", "TRAINGATE_SECRET_2": "sig-Planted-2",
+                     "TRAINGATE_SECRET_3": "pw-Planted-3", "TRAINGATE_SECRET_4": "cred-Planted-4",
+                     "TRAINGATE_SECRET_5": "sig-Planted-5", "TRAINGATE_SECRET_6": "pw-Planted-6"}
+    script = tree["recipe"]["script"]
+    assert script["command"] == ["python", "train.py", "--lr", "0.1", "--api-token", "${env:TRAINGATE_SECRET_1}",
+                                 "--endpoint=https://svc/x?sig=${env:TRAINGATE_SECRET_2}"]
+    assert script["stage_args"]["smoke"] == ["--steps", "5", "--password", "${env:TRAINGATE_SECRET_3}"]
+    assert tree["data"]["uri"] == ("https://data.example/d.csv?X-Amz-Credential=${env:TRAINGATE_SECRET_4}"
+                                   "&X-Amz-Signature=${env:TRAINGATE_SECRET_5}")
+    assert tree["checkpoint"]["uri"] == "s3://u:${env:TRAINGATE_SECRET_6}@bucket/ckpt"
+    assert redact_tree(tree) == tree  # nothing a redactor would mask is left
+    assert original == _script_tree()  # the input is not modified
+    parse_spec(tree)  # still a valid spec
+    assert resolve_tree(tree, env=added) == original  # and the references give back exactly the original
+
+
+def test_extract_reuses_the_name_the_environment_holds_for_the_same_value_and_skips_taken_names():
+    env = {"TRAINGATE_SECRET_1": "other", "TRAINGATE_SECRET_2": "known-Secret"}
+    tree, _, added = extract({"a": {"password": "known-Secret"}, "b": {"token": "new-Secret"},
+                              "c": {"api_key": "new-Secret"}}, env=env)
+    assert tree == {"a": {"password": "${env:TRAINGATE_SECRET_2}"}, "b": {"token": "${env:TRAINGATE_SECRET_3}"},
+                    "c": {"api_key": "${env:TRAINGATE_SECRET_3}"}}
+    assert added == {"TRAINGATE_SECRET_3": "new-Secret"}
+
+
+def test_set_overrides_holding_secrets_are_rewritten_to_references_and_others_pass_verbatim():
+    overrides = ["optim.lr=3e-4", "recipe.script.command=[python, t.py, --api-token, tok-Planted-7]",
+                 "data.uri=https://u:pw-Planted-8@h/d.csv", "recipe.params.api_key=key-Planted-9"]
+    _, new, added = extract({}, overrides, env={})
+    assert new[0] == "optim.lr=3e-4"
+    assert added == {"TRAINGATE_SECRET_1": "tok-Planted-7", "TRAINGATE_SECRET_2": "pw-Planted-8",
+                     "TRAINGATE_SECRET_3": "key-Planted-9"}
+    assert not any("Planted" in o for o in new)
+    tree = apply_overrides({}, new)  # the spec parser reads the rewritten overrides back
+    assert tree["recipe"]["script"]["command"] == ["python", "t.py", "--api-token", "${env:TRAINGATE_SECRET_1}"]
+    assert tree["data"]["uri"] == "https://u:${env:TRAINGATE_SECRET_2}@h/d.csv"
+    assert tree["recipe"]["params"]["api_key"] == "${env:TRAINGATE_SECRET_3}"
+    assert resolve_tree(tree, env=added) == apply_overrides({}, overrides[1:]) | {"optim": {"lr": 3e-4}}
+
+
+def test_a_malformed_override_is_refused_by_the_spec_parser_not_swallowed():
+    with pytest.raises(SpecError, match="expected key=value"):
+        extract({}, ["no-equals-sign"], env={})
+
+
+def test_a_spec_with_references_validates_and_resolves_only_where_used(tmp_path):
+    spec = load_spec_text("identity: {experiment: e, owner: o, team: t, purpose: p}\n"
+                          "recipe: {name: digits-cnn}\n"
+                          "data: {uri: 'https://h/d.csv?token=${env:TG_TEST_TOKEN}'}\n")
+    assert spec.data.uri == "https://h/d.csv?token=${env:TG_TEST_TOKEN}"
+    assert refs(spec.to_dict()) == ["TG_TEST_TOKEN"]
+    assert resolve(spec.data.uri, env={"TG_TEST_TOKEN": "abc"}) == "https://h/d.csv?token=abc"
+
+
+def test_an_unset_reference_is_one_line_naming_the_field_the_variable_and_the_fix():
+    tree = {"recipe": {"script": {"command": ["python", "t.py", "--api-token", "${env:TG_UNSET_VAR}"]}}}
+    with pytest.raises(SecretRefError) as e:
+        check_refs(tree, env={})
+    msg = str(e.value)
+    assert "\n" not in msg and isinstance(e.value, SpecError)
+    assert msg.startswith("recipe.script.command[3] = '${env:TG_UNSET_VAR}': ")
+    assert "TG_UNSET_VAR is not set" in msg and "export TG_UNSET_VAR" in msg
+
+
+def test_an_unset_reference_error_does_not_echo_a_literal_secret_beside_it():
+    with pytest.raises(SecretRefError) as e:
+        resolve("https://u:pw-Planted-10@h/?sig=${env:TG_UNSET_VAR}", env={}, field="data.uri")
+    assert "pw-Planted-10" not in str(e.value) and "TG_UNSET_VAR" in str(e.value)
+
+
+def test_protect_moves_secrets_into_this_processes_environment_for_child_processes(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("TRAINGATE_SECRET_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TRAINGATE_SECRET_1", "already-there")
+    tree, overrides = protect({"recipe": {"params": {"api_token": "tok-Planted-11"}}}, ["x.password=pw-Planted-12"])
+    try:
+        assert tree == {"recipe": {"params": {"api_token": "${env:TRAINGATE_SECRET_2}"}}}
+        assert overrides == ['x.password="${env:TRAINGATE_SECRET_3}"']
+        assert os.environ["TRAINGATE_SECRET_2"] == "tok-Planted-11"
+        assert os.environ["TRAINGATE_SECRET_3"] == "pw-Planted-12"
+    finally:
+        os.environ.pop("TRAINGATE_SECRET_2", None)
+        os.environ.pop("TRAINGATE_SECRET_3", None)

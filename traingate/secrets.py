@@ -1,0 +1,134 @@
+"""Secret references: a spec holds ``${env:NAME}``, never the secret itself.
+
+Any string in a RunSpec may contain ``${env:NAME}``. It is resolved only where the value is
+used (a command line, a URI being opened), in memory, from the process environment; nothing
+resolved is written back. The CLI calls :func:`protect` on the spec tree and the ``--set``
+overrides before anything else sees them: each literal secret (whatever
+:mod:`traingate.redact` would mask) moves into the environment as ``TRAINGATE_SECRET_<n>`` and
+its place in the spec becomes a reference. So the flow-run parameters, the resolved spec file
+and the stage's job file hold references; the child processes inherit the values.
+
+>>> tree, overrides, env = extract({"data": {"uri": "https://h/d.csv?sig=abc123"}}, ["x.password=pw"], env={})
+>>> tree, overrides, env
+({'data': {'uri': 'https://h/d.csv?sig=${env:TRAINGATE_SECRET_1}'}}, ['x.password="${env:TRAINGATE_SECRET_2}"'], {'TRAINGATE_SECRET_1': 'abc123', 'TRAINGATE_SECRET_2': 'pw'})
+>>> resolve_tree(tree, env=env)
+{'data': {'uri': 'https://h/d.csv?sig=abc123'}}
+>>> resolve("s3://b/${env:NOPE}", env={}, field="checkpoint.uri")
+Traceback (most recent call last):
+...
+traingate.secrets.SecretRefError: checkpoint.uri = 's3://b/${env:NOPE}': environment variable NOPE is not set; export NOPE where this runs (on the worker, for a deployment) or write the value in the spec
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from traingate.redact import REF, map_secrets, redact
+from traingate.spec import SpecError, apply_overrides
+
+PREFIX = "TRAINGATE_SECRET_"
+
+
+class SecretRefError(SpecError):
+    """A ``${env:NAME}`` whose variable is not set. One line: field, value, fix."""
+
+
+class _Namer:
+    """Gives each distinct secret one variable name, reusing a name the environment already holds
+    for the same value (a resumed run re-extracts the same secrets into the same names)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self.env = env
+        self.added: dict[str, str] = {}
+        self.by_value = {v: k for k, v in sorted(env.items(), reverse=True) if k.startswith(PREFIX)}
+
+    def ref(self, value: str) -> str:
+        name = self.by_value.get(value)
+        if name is None:
+            n = 1
+            while f"{PREFIX}{n}" in self.env or f"{PREFIX}{n}" in self.added:
+                n += 1
+            name = f"{PREFIX}{n}"
+            self.added[name] = value
+            self.by_value[value] = name
+        return f"${{env:{name}}}"
+
+
+def extract(tree: Any, overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None
+            ) -> tuple[Any, list[str], dict[str, str]]:
+    """(tree with references, overrides with references, variables to add to the environment).
+
+    Pure: ``env`` (default ``os.environ``) is only read, to pick free names and reuse known ones.
+    An override that holds no secret is returned verbatim; one that does is rewritten as
+    ``key=<JSON>``, which the spec parser reads back as the same value with references.
+    """
+    namer = _Namer(os.environ if env is None else env)
+    new_tree = map_secrets(tree, namer.ref)
+    new_overrides = []
+    for item in overrides:
+        parsed = apply_overrides({}, [item])  # raises the parser's own SpecError for a malformed item
+        replaced = map_secrets(parsed, namer.ref)
+        if replaced == parsed:
+            new_overrides.append(item)
+            continue
+        key = item.split("=", 1)[0].strip()
+        node = replaced
+        for part in key.split("."):
+            node = node[part]
+        new_overrides.append(f"{key}={json.dumps(node)}")
+    return new_tree, new_overrides, namer.added
+
+
+def protect(tree: Any, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any, list[str]]:
+    """:func:`extract`, with the secrets moved into this process's environment (children inherit it)."""
+    new_tree, new_overrides, added = extract(tree, overrides)
+    os.environ.update(added)
+    return new_tree, new_overrides
+
+
+def refs(obj: Any) -> list[str]:
+    """The variable names referenced anywhere in a string or tree, in order of first use."""
+    found: list[str] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, str):
+            found.extend(n for n in REF.findall(o) if n not in found)
+        elif isinstance(o, Mapping):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+    walk(obj)
+    return found
+
+
+def resolve(text: str, env: Mapping[str, str] | None = None, field: str = "value") -> str:
+    """``text`` with each ``${env:NAME}`` replaced by the variable's value; ``field`` names it in errors."""
+    environ = os.environ if env is None else env
+
+    def value(m: Any) -> str:
+        name = m.group(1)
+        if name not in environ:
+            raise SecretRefError(
+                f"{field} = {redact(text)!r}: environment variable {name} is not set; export {name} where this runs "
+                f"(on the worker, for a deployment) or write the value in the spec")
+        return environ[name]
+    return REF.sub(value, text)
+
+
+def resolve_tree(obj: Any, env: Mapping[str, str] | None = None, field: str = "") -> Any:
+    """A copy of a tree with every reference resolved; an unset variable names its field (``a.b[2]``)."""
+    if isinstance(obj, str):
+        return resolve(obj, env, field or "value")
+    if isinstance(obj, Mapping):
+        return {k: resolve_tree(v, env, f"{field}.{k}" if field else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(resolve_tree(v, env, f"{field}[{i}]") for i, v in enumerate(obj))
+    return obj
+
+
+def check_refs(obj: Any, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`SecretRefError` for the first reference whose variable is unset (before starting work)."""
+    resolve_tree(obj, env)
