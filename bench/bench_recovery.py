@@ -17,7 +17,7 @@ from traingate import launch
 from traingate.runtime import env as renv
 from traingate.settings import Settings
 from traingate.spec import load_spec, write_resolved
-from traingate.supervision import inject
+from traingate.runtime import inject
 from traingate.supervision.drill import records, steps_executed
 from traingate.supervision.supervisor import supervise
 

@@ -71,7 +71,7 @@ def run_config(sampler: str, scheduler: dict, work: Path) -> dict:
                       eval_every=sw.scheduler.report_every, on_progress=rep.feed)
         if r["status"] == "stopped":
             return TrialOutcome("pruned", steps=r["steps"], pruned_at_step=rep.pruned_at, start_ts=t0, end_ts=time.time())
-        return TrialOutcome("complete", values=[r["metrics"]["val_accuracy"]], steps=r["steps"],
+        return TrialOutcome("completed", values=[r["metrics"]["val_accuracy"]], steps=r["steps"],
                             start_ts=t0, end_ts=time.time(), metrics=r["metrics"])
 
     t0 = time.perf_counter()

@@ -1,4 +1,9 @@
-"""The ladder: unit -> smoke -> canary -> full, a gate after each stage."""
+"""The ladder: unit -> smoke -> canary -> full, a gate after each stage. Run, or resume.
+
+``ladder`` is THE ladder loop: `traingate run`, `traingate resume`, deployments from the
+Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
+``pipeline`` is the thin entry for a spec file plus ``--set`` overrides.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -8,17 +13,20 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed, Failed, State
+from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot
 from tasks.report import publish_stage_report
 from tasks.tracking import (close_pipeline_run, open_pipeline_run, open_stage_run, record_stage,
                             register_candidate)
-from tasks.train import run_training_stage
+from tasks.train import run_stage_job
 from tasks.unit import run_unit_tests
 from traingate.gates import decide
-from traingate.plan import stages_until
+from traingate.job.stagejob import derive
+from traingate.job.vocab import Status
+from traingate.plan import ResumePoint, resume_point, stages_until
 from traingate.settings import Settings
-from traingate.spec import Stage, load_spec, write_resolved
+from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
 from traingate.validate import check_spec
 
 
@@ -28,35 +36,53 @@ class Approval(RunInput):
     reason: str = ""
 
 
-@flow(name="pipeline", log_prints=True)
-def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full") -> State:
-    log = get_run_logger()
-    spec = load_spec(spec_path, overrides or [])
-    check_spec(spec)
-    settings = Settings.from_env().ensure()
+class ResumeFrom(BaseModel):
+    """Continue an earlier run: its interrupted stage from the latest checkpoint, then the rest."""
+    run_id: str = Field(min_length=1, description="the traingate run id (`traingate run` printed it)")
+    stage: Stage | None = Field(default=None, description="default: the run's first unfinished training stage")
 
-    data_hash, data_uri = data_snapshot(spec)
-    run_id = open_pipeline_run(spec, data_hash, data_uri)
+
+@flow(name="ladder", log_prints=True)
+def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: ResumeFrom | None = None) -> State:
+    """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run."""
+    log = get_run_logger()
+    settings = Settings.from_env().ensure()
+    if resume_from is not None:
+        point = resume_point(settings, resume_from.run_id, resume_from.stage)
+        spec, run_id = point.spec, point.run_id
+        stages = [s for s in stages_until(until) if s in point.remaining]
+    elif spec is not None:
+        check_spec(spec)
+        point = None
+        data_hash, data_uri = data_snapshot(spec)
+        run_id = open_pipeline_run(spec, data_hash, data_uri)
+        write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
+        stages = stages_until(until)
+    else:
+        raise SpecError("ladder: pass a spec, or resume_from with a run id")
     run_dir = settings.state_dir / "runs" / run_id
-    resolved = write_resolved(spec, run_dir / "spec.yaml")
     summary: dict[str, Any] = {"run_id": run_id, "flow_run_id": str(flow_run.id), "stages": {},
-                               "run_dir": str(run_dir)}
-    stages = stages_until(until)
+                               "run_dir": str(run_dir), "resumed": point is not None}
+    if not stages:
+        return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     for i, stage in enumerate(stages):
-        stage_run = open_stage_run(run_id, stage)
-        stage_dir = str(run_dir / stage)
+        resuming = point is not None and stage == point.stage
+        stage_run = (point.mlflow_run_ids.get(stage) if resuming else None) or open_stage_run(run_id, stage)
         if stage == "unit":
-            result = run_unit_tests(spec, str(resolved), stage_dir)
+            result = run_unit_tests(spec, str(run_dir / "spec.yaml"), str(run_dir / stage))
         else:
-            result = run_training_stage(spec, stage, run_id, str(resolved), stage_dir, stage_run)
+            job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
+            result = run_stage_job(job, resume=resuming)
         gate = spec.gate(stage)
         decision = decide(result, gate, spec.budget.max_cost_usd)
         record_stage(stage_run, result, decision)
         publish_stage_report(run_id, result, decision)
-        summary["stages"][stage] = {"status": result.status, "gate": decision.passed, "mlflow_run_id": stage_run,
-                                    "checkpoint_uri": result.checkpoint_uri, "cost_usd": result.cost_usd}
+        summary["stages"][stage] = {"status": str(result.status), "gate": decision.passed,
+                                    "mlflow_run_id": stage_run, "checkpoint_uri": result.checkpoint_uri,
+                                    "cost_usd": result.cost_usd, "restarts": result.metrics.get("restarts", 0),
+                                    "resumed_from_step": result.metrics.get("resumed_from_step", 0)}
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
-        if result.status == "preempted":  # cancelled from the UI/API: checkpointed, resumable
+        if result.status == Status.PREEMPTED:  # cancelled from the UI/API: checkpointed, resumable
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
             return Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}",
                              data=summary)
@@ -76,4 +102,14 @@ def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = 
         summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
                                               summary.get("checkpoint_uri"))
     close_pipeline_run(run_id, True, stages[-1])
-    return Completed(message=f"all {len(stages)} stages passed", data=summary)
+    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
+    return Completed(message=verb, data=summary)
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full") -> State:
+    """The ladder from a spec file plus ``--set`` overrides (CI, scripts)."""
+    return ladder(load_spec(spec_path, overrides or []), until, return_state=True)
+
+
+__all__ = ["Approval", "ResumeFrom", "ResumePoint", "ladder", "pipeline"]

@@ -16,18 +16,19 @@ import optuna
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
-from flows.pipeline import pipeline
+from flows.pipeline import ladder
 from tasks.sweep import (ensure_concurrency_limit, limit_name, open_sweep_run, open_trial_run, publish_sweep,
                          record_trial, release_leases, run_trial_stage)
+from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.settings import Settings
-from traingate.spec import RunSpec, SpecError, load_spec
+from traingate.spec import RunSpec, load_spec
+from traingate.sweep.checks import check_sweep
 from traingate.sweep.driver import drive
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.results import Reproduction, ranked, reproducibility, sweep_seeds
-from traingate.sweep.space import check_space, trial_spec, write_spec
+from traingate.sweep.space import trial_spec, write_spec
 from traingate.sweep.study import open_study, requeue_of
-from traingate.validate import check_spec
 
 
 @flow(name="sweep-trial")
@@ -68,23 +69,16 @@ def _reproduce(spec: RunSpec, storage_url: str, study: optuna.Study, parent: str
                 for r, s in jobs]
         for r, f in futs:
             out = f.result()
-            if out["state"] == "complete":
+            if out["state"] == Status.COMPLETED:
                 r.rerun_values.append(out["values"][0])
     return reps
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(spec_path: str, overrides: list[str] | None = None, promote: bool = False) -> State:
+def sweep(spec: RunSpec, promote: bool = False) -> State:
+    """Run, or resume, the hyperparameter sweep of ``spec`` (its ``sweep:`` section)."""
     log = get_run_logger()
-    spec = load_spec(spec_path, overrides or [])
-    sw = spec.sweep
-    if sw is None:
-        raise SpecError(f"{spec_path}: no `sweep:` section; add one (see README, Sweeps)")
-    check_spec(spec)
-    check_space(spec)
-    if sw.scheduler.name == "pbt":
-        log.warning("scheduler pbt: the flow does not run PBT generations yet (traingate.sweep.pbt has the loop); "
-                    "trials run to the end like fifo")
+    sw = check_sweep(spec)
     settings = Settings.from_env().ensure()
     storage = settings.optuna_storage
     study = open_study(spec, storage, on_stale=release_leases)
@@ -126,10 +120,17 @@ def sweep(spec_path: str, overrides: list[str] | None = None, promote: bool = Fa
     if promote:
         if verdict is not None and sw.promotion.require_reproducible and not verdict.passed:
             return Failed(message="promotion refused: " + "; ".join(verdict.reasons), data=summary)
-        state = pipeline(str(best_path), [], sw.promotion.until, return_state=True)
+        state = ladder(load_spec(best_path), sw.promotion.until, return_state=True)
         summary["promoted"] = state.is_completed()
         summary["promotion"] = state.message
         if not state.is_completed():
             return Failed(message=f"promoted best spec stopped: {state.message}", data=summary)
     return Completed(message=f"sweep {study.study_name}: best trial {winner.number} "
                              f"{sw.objectives[0].metric}={winner.values[0]:.4g}", data=summary)
+
+
+
+@flow(name="sweep-file", log_prints=True)
+def sweep_file(spec_path: str, overrides: list[str] | None = None, promote: bool = False) -> State:
+    """The sweep from a spec file plus ``--set`` overrides (CI, scripts)."""
+    return sweep(load_spec(spec_path, overrides or []), promote, return_state=True)

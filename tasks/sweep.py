@@ -6,9 +6,7 @@ Each task wraps one side effect. The search itself (ask/tell, budgets, re-queuei
 from __future__ import annotations
 
 import contextlib
-import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,13 +19,16 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from optuna.trial import FrozenTrial
 
-from traingate import launch, outcomes, proc
+from tasks.train import run_stage_job
+from traingate.job.stagejob import JobKind, derive
+from traingate.job.vocab import Status
 from traingate.settings import Settings
-from traingate.spec import RunSpec, write_resolved
+from traingate.spec import RunSpec
 from traingate.sweep import tracking as sweep_tracking
 from traingate.sweep.fence import fence
 from traingate.sweep.plots import save_plots
-from traingate.sweep.report import ProgressFollower, Reporter, TrialOutcome, objective_values
+from traingate.job.files import ProgressFollower
+from traingate.sweep.report import Reporter, TrialOutcome, objective_values
 from traingate.sweep.study import open_study, trial_key
 from traingate.tracking import runs
 
@@ -85,10 +86,24 @@ def trial_dir(settings: Settings, study_name: str, key: str) -> Path:
     return settings.state_dir / "sweeps" / study_name / key
 
 
+class _Pruner:
+    """The trial's watcher: feeds the trainer's progress to Optuna; a reason to stop once it prunes."""
+
+    def __init__(self, reporter: Reporter | None, stage_dir: Path):
+        self.reporter, self.follower = reporter, ProgressFollower(stage_dir)
+
+    def tick(self) -> str | None:
+        prune = False
+        for rec in self.follower.new():
+            prune = (self.reporter is not None and self.reporter.feed(rec)) or prune
+        return f"pruned at step {self.reporter.pruned_at}" if prune and self.reporter is not None else None
+
+
 @task(name="sweep-trial-stage", cache_policy=NONE, retries=0)
 def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_id: int | None, key: str | None,
                     mlflow_run_id: str | None, limits: list[tuple[str, int]]) -> dict[str, Any]:
-    """Train one trial's stage as a process tree; report validation to Optuna while it runs; stop it when pruned.
+    """Train one trial's stage through the launch task (supervised: a lost worker restarts from the
+    trial's checkpoint); report validation to Optuna while it runs; stop it when pruned.
 
     ``trial_id`` None: a re-run outside the study (reproducibility check), named by ``key``, never pruned.
     """
@@ -102,18 +117,10 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
     assert key, "a re-run needs a key"
     number = trial.number if trial is not None else -1
     out = trial_dir(settings, study.study_name, key)
-    out.mkdir(parents=True, exist_ok=True)
-    resolved = write_resolved(trial_spec, out / "spec.yaml")
-    stage = sw.stage
-    limits_cfg = getattr(trial_spec.stages, stage)
-    reporter = Reporter(trial, sw) if trial is not None else None
-    follower = ProgressFollower(out / "progress.jsonl")
-
-    def tick() -> bool:
-        prune = False
-        for rec in follower.new():
-            prune = (reporter is not None and reporter.feed(rec)) or prune
-        return prune
+    job = derive(trial_spec, sw.stage, run_id=f"{study.study_name}-{key}", run_dir=out.parent, stage_dir=out,
+                 settings=settings, mlflow_run_id=mlflow_run_id, kind=JobKind.TRIAL,
+                 eval_every=sw.scheduler.report_every)
+    pruner = _Pruner(Reporter(trial, sw) if trial is not None else None, out)
 
     def on_leases(ids: list[str]) -> None:
         if trial is not None:
@@ -121,37 +128,31 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
 
     with trial_slots(limits, on_leases):
         start = time.time()
+        out.mkdir(parents=True, exist_ok=True)
         fenced = fence(out)
         if fenced:
             log.warning("trial %d: stopped orphaned trainer(s) %s of a previous attempt", number, fenced)
-        (out / "result.json").unlink(missing_ok=True)
-        for lw in out.glob("last_words.rank*.json"):
-            lw.unlink()
-        cmd = launch.stage_command(trial_spec, stage, resolved, sys.executable) + ["--eval-every",
-                                                                                 str(sw.scheduler.report_every)]
-        env = launch.stage_env(trial_spec, settings, stage, f"{study.study_name}-{key}", out, mlflow_run_id)
-        log.info("trial %d (%s): %s", number, key, " ".join(cmd))
-        tree = proc.ProcessTree(cmd, env, out, out / "stdout.log")
-        res = tree.wait(timeout_s=limits_cfg.timeout_s, grace_s=15, tick=tick, tick_every_s=0.25)
+        # A re-queued trial continues from its own checkpoint: the launch task finds it there.
+        result = run_stage_job(job, watcher=pruner)
         end = time.time()
-    if not res.stopped:
-        tick()  # the last reports; a finished trial is not pruned after the fact
-    result = outcomes.from_runtime(trial_spec, stage, res, out, end - start)
-    data = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
-    steps = int(data.get("steps_done") or result.metrics.get("steps", 0))
+    if result.status != Status.PREEMPTED:
+        pruner.tick()  # the last reports; a finished trial is not pruned after the fact
+    steps = int(result.metrics.get("steps", 0))
     metrics = dict(result.numeric_metrics())
     metrics.update(cost_usd=result.cost_usd, duration_s=result.duration_s, steps=float(steps))
-    oc = TrialOutcome(state="failed", steps=steps, cost_usd=result.cost_usd, start_ts=start, end_ts=end,
-                      pid=tree.pid, metrics=metrics, resumed_from_step=int(data.get("resumed_from_step") or 0))
-    if reporter is not None and reporter.pruned_at is not None and res.stopped:
-        oc.state, oc.pruned_at_step = "pruned", reporter.pruned_at
-    elif result.status == "completed":
+    oc = TrialOutcome(state=Status.FAILED, steps=steps, cost_usd=result.cost_usd, start_ts=start, end_ts=end,
+                      metrics=metrics, resumed_from_step=int(result.metrics.get("resumed_from_step") or 0),
+                      restarts=int(result.metrics.get("restarts", 0)))
+    reporter = pruner.reporter
+    if reporter is not None and reporter.pruned_at is not None and result.status == Status.PREEMPTED:
+        oc.state, oc.pruned_at_step = Status.PRUNED, reporter.pruned_at
+    elif result.status == Status.COMPLETED:
         try:
-            oc.values, oc.state = objective_values(sw, metrics), "complete"
+            oc.values, oc.state = objective_values(sw, metrics), Status.COMPLETED
         except ValueError as e:
             oc.error = str(e)
     else:
-        oc.error = result.error or result.status
+        oc.error = result.error or str(result.status)
     d = oc.to_dict()
     d["intermediate"] = reporter.history if reporter is not None else []
     return d

@@ -1,84 +1,82 @@
-"""A training stage: one torchrun (or plain) process tree, supervised to its end.
+"""The one launch task: a StageJob's process tree, supervised to its end.
 
-The restart policy lives in :mod:`traingate.supervision`; this task plugs Prefect into it:
-restarts become ``traingate.run.restarted`` events (Automations can act on them), a stale
-checkpoint becomes a ``traingate.checkpoint.stale`` event, and cancelling the flow run
-preempts the tree (SIGTERM, grace for the emergency checkpoint, SIGKILL) and returns a
-``preempted`` StageResult: the calling flow records it and should end with
-``Cancelled(message=result.error)`` so the run shows as cancelled, resumable.
+Ladder stages, resumes and sweep trials all start their training here. The restart policy
+lives in :mod:`traingate.supervision`; this task plugs Prefect into it: restarts become
+``traingate.run.restarted`` events (Automations can act on them), a stale checkpoint a
+``traingate.checkpoint.stale`` event, and cancelling the flow run preempts the tree (SIGTERM,
+grace for the emergency checkpoint, SIGKILL) and returns a ``preempted`` StageResult: the
+calling flow records it and ends ``Cancelled`` so the run shows as cancelled, resumable.
 """
 from __future__ import annotations
 
-import sys
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from prefect import get_client, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from traingate import launch, outcomes, proc
-from traingate.settings import Settings
-from traingate.spec import RunSpec
+from traingate import outcomes
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Status
 from traingate.stage import StageResult
 from traingate.supervision.supervisor import Hooks, read_state, supervise
 
 CANCEL_POLL_S = 2.0
 
 
+class Watcher(Protocol):
+    """Something that looks at a running stage every tick (a sweep trial's pruner)."""
+
+    def tick(self) -> str | None:
+        """A reason to stop the tree now, or None."""
+
+
 @task(name="train-stage", cache_policy=NONE, retries=0)
-def run_training_stage(spec: RunSpec, stage: str, run_id: str, spec_path: str, stage_dir: str,
-                       mlflow_run_id: str | None, resume: bool = False) -> StageResult:
-    """Train one stage. ``resume``: continue an interrupted stage from its latest checkpoint."""
+def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None = None) -> StageResult:
+    """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint."""
     log = get_run_logger()
-    settings = Settings.from_env()
-    out = Path(stage_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    limits = getattr(spec.stages, stage)
-    env = launch.stage_env(spec, settings, stage, run_id, out, mlflow_run_id)
     t0 = time.monotonic()
-
-    if spec.recipe.name == "script":
-        s = spec.recipe.script
-        assert s is not None
-        cmd = launch.stage_command(spec, stage, Path(spec_path), sys.executable)
-        log.info("%s: %s", stage, " ".join(cmd))
-        res = proc.run(cmd, env, s.workdir, out / "stdout.log", timeout_s=min(limits.timeout_s, s.timeout_s),
-                       on_line=log.info)
-        return outcomes.from_script(spec, stage, res, out, (out / "stdout.log").read_text(errors="replace"), cmd)
-
-    previous = read_state(out) if resume else None
-    if stage == "smoke" and previous is None:
-        # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
-        half = max(1, limits.max_steps // 2)
-        cmd = launch.stage_command(spec, stage, Path(spec_path), sys.executable, stop_at_step=half)
-        log.info("%s (part 1, stop at step %d): %s", stage, half, " ".join(cmd))
-        first = proc.run(cmd, env, out, out / "stdout.log", timeout_s=limits.timeout_s, on_line=log.info)
-        if first.returncode != 0:
-            return outcomes.from_runtime(spec, stage, first, out, time.monotonic() - t0)
-        env = launch.stage_env(spec, settings, stage, run_id, out, mlflow_run_id)
-
+    stage_dir = Path(job.stage_dir)
+    previous = read_state(stage_dir) if resume else None
     with get_client(sync_client=True) as client:
+        cancelled = _cancel_watch(client)
         hooks = Hooks(on_line=log.info, info=log.info,
-                      on_restart=lambda e: _emit("traingate.run.restarted", run_id, stage, e),
-                      on_alert=lambda name, e: _emit(f"traingate.{name}", run_id, stage, e),
-                      stop_requested=_cancel_watch(client))
-        sup = supervise(spec, stage, Path(spec_path), out, env, sys.executable, hooks, resumed=previous)
-    result = outcomes.from_runtime(spec, stage, sup.proc, out, time.monotonic() - t0)
-    result.status = sup.status
-    result.error = sup.error
-    result.metrics["restarts"] = sup.restarts
-    result.details["supervision"] = sup.to_dict()
+                      on_restart=lambda e: _emit("traingate.run.restarted", job, e),
+                      on_alert=lambda name, e: _emit(f"traingate.{name}", job, e),
+                      stop_requested=_either(cancelled, watcher.tick if watcher is not None else None))
+        if job.stage == "smoke" and not job.is_script and previous is None:
+            # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
+            half = max(1, job.max_steps // 2)
+            log.info("smoke: part 1 stops at step %d with a checkpoint; part 2 resumes from it", half)
+            first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
+            if first.status != Status.COMPLETED:
+                return outcomes.from_supervision(job, first, time.monotonic() - t0)
+        sup = supervise(job, hooks, resumed=previous)
+    result = outcomes.from_supervision(job, sup, time.monotonic() - t0)
     if sup.error:
-        log.error("%s: %s", stage, sup.error)
+        log.error("%s: %s", job.stage, sup.error)
     return result
 
 
-def _emit(event: str, run_id: str, stage: str, payload: dict[str, Any]) -> None:
-    emit_event(event=event, resource={"prefect.resource.id": f"traingate.run.{run_id}",
-                                      "traingate.stage": stage}, payload=payload)
+def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None]:
+    live = [c for c in checks if c is not None]
+
+    def check() -> str | None:
+        for c in live:
+            if (why := c()) is not None:
+                return why
+        return None
+    return check
+
+
+def _emit(event: str, job: StageJob, payload: dict[str, Any]) -> None:
+    emit_event(event=event, resource={"prefect.resource.id": f"traingate.run.{job.run_id}",
+                                      "traingate.stage": job.stage, "traingate.kind": str(job.kind)},
+               payload=payload)
 
 
 def _cancel_watch(client: Any) -> Callable[[], str | None]:

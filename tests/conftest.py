@@ -49,8 +49,17 @@ def prefect_harness():
 def tiny_spec(tmp_path):
     """Write a tiny digits spec (optionally with extra YAML appended) and return its path."""
     def make(extra: str = "", name: str = "spec.yaml") -> Path:
+        # Sections in `extra` are merged into the tiny spec's (a spec may not repeat a key).
+        import yaml
+
+        def merge(base: dict, more: dict) -> dict:
+            for k, v in more.items():
+                base[k] = merge(dict(base[k]), v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+            return base
+
+        tree = merge(yaml.safe_load(TINY_DIGITS), yaml.safe_load(textwrap.dedent(extra)) or {})
         p = tmp_path / name
-        p.write_text(TINY_DIGITS + textwrap.dedent(extra))
+        p.write_text(yaml.safe_dump(tree, sort_keys=False))
         return p
     return make
 

@@ -33,3 +33,22 @@ gates:
 checkpoint: {every_steps: 5}
 tracking: {log_every: 2}
 """
+
+
+def write_job(spec, stage_dir: Path, *, run_id: str, stage: str = "full", checkpoint_uri: str | None = None,
+              tracking_uri: str | None = None, mlflow_run_id: str | None = None,
+              restart_cause: str | None = None) -> Path:
+    """A StageJob for launching ``python -m traingate.runtime.train --job PATH`` by hand in a test."""
+    import dataclasses
+    import time
+
+    from traingate.job.stagejob import derive
+    from traingate.settings import Settings
+    from traingate.spec import load_spec
+
+    spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
+    job = derive(spec, stage, run_id=run_id, run_dir=stage_dir.parent, stage_dir=stage_dir,
+                 settings=Settings.from_env(), checkpoint_uri=checkpoint_uri)
+    job = dataclasses.replace(job, tracking_uri=tracking_uri, mlflow_run_id=mlflow_run_id, launched_at=time.time(),
+                              restart_cause=restart_cause, attempt=1 if restart_cause else 0)
+    return job.write()

@@ -1,99 +1,67 @@
-"""Turn what a finished process left behind into a StageResult. Plain functions of files and numbers."""
+"""Turn what a finished stage left behind into a StageResult. Plain functions of files and numbers."""
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 from traingate import sizing
+from traingate.job import files
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
-from traingate.spec import RunSpec
-from traingate.supervision import causes
-from traingate.supervision.heartbeat import read_last_words
 from traingate.stage import StageResult
+from traingate.supervision.supervisor import Supervision
 
 NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
+_PROFILE_KEYS = ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s",
+                 "tokens_per_s", "peak_memory_mb", "startup_s", "data_wait_fraction")
 
 
-def classify_exit(proc: ProcResult, stage_dir: Path) -> tuple[str, str | None]:
-    """(status, error) for a process that did not complete: ``failed``, ``diverged`` or ``preempted``,
-    and ``"<cause>: <detail>"`` with a cause from :mod:`traingate.supervision.causes`."""
-    result_path = stage_dir / "result.json"
-    try:
-        result_status = json.loads(result_path.read_text()).get("status") if result_path.exists() else None
-    except ValueError:
-        result_status = None
-    verdict = causes.classify(causes.Evidence(
-        returncode=proc.returncode, result_status=result_status, last_words=read_last_words(stage_dir),
-        log_tail=proc.tail, stop_requested=proc.stopped, timed_out=proc.timed_out))
-    if verdict.completed:
-        return "completed", None
-    status = {causes.DIVERGED: "diverged", causes.PREEMPTED: "preempted"}.get(verdict.cause or "", "failed")
-    return status, f"{verdict.cause}: {verdict.detail}"
-
-
-def _cost(spec: RunSpec, stage: str, duration_s: float) -> float:
-    nodes, nproc = stage_world(spec, stage)
-    return sizing.cost_usd(duration_s, sizing.slots(nodes * nproc), spec.pool.price_per_gpu_hour)
-
-
-def _estimate_next(spec: RunSpec, stage: str, profile: dict[str, float]) -> dict[str, float]:
-    nxt = NEXT.get(stage)
+def _estimate_next(job: StageJob, profile: dict[str, float]) -> dict[str, float]:
+    nxt = NEXT.get(job.stage)
     if nxt is None or not profile.get("step_time_mean_s"):
         return {}
-    nodes, nproc = stage_world(spec, nxt)
-    est = sizing.estimate_stage(profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
-                                spec.pool.price_per_gpu_hour)
+    nodes, nproc = stage_world(job.spec, nxt)
+    est = sizing.estimate_stage(profile, getattr(job.spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
+                                job.price_per_slot_hour)
     return {"next_stage_wall_s": est["wall_s"], "next_stage_cost_usd": est["cost_usd"],
             "next_stage_slot_hours": est["slot_hours"]}
 
 
-def from_runtime(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, duration_s: float) -> StageResult:
-    """A built-in recipe's stage: the runtime's result.json plus how the process ended."""
-    result_path = stage_dir / "result.json"
-    data = json.loads(result_path.read_text()) if result_path.exists() else None
-    if proc.returncode == 0 and data is not None and data["status"] == "completed":
-        status, error = "completed", None
+def from_supervision(job: StageJob, sup: Supervision, duration_s: float) -> StageResult:
+    """A stage's result: what the training process left (result.json, or a script's output) and how
+    the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for."""
+    stage_dir = Path(job.stage_dir)
+    cost = sizing.cost_usd(duration_s, job.slots, job.price_per_slot_hour)
+    details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict()}
+    if job.is_script:
+        s = job.spec.recipe.script
+        assert s is not None
+        log_text = (stage_dir / files.STDOUT).read_text(errors="replace") if (stage_dir / files.STDOUT).exists() else ""
+        series = extract_metrics(log_text, s.metrics)
+        metrics: dict[str, Any] = summarize(series) if series else {"nonfinite_steps": 0.0}
+        steps = metrics.get("steps", 0)
+        profile = {"step_time_mean_s": sup.proc.duration_s / steps} if steps else {}
+        details.update(series={k: v[-200:] for k, v in series.items()})
+        checkpoint_uri = None
     else:
-        status, error = classify_exit(proc, stage_dir)
-        if data is not None and data["status"] in ("diverged", "preempted"):
-            status = data["status"]
-    metrics: dict[str, Any] = dict(data["metrics"]) if data else {}
-    profile = metrics.pop("profile", {}) or {}
-    evals = metrics.pop("eval", {}) or {}
-    for k in ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s", "tokens_per_s", "peak_memory_mb",
-              "startup_s", "data_wait_fraction"):
-        if k in profile:
-            metrics[k] = profile[k]
-    return StageResult(
-        stage=stage, status=status, metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-        cost_usd=_cost(spec, stage, duration_s), duration_s=duration_s,
-        checkpoint_uri=data.get("checkpoint_uri") if data else None,
-        estimate=_estimate_next(spec, stage, profile) if status == "completed" else {},
-        details={"profile": profile, "eval": evals, "log_tail": proc.tail[-50:],
-                 "checkpoint_blocked_s": data.get("checkpoint_blocked_s") if data else None},
-        error=error)
-
-
-def from_script(spec: RunSpec, stage: str, proc: ProcResult, stage_dir: Path, log_text: str,
-                cmd: list[str]) -> StageResult:
-    """A script's stage: its exit code, and the metrics its output shows."""
-    s = spec.recipe.script
-    assert s is not None
-    series = extract_metrics(log_text, s.metrics)
-    metrics = summarize(series) if series else {"nonfinite_steps": 0.0}
-    status, error = ("completed", None) if proc.returncode == 0 else classify_exit(proc, stage_dir)
-    estimate: dict[str, float] = {}
-    steps = metrics.get("steps", 0)
-    if status == "completed" and steps > 0:
-        estimate = _estimate_next(spec, stage, {"step_time_mean_s": proc.duration_s / steps})
-    return StageResult(stage=stage, status=status, metrics=metrics, cost_usd=_cost(spec, stage, proc.duration_s),
-                       duration_s=proc.duration_s, checkpoint_uri=None, estimate=estimate,
-                       details={"command": cmd, "series": {k: v[-200:] for k, v in series.items()},
-                                "log_tail": proc.tail[-50:]}, error=error)
+        data = files.read_result(stage_dir)
+        metrics = dict(data.metrics) if data else {}
+        profile = metrics.pop("profile", {}) or {}
+        details.update(eval=metrics.pop("eval", {}) or {},
+                       checkpoint_blocked_s=data.checkpoint_blocked_s if data else None)
+        metrics.update({k: profile[k] for k in _PROFILE_KEYS if k in profile})
+        checkpoint_uri = data.checkpoint_uri if data else None
+        details["profile"] = profile
+    metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    metrics["restarts"] = sup.restarts
+    completed = sup.status == Status.COMPLETED
+    return StageResult(stage=job.stage, status=sup.status, metrics=metrics, cost_usd=cost, duration_s=duration_s,
+                       checkpoint_uri=checkpoint_uri, estimate=_estimate_next(job, profile) if completed else {},
+                       details=details, error=sup.error)
 
 
 def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageResult:
@@ -113,7 +81,7 @@ def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageR
                 passed += 1
     # pytest: 0 all passed, 1 some failed, 5 none collected; anything else means it could not run.
     ran = proc.returncode in (0, 1, 5)
-    status = "completed" if ran else "failed"
+    status = Status.COMPLETED if ran else Status.FAILED
     error = None if ran else f"pytest exit code {proc.returncode}: {' | '.join(proc.tail[-3:])}"
     return StageResult(stage="unit", status=status,
                        metrics={"tests_passed": passed, "tests_failed": failed, "tests_skipped": skipped},

@@ -1,8 +1,11 @@
 """The ladder's plan: which stages run, with what limits, at what cost ceiling. Nothing runs."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from traingate import sizing
 from traingate.job.world import stage_world
+from traingate.settings import Settings
 from traingate.spec import STAGES, RunSpec
 
 
@@ -47,3 +50,36 @@ def render(rows: list[dict[str, object]], spec: RunSpec) -> str:
                      f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'n/a':>9}  "
                      f"{r['gate']}")
     return "\n".join(lines)
+
+
+@dataclass
+class ResumePoint:
+    """Where an interrupted run continues: its spec, the stage to resume and the ones after it."""
+    run_id: str
+    spec: RunSpec
+    stage: str
+    remaining: list[str]
+    mlflow_run_ids: dict[str, str] = field(default_factory=dict)  # stage -> its MLflow run, to write on into
+
+
+def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> ResumePoint:
+    """The first stage of run ``run_id`` that did not complete (or ``stage``), from its stage directories."""
+    from traingate.job.files import read_supervisor_state
+    from traingate.job.vocab import Status
+    from traingate.spec import SpecError, load_spec
+
+    runs = settings.state_dir / "runs"
+    run_dir = runs / run_id
+    if not run_id or "/" in run_id or not (run_dir / "spec.yaml").is_file():
+        raise SpecError(f"resume_from.run_id = {run_id!r}: no such run under {runs}; pass the run id "
+                        "`traingate run` printed (and the same TRAINGATE_STATE_DIR)")
+    spec = load_spec(run_dir / "spec.yaml")
+    states = {s: read_supervisor_state(run_dir / s) for s in STAGES if s != "unit"}
+    ids = {s: st.job["mlflow_run_id"] for s, st in states.items() if st is not None and st.job.get("mlflow_run_id")}
+    if stage is None:
+        done = {"unit"} if (run_dir / "unit" / "junit.xml").exists() else set()
+        done |= {s for s, st in states.items() if st is not None and st.final_status == Status.COMPLETED}
+        stage = next((s for s in STAGES if s not in done), None)
+        if stage is None:
+            raise SpecError(f"resume_from.run_id = {run_id!r}: every stage of this run completed; nothing to resume")
+    return ResumePoint(run_id, spec, stage, list(STAGES[STAGES.index(stage):]), ids)

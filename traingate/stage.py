@@ -6,11 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from traingate.job.vocab import Status
+
 
 @dataclass
 class StageResult:
     stage: str
-    status: str  # completed | failed | diverged | preempted | skipped
+    status: Status
     metrics: dict[str, float] = field(default_factory=dict)
     checks: dict[str, bool] = field(default_factory=dict)  # named pass/fail facts, all must hold
     cost_usd: float = 0.0
@@ -19,6 +21,9 @@ class StageResult:
     estimate: dict[str, float] = field(default_factory=dict)  # sizing estimate of the next stage
     details: dict[str, Any] = field(default_factory=dict)  # profile, eval outputs, command, log tail
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,19 +15,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from traingate.settings import Settings
-    from traingate.spec import SpecError, load_spec
-    from traingate.sweep.space import check_space
-    from traingate.validate import check_spec
+    from traingate.spec import load_spec
+    from traingate.sweep.checks import check_sweep
 
     spec = load_spec(args.spec, args.overrides)
-    if spec.sweep is None:
-        raise SpecError(f"{args.spec}: no `sweep:` section; add one (see README, Sweeps)")
-    check_spec(spec)
-    check_space(spec)  # every error before Prefect starts
+    check_sweep(spec)  # every error before Prefect starts
     settings = Settings.from_env().ensure()
     from flows.sweep import sweep
 
-    state = sweep(args.spec, args.overrides, args.promote, return_state=True)
+    state = sweep(spec, args.promote, return_state=True)
     data = state.result(raise_on_failure=False)
     print(f"sweep {'DONE' if state.is_completed() else 'STOPPED'}: {state.message}")
     if isinstance(data, dict):

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import torch
 
+from tgtest import write_job
 from traingate.runtime.checkpoint import Checkpointer
 
 PYTHON = sys.executable
@@ -80,12 +81,13 @@ class Drill:
         self.out.mkdir(parents=True, exist_ok=True)
         self.checkpoint_uri = checkpoint_uri or (self.out / "checkpoints").as_uri()
         self.base_env = dict(env if env is not None else os.environ)
+        self.job_path = write_job(spec, self.out, run_id=name, checkpoint_uri=self.checkpoint_uri)
         self.history: list[Interruption] = []
         self._n = 0
 
     # ------------------------------------------------------------------ processes
     def _command(self, extra: list[str]) -> list[str]:
-        tail = ["-m", "traingate.runtime.train", "--spec", str(self.spec), "--stage", "full", *extra]
+        tail = ["-m", "traingate.runtime.train", "--job", str(self.job_path), *extra]
         if self.nproc == 1:
             return [PYTHON, *tail]
         return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}", *tail]

@@ -7,11 +7,10 @@ from typing import Any, Callable
 
 import pytest
 
-from traingate import launch
-from traingate.runtime import env as renv
+from traingate.job.stagejob import derive
+from traingate.runtime import inject
 from traingate.settings import Settings
-from traingate.spec import load_spec, write_resolved
-from traingate.supervision import inject
+from traingate.spec import load_spec
 from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 # Fast restarts, a short hang timeout, no MLflow: these tests are about the process tree.
@@ -39,18 +38,12 @@ def supervised(tiny_spec, state_dir, tmp_path) -> Callable[..., Run]:
     """supervised("kill@7:1", "optim.lr=1") -> Run: the full stage (2 ranks, 16 steps, checkpoint every 5)."""
     def run(faults: str = "", *overrides: str, stage: str = "full", name: str = "run") -> Run:
         spec = load_spec(tiny_spec(SUPERVISED, name=f"{name}.yaml"), list(overrides))
-        settings = Settings.from_env()
-        spec_path = write_resolved(spec, tmp_path / name / "spec.yaml")
-        stage_dir = tmp_path / name / stage
-        env = launch.stage_env(spec, settings, stage, name, stage_dir, None)
-        env.pop(inject.ENV, None)
-        if faults:
-            env[inject.ENV] = faults
+        job = derive(spec, stage, run_id=name, run_dir=tmp_path / name, settings=Settings.from_env(),
+                     faults=faults or None)
         events: list[dict[str, Any]] = []
         log: list[str] = []
         t0 = time.monotonic()
-        sup = supervise(spec, stage, spec_path, stage_dir, env,
-                        hooks=Hooks(info=log.append, on_restart=events.append), seed=0)
-        assert env[renv.CHECKPOINT_URI].startswith("file://")
-        return Run(sup, stage_dir, time.monotonic() - t0, events, log)
+        sup = supervise(job, hooks=Hooks(info=log.append, on_restart=events.append), seed=0)
+        assert job.checkpoint_uri.startswith("file://")
+        return Run(sup, Path(job.stage_dir), time.monotonic() - t0, events, log)
     return run

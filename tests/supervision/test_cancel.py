@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from traingate.runtime.checkpoint import Checkpointer
-from traingate.supervision import inject
+from traingate.runtime import inject
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,8 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
     from flows.cli import main as cli
     from tasks.data import data_snapshot
     from tasks.tracking import open_pipeline_run, open_stage_run
-    from tasks.train import run_training_stage
+    from tasks.train import run_stage_job
+    from traingate.job.stagejob import derive
     from traingate.settings import Settings
     from traingate.spec import load_spec, write_resolved
 
@@ -59,9 +60,10 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
         run_id = open_pipeline_run(spec, data_hash, data_uri)
         run_dir = Settings.from_env().ensure().state_dir / "runs" / run_id
         box["run_dir"] = run_dir
-        resolved = write_resolved(spec, run_dir / "spec.yaml")
-        result = box["result"] = run_training_stage(spec, "full", run_id, str(resolved), str(run_dir / "full"),
-                                                    open_stage_run(run_id, "full"))
+        write_resolved(spec, run_dir / "spec.yaml")
+        job = derive(spec, "full", run_id=run_id, run_dir=run_dir, settings=Settings.from_env(),
+                     mlflow_run_id=open_stage_run(run_id, "full"))
+        result = box["result"] = run_stage_job(job)
         return Cancelled(message=result.error) if result.status == "preempted" else result
 
     worker = threading.Thread(target=lambda: box.setdefault("state", one_stage(str(spec_path), return_state=True)))
@@ -92,7 +94,7 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
     sup = result.details["supervision"]
     assert [a["cause"] for a in sup["attempts"]] == ["worker_lost", "preempted"]
     stopped_at = sup["attempts"][-1]["end_step"]
-    ckpt = Checkpointer(json.loads((run_dir / "full" / "supervisor.json").read_text())["launch"]["checkpoint_uri"])
+    ckpt = Checkpointer(json.loads((run_dir / "full" / "supervisor.json").read_text())["job"]["checkpoint_uri"])
     assert ckpt.find_latest() == stopped_at and ckpt.manifest(stopped_at)["emergency"] is True
     assert stopped_at < 40
 
@@ -104,18 +106,18 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
     assert events[0].resource.id == f"traingate.run.{run_id}"
 
     monkeypatch.delenv(inject.ENV)
-    assert cli(["resume", run_id]) == 0
+    assert cli(["resume", run_id, "--stage", "full"]) == 0
     final = json.loads((run_dir / "full" / "result.json").read_text())
     assert final["status"] == "completed" and final["steps_done"] == 40
     assert final["resumed_from_step"] == stopped_at
     state = json.loads((run_dir / "full" / "supervisor.json").read_text())
     assert state["final"]["status"] == "completed"
-    # One logical run: the stage's MLflow run holds both restarts with their causes (issue 4's tracker
-    # reads TRAINGATE_RESTART_CAUSE, which the supervisor sets on every relaunch).
+    # One logical run: the stage's MLflow run holds both restarts with their causes (the tracker reads
+    # them from the StageJob of each attempt, or torchrun's in-place restart count).
     from traingate.settings import Settings
     from traingate.tracking import runs
 
-    tags = runs.client(Settings.from_env().tracking_uri).get_run(state["launch"]["mlflow_run_id"]).data.tags
+    tags = runs.client(Settings.from_env().tracking_uri).get_run(state["job"]["mlflow_run_id"]).data.tags
     assert tags["traingate.restart.1.cause"] == "worker_lost"
     assert tags["traingate.restart.2.cause"] == "preempted"
     assert tags["traingate.restart.2.resumed_from_step"] == str(stopped_at)

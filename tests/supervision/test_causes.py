@@ -5,6 +5,8 @@ produced and recovered from in one run by the drill test (test_drill.py).
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -31,8 +33,9 @@ def test_oom_policy_retries_a_simulated_oom_with_half_the_micro_batch_and_twice_
     run = supervised("oom@3:1", "supervision.oom_halve_batch=true")
     assert run.causes == ["oom", None], run.log
     assert run.events[0]["overrides"] == ["optim.batch_size=8", "optim.grad_accum=2"]
-    relaunched = yaml.safe_load((run.stage_dir / "spec.restart1.yaml").read_text())["optim"]
-    assert (relaunched["batch_size"], relaunched["grad_accum"]) == (8, 2)
+    relaunched = json.loads((run.stage_dir / "job.json").read_text())  # the last attempt's StageJob
+    assert relaunched["attempt"] == 1 and relaunched["restart_cause"] == "oom"
+    assert (relaunched["spec"]["optim"]["batch_size"], relaunched["spec"]["optim"]["grad_accum"]) == (8, 2)
     assert run.sup.status == "completed"
 
 

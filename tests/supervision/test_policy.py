@@ -7,7 +7,19 @@ import random
 import pytest
 import torch
 
-from traingate.supervision import causes, inject
+from traingate.runtime import failures, inject
+from traingate.job.files import Heartbeat, LastWords
+from traingate.supervision import causes
+
+
+def _hb(rank, d):
+    return Heartbeat(rank=rank, step=d["step"], time=d.get("time", 0.0), pid=d.get("pid", 0),
+                     phase=d.get("phase", "train"))
+
+
+def _lw(words):
+    return [LastWords(rank=w.get("rank", 0), cause=w["cause"], error=w["error"], time=w.get("time", 0.0),
+                      exit_code=w.get("exit_code", 1)) for w in words]
 from traingate.supervision.backoff import Backoff, RetryBudget
 from traingate.supervision.causes import Evidence, classify
 from traingate.supervision.heartbeat import HangDetector, checkpoint_stale, hang_timeout
@@ -27,14 +39,14 @@ Root Cause (first observed failure):
     (Evidence(returncode=1, log_tail=TORCHRUN_SIGKILL_SUMMARY), "worker_lost", True),
     (Evidence(returncode=-9), "worker_lost", True),
     (Evidence(returncode=-9, hang_detected=True), "hang", True),
-    (Evidence(returncode=1, last_words=[{"cause": "collective_timeout", "error": "x", "time": 2.0},
-                                        {"cause": "worker_lost", "error": "peer closed", "time": 1.0}]),
+    (Evidence(returncode=1, last_words=_lw([{"cause": "collective_timeout", "error": "x", "time": 2.0},
+                                        {"cause": "worker_lost", "error": "peer closed", "time": 1.0}])),
      "collective_timeout", True),
-    (Evidence(returncode=77, last_words=[{"cause": "transient_io", "error": "EIO"}]), "transient_io", True),
-    (Evidence(returncode=77, last_words=[{"cause": "checkpoint_error", "error": "ENOSPC"}]), "transient_io", True),
-    (Evidence(returncode=1, last_words=[{"cause": "oom", "error": "CUDA out of memory"}]), "oom", False),
+    (Evidence(returncode=77, last_words=_lw([{"cause": "transient_io", "error": "EIO"}])), "transient_io", True),
+    (Evidence(returncode=77, last_words=_lw([{"cause": "checkpoint_error", "error": "ENOSPC"}])), "transient_io", True),
+    (Evidence(returncode=1, last_words=_lw([{"cause": "oom", "error": "CUDA out of memory"}])), "oom", False),
     (Evidence(returncode=76, result_status="diverged"), "diverged", False),
-    (Evidence(returncode=64, last_words=[{"cause": "user_error", "error": "KeyError"}]), "user_error", False),
+    (Evidence(returncode=64, last_words=_lw([{"cause": "user_error", "error": "KeyError"}])), "user_error", False),
     (Evidence(returncode=64), "user_error", False),
 ])
 def test_exit_evidence_is_classified_into_cause_and_retryability(evidence, cause, retryable):
@@ -48,7 +60,7 @@ def test_torchruns_root_cause_names_the_signal_not_the_ranks_it_terminated_after
 
 
 def test_a_rank_that_reported_its_error_is_not_blamed_on_a_hang():
-    words = [{"cause": "collective_timeout", "error": "Timed out", "time": 1.0}]
+    words = _lw([{"cause": "collective_timeout", "error": "Timed out", "time": 1.0}])
     assert classify(Evidence(returncode=-9, last_words=words, hang_detected=True)).cause == "collective_timeout"
 
 
@@ -57,14 +69,14 @@ def test_a_completed_run_has_no_cause():
 
 
 def test_oom_is_retryable_only_under_the_oom_policy():
-    ev = Evidence(returncode=1, last_words=[{"cause": "oom", "error": "OOM"}])
+    ev = Evidence(returncode=1, last_words=_lw([{"cause": "oom", "error": "OOM"}]))
     assert not classify(ev).retryable
     assert classify(ev, oom_retry=True).retryable
 
 
 def test_the_root_cause_beats_a_peers_echo_of_it():
-    words = [{"cause": "worker_lost", "error": "Connection closed by peer", "time": 1.0},
-             {"cause": "user_error", "error": "KeyError: 'x'", "time": 5.0}]
+    words = _lw([{"cause": "worker_lost", "error": "Connection closed by peer", "time": 1.0},
+             {"cause": "user_error", "error": "KeyError: 'x'", "time": 5.0}])
     assert classify(Evidence(returncode=1, last_words=words)).cause == "user_error"
 
 
@@ -82,7 +94,7 @@ def test_the_root_cause_beats_a_peers_echo_of_it():
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "user_error"),
 ])
 def test_a_caught_exception_names_its_cause(exc, cause):
-    assert causes.cause_of_exception(exc) == cause
+    assert failures.cause_of_exception(exc) == cause
 
 
 def test_backoff_grows_exponentially_caps_and_jitters_downwards_only():
@@ -113,15 +125,15 @@ def test_hang_timeout_defaults_to_twice_the_canary_p99_with_a_floor():
 
 def test_hang_detector_flags_a_rank_whose_step_stopped_advancing():
     d = HangDetector(timeout_s=5.0, startup_timeout_s=100.0, world_size=2, launched_at=0.0)
-    d.observe({0: {"step": 1, "time": 1.0}, 1: {"step": 1, "time": 1.0}}, now=1.0)
-    d.observe({0: {"step": 2, "time": 4.0}, 1: {"step": 1, "time": 1.0}}, now=4.0)
+    d.observe({0: _hb(0, {"step": 1, "time": 1.0}), 1: _hb(1, {"step": 1, "time": 1.0})}, now=1.0)
+    d.observe({0: _hb(0, {"step": 2, "time": 4.0}), 1: _hb(1, {"step": 1, "time": 1.0})}, now=4.0)
     assert d.stalled(now=5.5) is None
     assert "rank 1 stuck at step 1" in d.stalled(now=6.5)
 
 
 def test_hang_detector_flags_a_rank_that_never_started():
     d = HangDetector(timeout_s=5.0, startup_timeout_s=30.0, world_size=2, launched_at=0.0)
-    d.observe({0: {"step": 0, "time": 10.0}}, now=10.0)
+    d.observe({0: _hb(0, {"step": 0, "time": 10.0})}, now=10.0)
     assert d.stalled(now=20.0) is None
     assert "[1]" in d.stalled(now=31.0)
 
@@ -157,14 +169,14 @@ def test_injected_faults_fire_once_per_stage_directory(tmp_path):
 
 def test_hang_detector_gives_the_work_after_the_last_step_the_longer_startup_timeout():
     d = HangDetector(timeout_s=5.0, startup_timeout_s=60.0, world_size=1, launched_at=0.0, final_step=16)
-    d.observe({0: {"step": 16, "time": 1.0}}, now=1.0)
+    d.observe({0: _hb(0, {"step": 16, "time": 1.0})}, now=1.0)
     assert d.stalled(now=30.0) is None  # final checkpoint + evaluation, not a hang
     assert "finishing" in d.stalled(now=62.0)
 
 
 def test_hang_detector_does_not_call_a_rank_that_already_exited_hung():
     d = HangDetector(timeout_s=5.0, startup_timeout_s=60.0, world_size=2, launched_at=0.0, final_step=16)
-    d.observe({0: {"step": 7, "time": 1.0}, 1: {"step": 7, "time": 1.0}}, now=1.0, exited={1})
+    d.observe({0: _hb(0, {"step": 7, "time": 1.0}), 1: _hb(1, {"step": 7, "time": 1.0})}, now=1.0, exited={1})
     assert "rank 0 stuck" in d.stalled(now=7.0)
     d.observe({}, now=7.0, exited={0})
     assert d.stalled(now=30.0) is None
@@ -172,5 +184,5 @@ def test_hang_detector_does_not_call_a_rank_that_already_exited_hung():
 
 def test_hang_detector_allows_a_rank_that_is_writing_its_emergency_checkpoint_to_be_slow():
     d = HangDetector(timeout_s=5.0, startup_timeout_s=60.0, world_size=1, launched_at=0.0, final_step=16)
-    d.observe({0: {"step": 4, "time": 1.0, "phase": "preempting"}}, now=1.0)
+    d.observe({0: _hb(0, {"step": 4, "time": 1.0, "phase": "preempting"})}, now=1.0)
     assert d.stalled(now=30.0) is None

@@ -57,7 +57,7 @@ def _objective(sw: SweepSpec):
                 return TrialOutcome("pruned", steps=step, pruned_at_step=rep.pruned_at)
         acc = _curve(params, MAX_STEPS)
         values = [acc] if len(sw.objectives) == 1 else [acc, params["recipe.params.hidden"] / 32]
-        return TrialOutcome("complete", values=values, steps=MAX_STEPS, cost_usd=0.01)
+        return TrialOutcome("completed", values=values, steps=MAX_STEPS, cost_usd=0.01)
     return run
 
 
@@ -80,7 +80,7 @@ def test_grid_sweep_stops_when_the_grid_is_exhausted(tmp_path):
     sw = _sweep(sampler="grid", n_trials=50, space={"recipe.params.hidden": {"type": "categorical", "choices": [8, 32]}})
     study = _study(tmp_path, sw)
     sw2 = sw.model_copy(update={"space": sw.space})
-    result = drive(study, sw2, lambda t, p: TrialOutcome("complete", values=[p["recipe.params.hidden"]]), poll_s=0.05)
+    result = drive(study, sw2, lambda t, p: TrialOutcome("completed", values=[p["recipe.params.hidden"]]), poll_s=0.05)
     assert len(result.finished) == 2 and result.stop_reason == "search space exhausted"
 
 
@@ -117,7 +117,7 @@ def test_conditional_parameter_is_sampled_only_when_its_condition_holds(tmp_path
         "optim.schedule": {"type": "categorical", "choices": ["constant", "cosine"]},
         "optim.warmup_steps": {"type": "int", "low": 0, "high": 20, "when": {"optim.schedule": "cosine"}}})
     study = _study(tmp_path, sw)
-    drive(study, sw, lambda t, p: TrialOutcome("complete", values=[p.get("optim.warmup_steps", 0)]), poll_s=0.05)
+    drive(study, sw, lambda t, p: TrialOutcome("completed", values=[p.get("optim.warmup_steps", 0)]), poll_s=0.05)
     for t in study.trials:
         assert ("optim.warmup_steps" in t.params) == (t.params["optim.schedule"] == "cosine")
     assert {t.params["optim.schedule"] for t in study.trials} == {"constant", "cosine"}
@@ -144,7 +144,7 @@ def test_concurrent_trials_in_one_driver_never_exceed_max_concurrent(tmp_path):
         time.sleep(0.2)
         with lock:
             live[0] -= 1
-        return TrialOutcome("complete", values=[params["optim.lr"]])
+        return TrialOutcome("completed", values=[params["optim.lr"]])
     drive(_study(tmp_path, sw), sw, run, poll_s=0.05)
     assert 1 <= peak[0] <= 3
 
@@ -165,7 +165,7 @@ def test_a_dead_drivers_running_trial_is_requeued_with_its_params_and_key(tmp_pa
 
     def run(trial, params):
         keys.append(trial.user_attrs["trial_key"])
-        return TrialOutcome("complete", values=[1.0])
+        return TrialOutcome("completed", values=[1.0])
     result = drive(study, sw, run, poll_s=0.05)
     trials = study.trials
     assert stale_seen == [0] and trials[0].state == TrialState.FAIL

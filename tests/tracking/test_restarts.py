@@ -30,7 +30,7 @@ def test_run_killed_twice_is_one_mlflow_run_with_two_restarts_and_each_step_logg
         p.wait(30)
         killed_at.append(heartbeat(stage)["step"])
     # The last relaunch is not even told its MLflow run: it takes the one its checkpoint was written under.
-    env = train_env(uri, run_id, stage, TRAINGATE_RESTART_CAUSE="worker_killed")
+    env = train_env(uri, run_id, stage, TRAINGATE_RESTART_CAUSE="worker_lost")
     del env["MLFLOW_RUN_ID"]
     p = start_training(spec, env, log)
     assert p.wait(240) == 0, log.read_text()[-3000:]
@@ -43,7 +43,7 @@ def test_run_killed_twice_is_one_mlflow_run_with_two_restarts_and_each_step_logg
     tags = client.get_run(run_id).data.tags
     assert tags["traingate.restarts"] == "2" and tags["traingate.sessions"] == "3"
     assert tags["traingate.restart.1.cause"] == "unknown"  # nobody said why
-    assert tags["traingate.restart.2.cause"] == "worker_killed"
+    assert tags["traingate.restart.2.cause"] == "worker_lost"
     for r in (1, 2):
         resumed_from.append(int(tags[f"traingate.restart.{r}.resumed_from_step"]))
         assert 0 <= resumed_from[-1] <= killed_at[r - 1] and resumed_from[-1] % 25 == 0

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT, write_job
 
 SPEC = """
 identity: {experiment: tracking-tests, owner: tester, team: platform, purpose: exercise the tracking contract}
@@ -59,17 +59,22 @@ def new_run(tracking_uri: str, experiment: str = "tracking-tests") -> str:
     return c.create_run(exp_id, run_name="stage-under-test").info.run_id
 
 
-def train_env(tracking_uri: str, run_id: str, stage_dir: Path, **extra: str) -> dict[str, str]:
+def train_env(tracking_uri: str, run_id: str | None, stage_dir: Path, **extra: str) -> dict[str, str]:
+    """What a hand-launched training process gets; ``start_training`` turns it into its StageJob."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINGATE_RESTART_CAUSE",)}
-    env.update({"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": run_id, "TRAINGATE_STAGE_DIR": str(stage_dir),
-                "TRAINGATE_RUN_ID": "tracking-test", "TRAINGATE_STAGE": "full", "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})
+    env.update({"MLFLOW_TRACKING_URI": tracking_uri, "TRAINGATE_STAGE_DIR": str(stage_dir),
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})
+    if run_id:
+        env["MLFLOW_RUN_ID"] = run_id
     env.update(extra)
     return env
 
 
 def start_training(spec: Path, env: dict[str, str], log: Path, nproc: int = 1) -> subprocess.Popen:
-    tail = ["-m", "traingate.runtime.train", "--spec", str(spec), "--stage", "full"]
+    job = write_job(spec, Path(env["TRAINGATE_STAGE_DIR"]), run_id="tracking-test",
+                    tracking_uri=env["MLFLOW_TRACKING_URI"], mlflow_run_id=env.get("MLFLOW_RUN_ID"),
+                    restart_cause=env.get("TRAINGATE_RESTART_CAUSE"))
+    tail = ["-m", "traingate.runtime.train", "--job", str(job)]
     cmd = [PYTHON, *tail] if nproc == 1 else \
         [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *tail]
     return subprocess.Popen(cmd, env=env, cwd=spec.parent, stdout=open(log, "ab"), stderr=subprocess.STDOUT)

@@ -1,16 +1,16 @@
 """The training process: ``python -m traingate.runtime.train`` (under torchrun or alone).
 
-init -> parse -> build -> train -> close. The orchestrator hands over the run's
-identity and locations through the environment (see :mod:`traingate.runtime.env`);
-this process never calls back into Prefect. Rank 0 writes ``result.json`` into the
-stage's output directory; every rank writes a heartbeat each step and, on a caught
-error, a last-words file the supervisor reads.
+init -> parse -> build -> train -> close. The orchestrator hands over everything about
+this attempt as one StageJob (``--job``, or ``TRAINGATE_JOB``; see :mod:`traingate.job`);
+this process reads nothing else of it and never calls back into Prefect. Rank 0 writes
+``result.json`` into the stage directory; every rank writes a heartbeat each step and, on a
+caught error, last words the supervisor reads (:mod:`traingate.job.files`). If the
+supervisor dies, the ranks checkpoint and exit (:mod:`traingate.runtime.watchdog`).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
@@ -25,17 +25,19 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from traingate.job import envvars, files
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Cause, Status
 from traingate.recipes import get_recipe
 from traingate.redact import RedactingFilter
-from traingate.runtime import exitcodes, rng
-from traingate.runtime.checkpoint import CheckpointError, Checkpointer, RetentionPolicy
+from traingate.runtime import exitcodes, inject, rng
+from traingate.runtime.checkpoint import CheckpointError, Checkpointer, CheckpointRefused, RetentionPolicy
 from traingate.runtime.dist import DistInfo, close_distributed, init_distributed
-from traingate.runtime.env import RuntimeEnv
+from traingate.runtime.failures import cause_of_exception, exit_code_for
 from traingate.runtime.profile import StepProfile
 from traingate.runtime.sampler import ResumableSampler
-from traingate.spec import RunSpec, SpecError, parse_spec
-from traingate.supervision import inject
-from traingate.supervision.causes import cause_of_exception, exit_code_for
+from traingate.runtime.watchdog import StopFlag
+from traingate.spec import RunSpec, SpecError
 from traingate.tracking.system import SystemSignals
 from traingate.tracking.tracker import make_tracker, run_to_resume
 
@@ -44,22 +46,11 @@ log = logging.getLogger("traingate.runtime")
 
 @dataclass
 class Outcome:
-    status: str = "completed"  # completed | stopped | preempted | diverged
+    status: Status = Status.COMPLETED  # completed | stopped | preempted | diverged
     steps_done: int = 0
     resumed_from_step: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     exit_code: int = exitcodes.OK
-
-
-class _StopFlag:
-    """Set by SIGTERM; read once per step and agreed on by all ranks."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
 
 
 def _lr_lambda(spec: RunSpec, total_steps: int):
@@ -75,17 +66,15 @@ def _lr_lambda(spec: RunSpec, total_steps: int):
     return f
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
-
-
 class Trainer:
-    def __init__(self, spec: RunSpec, stage: str, env: RuntimeEnv, d: DistInfo, stop_at_step: int | None):
-        self.spec, self.stage, self.env, self.d = spec, stage, env, d
-        self.limits = getattr(spec.stages, stage)
-        self.stop_at_step = stop_at_step
+    def __init__(self, job: StageJob, d: DistInfo, instruments: envvars.Instruments | None = None):
+        spec = job.spec
+        self.job, self.spec, self.stage, self.d = job, spec, job.stage, d
+        self.out_dir = Path(job.stage_dir)
+        self.max_steps = job.max_steps
+        self.limits = getattr(spec.stages, job.stage)
+        self.stop_at_step = job.stop_at_step
+        instruments = instruments or envvars.Instruments()
         self.recipe = get_recipe(spec)
         train, self.val = self.recipe.load_data()
         if self.limits.max_samples:
@@ -103,33 +92,35 @@ class Trainer:
         else:
             self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.limits.max_steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.max_steps))
         self.scaler = torch.amp.GradScaler("cuda", enabled=d.device.type == "cuda")
         self.micro = spec.optim.batch_size
         self.accum = spec.optim.grad_accum
         self.sampler = ResumableSampler(len(self.train), self.micro * self.accum * d.world_size, spec.optim.seed)
         self.step = 0
         self._recent_losses: list[float] = []  # since the last save: the checkpoint's train_loss (keep_best)
-        self.injector = inject.Injector.from_environ(d.rank, env.out_dir)  # drills and tests only
+        self.injector = inject.Injector.from_plan(instruments.inject, d.rank, self.out_dir)  # drills and tests only
         self._start_step, self._first_step_time = 0, None
         ck = spec.checkpoint
         storage_fault = self.injector.storage_hook if self.injector.faults else None
-        self.ckpt = Checkpointer(env.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best,
+        self.ckpt = Checkpointer(job.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best,
                                                                   ck.best_metric, ck.best_mode),
-                                 async_save=ck.async_save, in_flight=ck.in_flight, staging_dir=str(env.out_dir),
-                                 fault_hook=inject.chain(env.fault_hook(), storage_fault)) if d.is_main else None
-        self.mlflow_run_id = run_to_resume(env.mlflow_run_id, self.ckpt)  # checkpoints carry it forward
-        self.tracker = make_tracker(d.rank, spec.tracking.enabled, env.tracking_uri, self.mlflow_run_id,
-                                    journal_dir=env.out_dir / "tracking")
+                                 async_save=ck.async_save, in_flight=ck.in_flight, staging_dir=str(self.out_dir),
+                                 fault_hook=inject.chain(instruments.fault_hook(), storage_fault),
+                                 run_id=job.run_id, stage=self.stage, spec=spec) if d.is_main else None
+        self.mlflow_run_id = run_to_resume(job.mlflow_run_id, self.ckpt)  # checkpoints carry it forward
+        self.tracker = make_tracker(d.rank, spec.tracking.enabled, job.tracking_uri, self.mlflow_run_id,
+                                    journal_dir=self.out_dir / "tracking")
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
-        self.stop = _StopFlag()
+        self.stop = StopFlag(envvars.supervisor_pid())
         # Line-buffered: a SIGKILL loses at most the line of the step in progress.
-        self.sample_log = open(env.record_samples_path(d.rank), "a", buffering=1) if env.record_samples else None
+        self.sample_log = open(self.out_dir / f"samples.rank{d.rank}.txt", "a", buffering=1) \
+            if instruments.record_samples else None
         # Intermediate validation for sweeps: every `eval_every` steps rank 0 appends
         # {step, val_loss, val_accuracy, ...} to progress.jsonl; an in-process caller may also
         # pass `on_progress`, which stops training (status "stopped") by returning True.
-        self.eval_every = 0
+        self.eval_every = job.eval_every
         self.on_progress: Callable[[dict[str, Any]], bool] | None = None
 
     # ---------------------------------------------------------------- state
@@ -156,11 +147,11 @@ class Trainer:
         state = self.state()  # collective: every rank takes part
         recent, self._recent_losses = self._recent_losses, []
         if self.ckpt is not None:
-            meta = {"run_id": self.env.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
+            meta = {"run_id": self.job.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
                     "mlflow_run_id": self.mlflow_run_id, "emergency": emergency,
                     "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {}}
             # An emergency or final checkpoint is never skipped by the in-flight policy.
-            self.ckpt.save(self.step, state, meta, force=emergency or self.step >= self.limits.max_steps)
+            self.ckpt.save(self.step, state, meta, force=emergency or self.step >= self.max_steps)
             if emergency:
                 self.ckpt.wait()
 
@@ -241,8 +232,7 @@ class Trainer:
         self.model.train()
         rec = {"step": self.step, "time": time.time(),
                **{k: float(v) for k, v in evals.items() if isinstance(v, (int, float))}}
-        with open(self.env.out_dir / "progress.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        files.append_progress(self.out_dir, rec)
         self.tracker.log_metrics({k: v for k, v in rec.items() if k.startswith("val_")}, step=self.step)
         return bool(self.on_progress and self.on_progress(rec))
 
@@ -251,18 +241,19 @@ class Trainer:
         now = time.time()
         if self._first_step_time is None and self.step > self._start_step:
             self._first_step_time = now  # the supervisor's time-to-recovery ends here
-        _write_json(self.env.out_dir / f"heartbeat.rank{self.d.rank}.json",
-                    {"step": self.step, "time": now, "pid": os.getpid(), "start_step": self._start_step,
-                     "first_step_time": self._first_step_time, "phase": phase})
+        files.write_heartbeat(self.out_dir, files.Heartbeat(
+            rank=self.d.rank, step=self.step, time=now, pid=os.getpid(), start_step=self._start_step,
+            first_step_time=self._first_step_time, phase=phase, restart_count=envvars.inplace_restart_count()))
 
     def run(self) -> Outcome:
         out = Outcome()
         out.resumed_from_step = self.resume()
-        self.tracker.start_session(out.resumed_from_step)
-        self.profile.started(self.env.launch_ts)
+        self.tracker.start_session(out.resumed_from_step, self._restart_cause())
+        # A group torchrun restarted in place starts with this process, not with the job's launch.
+        self.profile.started(self.job.launched_at if not envvars.inplace_restart_count() else None)
         if self.d.is_main:
             log.info("stage %s: world %d, steps %d -> %d, %d train samples%s", self.stage, self.d.world_size,
-                     self.step, self.limits.max_steps, len(self.train),
+                     self.step, self.max_steps, len(self.train),
                      f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "")
         ck = self.spec.checkpoint
         last_ckpt_time = time.monotonic()
@@ -274,7 +265,9 @@ class Trainer:
         global_batch = self.sampler.global_batch
         self._start_step = self.step
         self._heartbeat()
-        while self.step < self.limits.max_steps:
+        if self.ckpt is not None:  # host buffers for the weights and AdamW's two moments, off the first save
+            self.ckpt.prepare(self.module.state_dict(), copies=3)
+        while self.step < self.max_steps:
             self.injector.before_step(self.step, self.module)
             t0 = time.perf_counter()
             loss, gnorm, bad, stop = self._train_step()
@@ -287,32 +280,32 @@ class Trainer:
                 losses.append(loss)
                 self._recent_losses.append(loss)
                 max_grad = max(max_grad, gnorm)
-            if self.step % self.spec.tracking.log_every == 0 or self.step == self.limits.max_steps:
+            if self.step % self.spec.tracking.log_every == 0 or self.step == self.max_steps:
                 self.tracker.log_metrics({
                     "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                     "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
                     "data_wait_s": self.profile.last_data_wait, **self.signals.collect(dt)}, step=self.step)
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
-                out.status = "stopped"
+                out.status = Status.STOPPED
                 break
             if nonfinite_steps > tolerance:
-                out.status, out.exit_code = "diverged", exitcodes.DIVERGED
+                out.status, out.exit_code = Status.DIVERGED, exitcodes.DIVERGED
                 log.error("non-finite loss at step %d (%d steps > tolerance %d); stopping",
                           self.step, nonfinite_steps, tolerance)
                 break
             if stop:
-                log.warning("SIGTERM: writing emergency checkpoint at step %d", self.step)
+                log.warning("%s: writing emergency checkpoint at step %d", self.stop.reason, self.step)
                 self._heartbeat("preempting")
                 # Honoured once. torchrun forwards a SIGTERM to ranks still exiting when the first one
                 # is done; during interpreter shutdown Python's handler is gone and it would kill the
                 # rank (exit -15) instead of letting it report "preempted".
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 self.save(emergency=True)
-                out.status, out.exit_code = "preempted", exitcodes.PREEMPTED
+                out.status, out.exit_code = Status.PREEMPTED, exitcodes.PREEMPTED
                 break
             if self.stop_at_step is not None and self.step >= self.stop_at_step:
                 self.save(emergency=True)
-                out.status = "stopped"
+                out.status = Status.STOPPED
                 break
             due_steps = ck.every_steps and self.step % ck.every_steps == 0
             due_time = ck.every_minutes and time.monotonic() - last_ckpt_time >= ck.every_minutes * 60
@@ -320,12 +313,12 @@ class Trainer:
                 box = torch.tensor(float(bool(due_time)))
                 dist.all_reduce(box, op=dist.ReduceOp.MAX)  # wall clocks differ; agree on one step
                 due_time = bool(box > 0)
-            if (due_steps or due_time) and self.step < self.limits.max_steps:
+            if (due_steps or due_time) and self.step < self.max_steps:
                 self.save()
                 last_ckpt_time = time.monotonic()
         out.steps_done = self.step
         self._heartbeat("finishing")  # final save, evaluation, exit: slow is not hung
-        if out.status == "completed":
+        if out.status == Status.COMPLETED:
             self.save()  # the final state is a checkpoint too (the stage's artifact)
         if self.ckpt is not None:
             self.ckpt.wait()
@@ -342,7 +335,7 @@ class Trainer:
             first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
             m.update(first_loss=first, final_loss=last,
                      loss_decrease_fraction=(first - last) / first if first > 0 else 0.0)
-        if out.status == "completed":
+        if out.status == Status.COMPLETED:
             self.model.eval()
             evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
             self.model.train()
@@ -357,6 +350,13 @@ class Trainer:
         self.tracker.log_metrics({k: v for k, v in final.items() if k != "steps"}, step=self.step)
         return m
 
+    def _restart_cause(self) -> str | None:
+        """Why this process is a restart: the supervisor's verdict, or a lost worker when torchrun
+        restarted the group in place (it does that only when a worker failed)."""
+        if envvars.inplace_restart_count():
+            return Cause.WORKER_LOST
+        return self.job.restart_cause
+
     def close(self) -> None:
         try:
             if self.ckpt is not None:
@@ -369,12 +369,7 @@ class Trainer:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m traingate.runtime.train")
-    p.add_argument("--spec", required=True, help="resolved spec (JSON or YAML)")
-    p.add_argument("--stage", required=True, choices=["smoke", "canary", "full"])
-    p.add_argument("--stop-at-step", type=int, default=None,
-                   help="checkpoint and exit 0 at this step (the smoke stage's resume drill)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="validate every N steps into progress.jsonl (sweeps prune on it); 0 = only at the end")
+    p.add_argument("--job", default=None, help=f"the attempt's job.json (default: ${envvars.JOB})")
     return p.parse_args(argv)
 
 
@@ -384,50 +379,56 @@ def main(argv: list[str] | None = None) -> int:
     for h in logging.getLogger().handlers:
         h.addFilter(lambda r: setattr(r, "rank", rank) or True)
         h.addFilter(RedactingFilter())
-    env = RuntimeEnv.from_environ()
+    args = _parse(argv)
+    path = Path(args.job) if args.job else envvars.job_path()
+    if path is None:
+        print(f"python -m traingate.runtime.train: no job; pass --job PATH or set {envvars.JOB}", file=sys.stderr)
+        return exitcodes.USER_ERROR
+    out_dir = path.parent
     trainer: Trainer | None = None
     d: DistInfo | None = None
     try:
+        job = StageJob.read(path)
+        out_dir = Path(job.stage_dir)
         d = init_distributed()
-        args = _parse(argv)
-        import yaml
-
-        spec = parse_spec(yaml.safe_load(Path(args.spec).read_text()))
-        env.out_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(spec, args.stage, env, d, args.stop_at_step)
-        trainer.eval_every = args.eval_every
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(job, d, envvars.Instruments.from_environ())
         outcome = trainer.run()
         if d.is_main:
-            _write_json(env.out_dir / "result.json", {
-                "status": outcome.status, "exit_code": outcome.exit_code, "steps_done": outcome.steps_done,
-                "resumed_from_step": outcome.resumed_from_step, "metrics": outcome.metrics,
-                "checkpoint_uri": trainer.ckpt.uri if trainer.ckpt else None,
-                "last_checkpoint_step": trainer.ckpt.last_saved_step if trainer.ckpt else None,
-                "checkpoint_blocked_s": trainer.ckpt.blocked_s if trainer.ckpt else 0.0,
-            })
+            files.write_result(out_dir, files.RuntimeResult(
+                status=outcome.status, exit_code=outcome.exit_code, steps_done=outcome.steps_done,
+                resumed_from_step=outcome.resumed_from_step, metrics=outcome.metrics,
+                checkpoint_uri=trainer.ckpt.uri if trainer.ckpt else None,
+                last_checkpoint_step=trainer.ckpt.last_saved_step if trainer.ckpt else None,
+                checkpoint_blocked_s=trainer.ckpt.blocked_s if trainer.ckpt else 0.0))
         trainer.close()
+        if outcome.status == Status.PREEMPTED and trainer.stop.orphaned:
+            return _last_words(out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(trainer.stop.reason),
+                               exitcodes.PREEMPTED)
         return outcome.exit_code
-    except (SpecError, ValueError) as e:
-        return _last_words(env, d, "user_error", e, exitcodes.USER_ERROR)
+    except (SpecError, CheckpointRefused) as e:
+        return _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR)
     except CheckpointError as e:
-        return _last_words(env, d, "checkpoint_error", e, exitcodes.TRANSIENT_IO)
+        cause = cause_of_exception(e)
+        cause = cause if cause == Cause.DISK_FULL else Cause.CHECKPOINT_ERROR
+        return _last_words(out_dir, d, cause, e, exit_code_for(cause))
     except Exception as e:  # noqa: BLE001 - classified and reported through last words, then exit non-zero
         cause = cause_of_exception(e)
-        return _last_words(env, d, cause, e, exit_code_for(cause))
+        return _last_words(out_dir, d, cause, e, exit_code_for(cause))
     finally:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
         close_distributed()
 
 
-def _last_words(env: RuntimeEnv, d: DistInfo | None, cause: str, e: BaseException, code: int) -> int:
+def _last_words(out_dir: Path, d: DistInfo | None, cause: Cause, e: BaseException, code: int) -> int:
     rank = d.rank if d else int(os.environ.get("RANK", "0"))
     log.error("%s: %s", cause, e)
     try:
-        env.out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(env.out_dir / f"last_words.rank{rank}.json", {
-            "cause": cause, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:],
-            "time": time.time(), "exit_code": code})
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files.write_last_words(out_dir, files.LastWords(
+            rank=rank, cause=cause, error=f"{type(e).__name__}: {e}", time=time.time(), exit_code=code,
+            traceback=traceback.format_exc()[-4000:]))
     except OSError as write_err:
         log.error("could not write last words: %s", write_err)
     return code

@@ -1,7 +1,7 @@
 """Fault-injection drills: break a run on purpose, check it still ends where an undisturbed run ends.
 
 A drill trains a stage twice under the supervisor: once undisturbed (the reference),
-once with a planned list of faults (:mod:`traingate.supervision.inject`). Exact resume
+once with a planned list of faults (:mod:`traingate.runtime.inject`). Exact resume
 means the final weights and optimizer state must be bitwise equal. The report says what
 was injected, how each fault was classified, how long recovery took and what it cost.
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traingate import launch
-from traingate.runtime import env as renv
+from traingate.job.stagejob import JobKind, derive
+from traingate.job.vocab import Status
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.spec import RunSpec, apply_overrides, parse_spec, write_resolved
-from traingate.supervision import inject
+from traingate.runtime import inject
 from traingate.supervision.supervisor import Attempt, Hooks, Supervision, supervise
 
 # What a drill may inject: the retryable faults. (oom/nan/error are stop-fast causes, tested separately.)
@@ -81,7 +81,7 @@ class DrillReport:
     steps_executed: int
     weights_equal: bool
     mismatched: list[str] = field(default_factory=list)
-    status: str = "completed"
+    status: Status = Status.COMPLETED
     error: str | None = None
 
     @property
@@ -98,7 +98,7 @@ class DrillReport:
 
     @property
     def passed(self) -> bool:
-        return self.status == "completed" and self.weights_equal
+        return self.status == Status.COMPLETED and self.weights_equal
 
     def render(self) -> str:
         lines = [f"drill {'PASSED' if self.passed else 'FAILED'}: {len(self.faults)} faults injected "
@@ -186,27 +186,25 @@ def run_drill(spec: RunSpec, stage: str, faults: list[inject.Fault], work_dir: P
         f"supervision.max_restarts={max(spec.supervision.max_restarts, len(faults) + 2)}",
         "tracking.enabled=false", "checkpoint.uri=null"]))
     shutil.rmtree(work_dir, ignore_errors=True)
-    spec_path = write_resolved(spec, work_dir / "spec.yaml")
+    write_resolved(spec, work_dir / "spec.yaml")
 
     def one(name: str, injected: list[inject.Fault]) -> tuple[Supervision, float, str]:
         stage_dir = work_dir / name
-        env = launch.stage_env(spec, settings, stage, f"drill-{name}", stage_dir, None)
-        env[renv.CHECKPOINT_URI] = (stage_dir / "checkpoints").as_uri()
-        env.pop(inject.ENV, None)
-        if injected:
-            env[inject.ENV] = inject.render(injected)
-        hooks.info(f"drill: {name} run" + (f" with faults {inject.render(injected)}" if injected else ""))
+        job = derive(spec, stage, run_id=f"drill-{name}", run_dir=work_dir, settings=settings, kind=JobKind.DRILL,
+                     stage_dir=stage_dir, checkpoint_uri=(stage_dir / "checkpoints").as_uri(),
+                     faults=inject.render(injected) or None)
+        hooks.info(f"drill: {name} run" + (f" with faults {job.faults}" if injected else ""))
         t0 = time.monotonic()
-        sup = supervise(spec, stage, spec_path, stage_dir, env, hooks=hooks)
-        return sup, time.monotonic() - t0, env[renv.CHECKPOINT_URI]
+        sup = supervise(job, hooks=hooks)
+        return sup, time.monotonic() - t0, job.checkpoint_uri
 
     ref, ref_s, ref_uri = one("reference", [])
-    if ref.status != "completed":
+    if ref.status != Status.COMPLETED:
         raise RuntimeError(f"the undisturbed run did not complete ({ref.error}); fix it before drilling")
     sup, drill_s, drill_uri = one("drill", faults)
     fired = inject.fired(work_dir / "drill")
     mismatched = compare_states(_weights(final_state(ref_uri)), _weights(final_state(drill_uri))) \
-        if sup.status == "completed" else ["<drill run did not complete>"]
+        if sup.status == Status.COMPLETED else ["<drill run did not complete>"]
     return DrillReport(
         planned=[f.token for f in faults], faults=records(sup, fired), recoveries=sup.restarts,
         reference_s=ref_s, drill_s=drill_s, steps=getattr(spec.stages, stage).max_steps,

@@ -1,7 +1,7 @@
-"""What the supervisor reads from a running stage: heartbeats, last words; and what it decides from them.
+"""What the supervisor decides from a running stage's heartbeats (read with :mod:`traingate.job.files`).
 
 Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time,
-phase}) after every step, and with phase ``preempting``/``finishing`` when it leaves the loop.
+phase, restart_count}) after every step, and with phase ``preempting``/``finishing`` when it leaves the loop.
 A run is hung when some rank's step has not advanced for the hang timeout, or when a rank has not written its first heartbeat within the startup timeout
 (which also bounds the work after the last step: final checkpoint, evaluation, exit).
 
@@ -12,38 +12,9 @@ A run is hung when some rank's step has not advanced for the hang timeout, or wh
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-_RANK = re.compile(r"\.rank(\d+)\.json$")
-
-
-def _read_ranked(stage_dir: Path, prefix: str) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for p in stage_dir.glob(f"{prefix}.rank*.json"):
-        m = _RANK.search(p.name)
-        if not m:
-            continue
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced right now, or a rank killed mid-write: next tick reads it
-        if isinstance(data, dict):
-            data["rank"] = int(m.group(1))
-            out[int(m.group(1))] = data
-    return out
-
-
-def read_heartbeats(stage_dir: Path) -> dict[int, dict[str, Any]]:
-    return _read_ranked(stage_dir, "heartbeat")
-
-
-def read_last_words(stage_dir: Path) -> list[dict[str, Any]]:
-    return sorted(_read_ranked(stage_dir, "last_words").values(), key=lambda w: w.get("time", 0.0))
-
+from traingate.job.files import Heartbeat
 
 def hang_timeout(canary_p99_s: float | None, floor_s: float, factor: float = 2.0) -> float:
     """Default hang timeout: ``factor`` x the canary's p99 step time, never below ``floor_s``."""
@@ -61,17 +32,16 @@ class HangDetector:
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, when it last advanced)
     _exited: set[int] = field(default_factory=set)  # gone, preempting or finishing
 
-    def observe(self, heartbeats: dict[int, dict[str, Any]], now: float, exited: set[int] | None = None) -> None:
+    def observe(self, heartbeats: dict[int, Heartbeat], now: float, exited: set[int] | None = None) -> None:
         """``exited``: ranks whose process is gone; the tree is winding down, not hung."""
         self._exited |= exited or set()
         for rank, hb in heartbeats.items():
-            if hb.get("phase", "train") != "train":
+            if hb.phase != "train":
                 self._exited.add(rank)  # preempting or finishing: bounded by the startup timeout
-            step = int(hb.get("step", -1))
             prev = self._last.get(rank)
-            if prev is None or step != prev[0]:
+            if prev is None or hb.step != prev[0]:
                 # Trust the rank's own timestamp for when it advanced, but not a future one.
-                self._last[rank] = (step, min(now, float(hb.get("time", now))))
+                self._last[rank] = (hb.step, min(now, float(hb.time)))
 
     def stalled(self, now: float) -> str | None:
         """Why the run looks hung, or None."""
@@ -105,16 +75,16 @@ def checkpoint_stale(step: int, last_checkpoint_step: int, every_steps: int | No
     return None
 
 
-def exited_ranks(heartbeats: dict[int, dict[str, Any]]) -> set[int]:
+def exited_ranks(heartbeats: dict[int, Heartbeat]) -> set[int]:
     """Ranks whose heartbeat pid no longer runs (gone, or a zombie waiting for torchrun to reap it)."""
     import psutil
 
     out = set()
     for rank, hb in heartbeats.items():
         try:
-            if psutil.Process(int(hb["pid"])).status() == psutil.STATUS_ZOMBIE:
+            if psutil.Process(int(hb.pid)).status() == psutil.STATUS_ZOMBIE:
                 out.add(rank)
-        except (psutil.NoSuchProcess, KeyError, ValueError):
+        except (psutil.NoSuchProcess, ValueError):
             out.add(rank)
         except psutil.Error:
             pass

@@ -1,19 +1,26 @@
-"""The restart loop around one training process tree.
+"""The restart loop around one training process tree: the one launch path of every StageJob.
 
-Launch the tree, watch its heartbeats, classify how it ended, and either finish,
-stop with the cause, or relaunch it from the latest checkpoint after a backoff,
-within the retry budget. Prefect stays outside: the task hands in plain callables
-(log a line, emit a restart event, "has the flow run been cancelled?").
+Launch the tree, watch its heartbeats, classify how it ended, and either finish, stop
+with the cause, or relaunch it from the latest checkpoint after a backoff, within the
+retry budget. Ladder stages, resumes, sweep trials and drills all come through here.
+Prefect stays outside: the caller hands in plain callables (log a line, emit a restart
+event, "should this tree stop now?").
 
-Each relaunch gets ``TRAINGATE_RESTART_CAUSE``, ``TRAINGATE_RESTART_COUNT`` and
-``TRAINGATE_RESTART_FAULT_TS`` (epoch seconds the fault was seen) in its environment,
-so the tracker inside can record the restart against the run. Every attempt is
-written to ``<stage_dir>/supervisor.json``.
+A torchrun group may also restart *in place* after a lost worker (``--max-restarts`` set to
+what is left of the budget): no backoff, no new agent, faster than a relaunch. The supervisor
+sees it in the heartbeats (their ``restart_count``), records it as an attempt, emits the same
+restart event and charges the same budget. Failures an in-place restart cannot fix (a bug, NaN,
+an OOM that needs a smaller batch, a full disk) stop the tree at once, so torchrun does not
+retry them, and the supervisor decides.
+
+Each launch writes the attempt's StageJob (``job.json``) into the stage directory; the
+attempts are kept in ``supervisor.json`` (:mod:`traingate.job.files`).
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
+import os
 import random
 import signal
 import sys
@@ -23,35 +30,33 @@ from pathlib import Path
 from typing import Any, Callable
 
 from traingate import launch, proc
-from traingate.runtime import env as renv
+from traingate.job import envvars, files
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Cause, Status, status_for
 from traingate.runtime.checkpoint import Checkpointer
-from traingate.spec import RunSpec, apply_overrides, parse_spec, write_resolved
+from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision import causes, heartbeat, oom
 from traingate.supervision.backoff import Backoff, RetryBudget
 
 log = logging.getLogger(__name__)
 
-RESTART_CAUSE = "TRAINGATE_RESTART_CAUSE"
-RESTART_COUNT = "TRAINGATE_RESTART_COUNT"
-RESTART_FAULT_TS = "TRAINGATE_RESTART_FAULT_TS"
-STATE_FILE = "supervisor.json"
 TAIL_LINES = 50
-# Per-launch files: a new launch must not be judged by the previous one's heartbeats or last words.
-_LAUNCH_FILES = ("heartbeat.rank*.json", "last_words.rank*.json", "result.json")
+TICK_S = 0.2
 
 
 @dataclass
 class Attempt:
     number: int
     launched_at: float                       # epoch seconds
-    ended_at: float | None = None            # when the failure was seen (exit, or hang detected)
+    ended_at: float | None = None            # when the failure was seen (exit, hang, or an in-place restart)
     returncode: int | None = None
-    cause: str | None = None                 # None: completed
+    cause: Cause | None = None               # None: completed
     retryable: bool = False
     detail: str = ""
+    inplace: bool = False                    # torchrun restarted the group in place to start this attempt
     start_steps: dict[int, int] = field(default_factory=dict)   # rank -> step it resumed from
     end_step: int | None = None              # last step rank 0 reported
-    first_step_time: float | None = None     # rank 0's first completed step of this launch
+    first_step_time: float | None = None     # rank 0's first completed step of this attempt
     backoff_s: float = 0.0                   # waited after this attempt, before the next launch
     overrides: list[str] = field(default_factory=list)  # spec changes of this launch (OOM policy)
     last_words: list[dict[str, Any]] = field(default_factory=list)
@@ -70,33 +75,33 @@ class Hooks:
     on_alert: Callable[[str, dict[str, Any]], None] | None = None
     # Polled while the tree runs and during backoff; a reason string means "preempt it now, do not restart".
     stop_requested: Callable[[], str | None] | None = None
+    # Called every tick while the tree runs (a sweep trial feeds its progress to the pruner here).
+    on_tick: Callable[[], None] | None = None
 
 
 @dataclass
 class Supervision:
-    status: str                  # completed | preempted | diverged | failed
-    cause: str | None            # the cause of the last launch's end (None when completed)
+    status: Status
+    cause: Cause | None          # the cause of the last attempt's end (None when completed)
     error: str | None            # cause, detail and (for a stop) the last log lines
     attempts: list[Attempt]
     proc: proc.ProcResult        # the last launch
     stop_reason: str | None = None
+    job: StageJob | None = None  # the last attempt's job
 
     @property
     def restarts(self) -> int:
         return len(self.attempts) - 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "cause": self.cause, "error": self.error, "stop_reason": self.stop_reason,
+        return {"status": str(self.status), "cause": self.cause, "error": self.error, "stop_reason": self.stop_reason,
                 "restarts": self.restarts, "attempts": [asdict(a) for a in self.attempts]}
 
 
 def canary_p99(stage_dir: Path) -> float | None:
     """The canary's p99 step time, when this stage's run has a finished canary beside it."""
-    path = stage_dir.parent / "canary" / "result.json"
-    try:
-        profile = json.loads(path.read_text())["metrics"].get("profile") or {}
-    except (OSError, ValueError, KeyError):
-        return None
+    result = files.read_result(stage_dir.parent / "canary")
+    profile = (result.metrics.get("profile") if result else None) or {}
     return profile.get("step_time_p99_s") or None
 
 
@@ -108,12 +113,6 @@ def _latest_checkpoint(uri: str) -> tuple[int | None, float | None]:
     return steps[-1], float(ck.manifest(steps[-1]).get("created") or 0.0) or None
 
 
-def _clear_launch_files(stage_dir: Path) -> None:
-    for pattern in _LAUNCH_FILES:
-        for p in stage_dir.glob(pattern):
-            p.unlink(missing_ok=True)
-
-
 def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> str | None:
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0:
@@ -123,200 +122,266 @@ def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> s
     return None
 
 
-def supervise(spec: RunSpec, stage: str, spec_path: Path, stage_dir: Path, env: dict[str, str],
-              python: str = sys.executable, hooks: Hooks | None = None, seed: int | None = None,
-              resumed: dict[str, Any] | None = None) -> Supervision:
-    """Run one training stage to its end under supervision (see the module docstring).
+class _Record:
+    """supervisor.json: who runs this stage, every attempt, and the verdict."""
 
-    ``resumed``: the state file of an earlier, interrupted supervision of this stage
-    (:func:`read_state`); its first launch then counts as a restart after that one.
+    def __init__(self, job: StageJob, earlier: list[dict[str, Any]]):
+        self.dir = Path(job.stage_dir)
+        self.state = files.SupervisorState(
+            job={"run_id": job.run_id, "stage": job.stage, "kind": str(job.kind), "mlflow_run_id": job.mlflow_run_id,
+                 "checkpoint_uri": job.checkpoint_uri, "run_dir": job.run_dir},
+            supervisor_pid=os.getpid())
+        self.earlier = earlier
+
+    def write(self, attempts: list[Attempt], final: dict[str, Any] | None = None) -> None:
+        self.state.attempts = [*self.earlier, *[asdict(a) for a in attempts]]
+        self.state.final = final
+        files.write_supervisor_state(self.dir, self.state)
+
+
+def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.executable, seed: int | None = None,
+              resumed: files.SupervisorState | None = None) -> Supervision:
+    """Run one StageJob to its end under supervision (see the module docstring).
+
+    ``resumed``: the state of an earlier, interrupted supervision of this stage; its attempts
+    count, and the first launch here is a restart after its last one.
     """
     hooks = hooks or Hooks()
-    sup = spec.supervision
-    limits = getattr(spec.stages, stage)
-    nodes, nproc = launch.stage_world(spec, stage)
-    world = nodes * nproc
+    sup = job.spec.supervision
+    stage, stage_dir = job.stage, Path(job.stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
     hang_s = sup.hang_timeout_s or heartbeat.hang_timeout(canary_p99(stage_dir), sup.hang_floor_s)
     backoff = Backoff(sup.backoff_base_s, 2.0, sup.backoff_max_s, jitter=0.5)
     budget = RetryBudget(sup.max_restarts, sup.max_downtime_s)
     rng = random.Random(seed)
-    ckpt_uri = env[renv.CHECKPOINT_URI]
-    deadline = time.monotonic() + limits.timeout_s
+    deadline = time.monotonic() + job.timeout_s
+    earlier = list(resumed.attempts) if resumed else []
+    record = _Record(job, earlier)
     attempts: list[Attempt] = []
-    current_spec, current_path = spec, spec_path
     overrides: list[str] = []
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    # Enough to relaunch this stage later (`traingate resume`), whoever started it.
-    launch_meta = {"run_id": env.get(renv.RUN_ID), "stage": stage, "spec_path": str(spec_path),
-                   "mlflow_run_id": env.get("MLFLOW_RUN_ID"), "checkpoint_uri": ckpt_uri}
-    (stage_dir / STATE_FILE).write_text(json.dumps({"launch": launch_meta, "attempts": [], "final": None}))
+    if earlier and job.attempt == 0:
+        last = earlier[-1]
+        job = dataclasses.replace(job, attempt=len(earlier), restart_cause=Cause(last.get("cause") or Cause.PREEMPTED),
+                                  restart_fault_ts=last.get("ended_at"))
+    record.write(attempts)
     hooks.info(f"{stage}: supervised: hang timeout {hang_s:.1f} s, up to {sup.max_restarts} restarts")
 
+    def finish(result: proc.ProcResult, status: Status, error: str | None, stop_reason: str | None,
+               cause: Cause | None) -> Supervision:
+        record.write(attempts, {"status": str(status), "cause": cause, "error": error, "stop_reason": stop_reason})
+        return Supervision(status, cause, error, attempts, result, stop_reason, job)
+
     while True:
-        n = len(attempts)
-        _clear_launch_files(stage_dir)
-        run_env = dict(env)
-        run_env[renv.LAUNCH_TS] = repr(time.time())
-        earlier = (resumed or {}).get("attempts") or []
-        if attempts or earlier:
-            prev = asdict(attempts[-1]) if attempts else earlier[-1]
-            run_env.update({RESTART_CAUSE: str(prev["cause"]), RESTART_COUNT: str(len(earlier) + n),
-                            RESTART_FAULT_TS: repr(prev["ended_at"])})
-        cmd = launch.stage_command(current_spec, stage, current_path, python)
-        attempt = Attempt(n, time.time(), overrides=list(overrides))
+        files.clear_launch_files(stage_dir)
+        left = budget.max_restarts - budget.restarts
+        job = job.launch(time.time(), inplace_restarts=left if job.writes_heartbeats and job.world_size > 1 else 0)
+        job.write()
+        env = envvars.job_environment(job)
+        cmd = launch.stage_command(job, python)
+        attempt = Attempt(len(attempts), job.launched_at or time.time(), overrides=list(overrides))
         attempts.append(attempt)
-        hooks.info(f"{stage}: launch {n + 1}: {' '.join(cmd)}")
-        tree = proc.ProcessTree(cmd, run_env, stage_dir, stage_dir / "stdout.log", hooks.on_line, TAIL_LINES)
-        watch = heartbeat.HangDetector(hang_s, sup.startup_timeout_s, world, attempt.launched_at, limits.max_steps)
-        state: dict[str, Any] = {"hang": None, "stop": None, "ckpt_check": 0.0, "alerted": False}
-
-        def tick() -> bool:
-            now = time.time()
-            if hooks.stop_requested is not None and (why := hooks.stop_requested()):
-                state["stop"] = why
-                hooks.info(f"{stage}: {why}: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace for the "
-                           "emergency checkpoint")
-                return True  # ProcessTree.stop: SIGTERM, grace, SIGKILL
-            beats = heartbeat.read_heartbeats(stage_dir)
-            # A rank that wrote last words is exiting on a caught error; its peers wait on it in a
-            # collective until torchrun tears the group down. That is a failure in progress, not a hang.
-            failing = set(beats) if any(stage_dir.glob("last_words.rank*.json")) else set()
-            watch.observe(beats, now, heartbeat.exited_ranks(beats) | failing)
-            if (why := watch.stalled(now)) is not None:
-                # A hung group cannot write an emergency checkpoint: kill it outright.
-                state["hang"] = why
-                hooks.info(f"{stage}: hang detected: {why}; killing the tree")
-                tree.stop_requested = True
-                tree.signal_group(signal.SIGKILL)  # reaches a SIGSTOPped rank too
-                return False
-            if now - state["ckpt_check"] >= sup.checkpoint_check_s and 0 in beats:
-                state["ckpt_check"] = now
-                _check_staleness(spec, stage, ckpt_uri, beats[0], attempt, state, hooks, now)
-            return False
-
+        hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
+        cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
+        tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, hooks.on_line, TAIL_LINES)
+        watch = _Watch(job, hang_s, attempts, budget, hooks, record)
         remaining = max(1.0, deadline - time.monotonic())
         try:
-            result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=tick)
+            result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree),
+                               tick_every_s=TICK_S)
         except BaseException:
             # The supervisor itself is going away (a runner's SIGTERM on cancel, Ctrl-C): the tree lives
             # in sessions of its own and would outlive us, so preempt it first.
             hooks.info(f"{stage}: supervisor interrupted: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace")
             tree.stop(sup.preempt_grace_s)
             raise
+        attempt = attempts[-1]  # in-place restarts appended attempts of their own
         attempt.ended_at = time.time()
         attempt.returncode = result.returncode
-        beats = heartbeat.read_heartbeats(stage_dir)
-        attempt.start_steps = {r: int(b.get("start_step", 0)) for r, b in sorted(beats.items())}
-        if 0 in beats:
-            attempt.end_step = int(beats[0].get("step", 0))
-            attempt.first_step_time = beats[0].get("first_step_time")
-        attempt.last_words = heartbeat.read_last_words(stage_dir)
-        result_status = _result_status(stage_dir)
+        watch.observe_end(attempt)
+        words = files.read_last_words(stage_dir)
+        attempt.last_words = [asdict(w) for w in words]
+        runtime = files.read_result(stage_dir)
         oom_retry = sup.oom_halve_batch and oom.smaller_micro_batch(
-            current_spec.optim.batch_size, current_spec.optim.grad_accum) is not None
+            job.spec.optim.batch_size, job.spec.optim.grad_accum) is not None
         verdict = causes.classify(causes.Evidence(
-            returncode=result.returncode, result_status=result_status, last_words=attempt.last_words,
-            log_tail=result.tail, hang_detected=state["hang"] is not None,
-            stop_requested=state["stop"] is not None, timed_out=result.timed_out), oom_retry=oom_retry)
+            returncode=result.returncode, result_status=runtime.status if runtime else None, last_words=words,
+            log_tail=result.tail, hang_detected=watch.hang is not None, stop_requested=watch.stop is not None,
+            timed_out=result.timed_out, writes_result=job.writes_heartbeats), oom_retry=oom_retry)
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
-        attempt.detail = state["hang"] if verdict.cause == causes.HANG else verdict.detail
-        _write_state(stage_dir, attempts, None)
+        attempt.detail = watch.hang if verdict.cause == Cause.HANG else verdict.detail
+        record.write(attempts)
 
         if verdict.completed:
-            return _finish(stage_dir, attempts, result, "completed", None, None)
-        if state["stop"] is not None:
-            # Cancelled from outside: leave the checkpoint for `traingate resume`, do not restart.
-            written = "written" if verdict.cause == causes.PREEMPTED else "NOT confirmed"
-            err = (f"preempted: {state['stop']}; emergency checkpoint {written} ({verdict.detail}); "
-                   f"continue with `traingate resume {env.get(renv.RUN_ID, 'RUN_ID')}`")
-            return _finish(stage_dir, attempts, result, "preempted", err, state["stop"], cause=causes.PREEMPTED)
-        status = "diverged" if verdict.cause == causes.DIVERGED else "failed"
+            return finish(result, Status.COMPLETED, None, None, None)
+        if watch.stop is not None:
+            # Stopped from outside: leave the checkpoint for a resume, do not restart.
+            written = "written" if verdict.cause == Cause.PREEMPTED else "NOT confirmed"
+            err = (f"preempted: {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
+                   f"continue with `traingate resume {job.run_id}`")
+            return finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED)
+        status = status_for(verdict.cause)
         if not verdict.retryable:
-            return _finish(stage_dir, attempts, result, status, _stop_error(verdict.cause, attempt.detail, result),
-                           None, cause=verdict.cause)
+            return finish(result, status, _stop_error(verdict.cause, attempt.detail, result), None, verdict.cause)
         delay = backoff.delay(budget.restarts, rng)
         cost = attempt.ended_at - attempt.launched_at + delay
         if not budget.allows(cost):
             err = _stop_error(verdict.cause, f"{attempt.detail}; {budget.why_not(cost)}", result)
-            return _finish(stage_dir, attempts, result, status, err, None, cause=verdict.cause)
+            return finish(result, status, err, None, verdict.cause)
         if time.monotonic() + delay >= deadline:
             err = _stop_error(verdict.cause, f"{attempt.detail}; no time left in stages.{stage}.timeout_s", result)
-            return _finish(stage_dir, attempts, result, status, err, None, cause=verdict.cause)
-        if verdict.cause == causes.OOM:
-            smaller = oom.smaller_micro_batch(current_spec.optim.batch_size, current_spec.optim.grad_accum)
+            return finish(result, status, err, None, verdict.cause)
+        spec = None
+        if verdict.cause == Cause.OOM:
+            smaller = oom.smaller_micro_batch(job.spec.optim.batch_size, job.spec.optim.grad_accum)
             assert smaller is not None  # oom_retry said it can shrink
             b, a = smaller
             overrides = [f"optim.batch_size={b}", f"optim.grad_accum={a}"]
-            current_spec = parse_spec(apply_overrides(spec.to_dict(), overrides))
-            current_path = write_resolved(current_spec, stage_dir / f"spec.restart{n + 1}.yaml")
+            spec = parse_spec(apply_overrides(job.spec.to_dict(), overrides))
             hooks.info(f"{stage}: OOM policy: micro-batch {b}, gradient accumulation {a} (same global batch)")
-        resume_step, _ = _latest_checkpoint(ckpt_uri)
         attempt.backoff_s = delay
-        event = {"stage": stage, "run_id": env.get(renv.RUN_ID), "cause": verdict.cause, "detail": attempt.detail,
-                 "restart": n + 1, "backoff_s": round(delay, 3), "failed_at_step": attempt.end_step,
-                 "resume_from_step": resume_step or 0,
-                 "steps_lost": max(0, (attempt.end_step or 0) - (resume_step or 0)), "overrides": overrides}
-        hooks.info(f"{stage}: {verdict.cause} ({attempt.detail}); restart {n + 1}/{sup.max_restarts} from step "
-                   f"{resume_step or 0} in {delay:.1f} s")
-        if hooks.on_restart is not None:
-            hooks.on_restart(event)
-        _write_state(stage_dir, attempts, None)
+        watch.restarted(attempt, verdict.cause, len(earlier) + len(attempts), delay, overrides)
+        record.write(attempts)
         budget.charge(cost)
+        job = job.next_attempt(verdict.cause, attempt.ended_at, spec)
         if (why := _sleep(delay, hooks.stop_requested)) is not None:
-            return _finish(stage_dir, attempts, result, "preempted",
-                           f"preempted: {why} while waiting to restart after {verdict.cause}; continue with "
-                           f"`traingate resume {env.get(renv.RUN_ID, 'RUN_ID')}`", why, cause=causes.PREEMPTED)
+            return finish(result, Status.PREEMPTED,
+                          f"preempted: {why} while waiting to restart after {verdict.cause}; continue with "
+                          f"`traingate resume {job.run_id}`", why, Cause.PREEMPTED)
 
 
-def _check_staleness(spec: RunSpec, stage: str, ckpt_uri: str, beat: dict[str, Any], attempt: Attempt,
-                     state: dict[str, Any], hooks: Hooks, now: float) -> None:
-    ck = spec.checkpoint
-    last_step, created = _latest_checkpoint(ckpt_uri)
-    start = attempt.start_steps.get(0) if attempt.start_steps else int(beat.get("start_step", 0))
-    since = now - max(created or 0.0, attempt.launched_at)
-    why = heartbeat.checkpoint_stale(int(beat.get("step", 0)), max(last_step or 0, start or 0), ck.every_steps,
-                                     since, ck.every_minutes * 60 if ck.every_minutes else None)
-    if why is None:
-        state["alerted"] = False
-    elif not state["alerted"]:
-        state["alerted"] = True
-        hooks.info(f"{stage}: ALERT checkpoint stale: {why}")
-        if hooks.on_alert is not None:
-            hooks.on_alert("checkpoint.stale", {"stage": stage, "reason": why, "step": beat.get("step"),
-                                                "last_checkpoint_step": last_step})
+class _Watch:
+    """What the supervisor does every tick while one launch runs."""
+
+    def __init__(self, job: StageJob, hang_s: float, attempts: list[Attempt], budget: RetryBudget, hooks: Hooks,
+                 record: _Record):
+        self.job, self.hang_s, self.attempts, self.budget, self.hooks = job, hang_s, attempts, budget, hooks
+        self.record = record
+        self.stage_dir = Path(job.stage_dir)
+        self.hang: str | None = None
+        self.stop: str | None = None
+        self.restart_count = 0
+        self.ckpt_check = 0.0
+        self.alerted = False
+        self.detector = self._detector(attempts[-1].launched_at)
+
+    def _detector(self, since: float) -> heartbeat.HangDetector | None:
+        if not self.job.writes_heartbeats:
+            return None  # a user's script writes none: only its time limit applies
+        sup = self.job.spec.supervision
+        return heartbeat.HangDetector(self.hang_s, sup.startup_timeout_s, self.job.world_size, since,
+                                      self.job.max_steps)
+
+    def tick(self, tree: proc.ProcessTree) -> bool:
+        """True: stop the tree (SIGTERM, grace, SIGKILL)."""
+        now = time.time()
+        stage, sup = self.job.stage, self.job.spec.supervision
+        if self.hooks.on_tick is not None:
+            self.hooks.on_tick()
+        if self.hooks.stop_requested is not None and (why := self.hooks.stop_requested()):
+            self.stop = why
+            self.hooks.info(f"{stage}: {why}: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace for the "
+                            "emergency checkpoint")
+            return True
+        if self.detector is None:
+            return False
+        beats = files.read_heartbeats(self.stage_dir)
+        words = files.read_last_words(self.stage_dir)
+        if (fatal := causes.fatal_for_inplace(words, _status(self.stage_dir))) is not None:
+            # torchrun would restart the group in place; this failure needs the supervisor's decision.
+            self.hooks.info(f"{stage}: {fatal}: stopping the tree (no in-place restart)")
+            tree.stop_requested = True
+            tree.signal_group(signal.SIGKILL)
+            return False
+        self._notice_inplace_restart(beats, words, now)
+        beats = {r: b for r, b in beats.items() if b.restart_count == self.restart_count}
+        self._track(beats)
+        # A rank that wrote last words is exiting on a caught error; its peers wait on it in a
+        # collective until torchrun tears the group down. That is a failure in progress, not a hang.
+        failing = set(beats) if words else set()
+        self.detector.observe(beats, now, heartbeat.exited_ranks(beats) | failing)
+        if (why := self.detector.stalled(now)) is not None:
+            # A hung group cannot write an emergency checkpoint: kill it outright.
+            self.hang = why
+            self.hooks.info(f"{stage}: hang detected: {why}; killing the tree")
+            tree.stop_requested = True
+            tree.signal_group(signal.SIGKILL)  # reaches a SIGSTOPped rank too
+            return False
+        if now - self.ckpt_check >= sup.checkpoint_check_s and 0 in beats:
+            self.ckpt_check = now
+            self._check_staleness(beats[0], now)
+        return False
+
+    def _track(self, beats: dict[int, files.Heartbeat]) -> None:
+        a = self.attempts[-1]
+        if 0 in beats:
+            a.end_step = beats[0].step
+            a.first_step_time = beats[0].first_step_time
+        for r, b in beats.items():
+            a.start_steps.setdefault(r, b.start_step)
+
+    def _notice_inplace_restart(self, beats: dict[int, files.Heartbeat], words: list[files.LastWords],
+                                now: float) -> None:
+        newest = max((b.restart_count for b in beats.values()), default=0)
+        while self.restart_count < newest:
+            old = self.attempts[-1]
+            old.ended_at, old.retryable = now, True
+            primary = causes.primary_words(words)
+            old.cause = Cause(primary[0].cause) if primary else Cause.WORKER_LOST
+            old.detail = f"rank {primary[0].rank}: {primary[0].error}" if primary else "a worker failed"
+            old.last_words = [asdict(w) for w in words]
+            self.restart_count += 1
+            self.restarted(old, old.cause, len(self.attempts), 0.0, [], inplace=True)
+            self.budget.charge(now - old.launched_at)
+            self.attempts.append(Attempt(len(self.attempts), now, inplace=True))
+            self.detector = self._detector(now)
+            self.record.write(self.attempts)
+
+    def restarted(self, attempt: Attempt, cause: Cause, number: int, delay: float, overrides: list[str],
+                  inplace: bool = False) -> None:
+        resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
+        event = {"stage": self.job.stage, "run_id": self.job.run_id, "cause": str(cause), "detail": attempt.detail,
+                 "restart": number, "backoff_s": round(delay, 3), "failed_at_step": attempt.end_step,
+                 "resume_from_step": resume_step or 0, "inplace": inplace,
+                 "steps_lost": max(0, (attempt.end_step or 0) - (resume_step or 0)), "overrides": overrides}
+        how = "torchrun restarted the group in place" if inplace else f"restart in {delay:.1f} s"
+        self.hooks.info(f"{self.job.stage}: {cause} ({attempt.detail}); restart {number}/"
+                        f"{self.job.spec.supervision.max_restarts} from step {resume_step or 0}: {how}")
+        if self.hooks.on_restart is not None:
+            self.hooks.on_restart(event)
+
+    def observe_end(self, attempt: Attempt) -> None:
+        beats = {r: b for r, b in files.read_heartbeats(self.stage_dir).items()
+                 if b.restart_count == self.restart_count}
+        self._track(beats)
+
+    def _check_staleness(self, beat: files.Heartbeat, now: float) -> None:
+        ck = self.job.spec.checkpoint
+        attempt = self.attempts[-1]
+        last_step, created = _latest_checkpoint(self.job.checkpoint_uri)
+        start = attempt.start_steps.get(0, beat.start_step)
+        since = now - max(created or 0.0, attempt.launched_at)
+        why = heartbeat.checkpoint_stale(beat.step, max(last_step or 0, start or 0), ck.every_steps,
+                                         since, ck.every_minutes * 60 if ck.every_minutes else None)
+        if why is None:
+            self.alerted = False
+        elif not self.alerted:
+            self.alerted = True
+            self.hooks.info(f"{self.job.stage}: ALERT checkpoint stale: {why}")
+            if self.hooks.on_alert is not None:
+                self.hooks.on_alert("checkpoint.stale", {"stage": self.job.stage, "reason": why, "step": beat.step,
+                                                         "last_checkpoint_step": last_step})
 
 
-def _result_status(stage_dir: Path) -> str | None:
-    try:
-        return json.loads((stage_dir / "result.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+def _status(stage_dir: Path) -> Status | None:
+    result = files.read_result(stage_dir)
+    return result.status if result else None
 
 
-def _stop_error(cause: str | None, detail: str, result: proc.ProcResult) -> str:
+def _stop_error(cause: Cause | None, detail: str, result: proc.ProcResult) -> str:
     tail = "\n".join(result.tail[-TAIL_LINES:])
     return f"{cause}: {detail}\n--- last {min(TAIL_LINES, len(result.tail))} log lines ---\n{tail}"
 
 
-def _write_state(stage_dir: Path, attempts: list[Attempt], final: dict[str, Any] | None) -> None:
-    path = stage_dir / STATE_FILE
-    meta = json.loads(path.read_text()).get("launch", {}) if path.exists() else {}
-    data = {"launch": meta, "attempts": [asdict(a) for a in attempts], "final": final}
-    tmp = stage_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(stage_dir / STATE_FILE)
-
-
-def _finish(stage_dir: Path, attempts: list[Attempt], result: proc.ProcResult, status: str, error: str | None,
-            stop_reason: str | None, cause: str | None = None) -> Supervision:
-    s = Supervision(status, cause, error, attempts, result, stop_reason)
-    _write_state(stage_dir, attempts, {"status": status, "cause": cause, "error": error, "stop_reason": stop_reason})
-    return s
-
-
-def read_state(stage_dir: Path) -> dict[str, Any] | None:
+def read_state(stage_dir: Path) -> files.SupervisorState | None:
     """What a supervisor wrote about a stage (for `traingate resume` and drills)."""
-    try:
-        return json.loads((stage_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return files.read_supervisor_state(stage_dir)

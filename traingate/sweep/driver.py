@@ -11,7 +11,7 @@ them up first, because ``study.ask()`` pops waiting trials before sampling new o
 >>> sw = SweepSpec.model_validate({"space": {"x": {"type": "float", "low": 0, "high": 1}},
 ...                                "sampler": "random", "n_trials": 3})
 >>> study = optuna.create_study(direction="maximize")
->>> fn = lambda t, p: TrialOutcome("complete", values=[p["x"]], steps=1)
+>>> fn = lambda t, p: TrialOutcome("completed", values=[p["x"]], steps=1)
 >>> len(drive(study, sw, fn).finished)
 3
 """
@@ -29,6 +29,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from traingate.job.vocab import Status
 from traingate.sweep.config import SweepSpec
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.space import suggest
@@ -132,10 +133,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
         log.error("trial %d raised %s: %s", trial.number, type(e).__name__, e)
         outcome = TrialOutcome("failed", error=f"{type(e).__name__}: {e}", end_ts=time.time())
     trial.set_user_attr("outcome", outcome.to_dict())  # one write: every storage commit costs an fsync
-    if outcome.state == "complete":
+    if outcome.state == Status.COMPLETED:
         values = outcome.values or []
         study.tell(trial, values if len(values) > 1 else values[0])
-    elif outcome.state == "pruned":
+    elif outcome.state == Status.PRUNED:
         study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, state=TrialState.FAIL)

@@ -7,6 +7,7 @@ Single process, main thread only (the trainer installs a SIGTERM handler).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,8 +15,9 @@ from typing import Any, Callable
 import torch
 
 from traingate.runtime.dist import DistInfo
-from traingate.runtime.env import RuntimeEnv
+from traingate.job.stagejob import JobKind, derive
 from traingate.runtime.train import Trainer
+from traingate.settings import Settings
 from traingate.spec import RunSpec
 
 
@@ -24,13 +26,13 @@ def run_stage(spec: RunSpec, stage: str, out_dir: Path, eval_every: int = 0,
               checkpoint_uri: str | None = None) -> dict[str, Any]:
     """Train ``stage`` of ``spec`` here; returns {status, steps, metrics, duration_s}."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = RuntimeEnv(run_id=out_dir.name, stage=stage, out_dir=out_dir,
-                     checkpoint_uri=checkpoint_uri or (out_dir / "checkpoints").as_uri(),
-                     tracking_uri=None, mlflow_run_id=None, launch_ts=time.time(), record_samples=False, fault=None)
+    job = derive(spec, stage, run_id=out_dir.name, run_dir=out_dir.parent, settings=Settings.from_env(),
+                 kind=JobKind.TRIAL, stage_dir=out_dir, eval_every=eval_every,
+                 checkpoint_uri=checkpoint_uri or (out_dir / "checkpoints").as_uri())
+    job = dataclasses.replace(job.launch(time.time()), tracking_uri=None, mlflow_run_id=None)  # not tracked
     d = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     t0 = time.perf_counter()
-    trainer = Trainer(spec, stage, env, d, stop_at_step=None)
-    trainer.eval_every = eval_every
+    trainer = Trainer(job, d)
     trainer.on_progress = on_progress
     try:
         outcome = trainer.run()

@@ -1,14 +1,13 @@
-"""Trial outcomes -> objective values; reading progress.jsonl; reporting to Optuna while a trial runs."""
+"""Trial outcomes -> objective values; reporting a running trial's progress to Optuna."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
 
+from traingate.job.vocab import Status
 from traingate.sweep.config import SweepSpec
 
 EXTRA_METRICS = ("cost_usd", "duration_s", "steps")
@@ -16,7 +15,7 @@ EXTRA_METRICS = ("cost_usd", "duration_s", "steps")
 
 @dataclass
 class TrialOutcome:
-    state: str  # complete | pruned | failed
+    state: Status  # completed | pruned | failed
     values: list[float] | None = None
     steps: int = 0
     cost_usd: float = 0.0
@@ -27,6 +26,10 @@ class TrialOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     pruned_at_step: int | None = None
     resumed_from_step: int = 0
+    restarts: int = 0                 # the supervisor's restarts of the trial's process tree
+
+    def __post_init__(self) -> None:
+        self.state = Status(self.state)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,23 +45,6 @@ def objective_values(sweep: SweepSpec, metrics: dict[str, float]) -> list[float]
                              f"(have {sorted(metrics)}); fix sweep.objectives")
         out.append(float(v))
     return out
-
-
-class ProgressFollower:
-    """Reads the lines a running trainer appends to progress.jsonl, each once."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def new(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[:chunk.rfind("\n") + 1]  # a half-written last line waits for the next call
-        self.offset += len(complete.encode())
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 class Reporter:

@@ -14,11 +14,12 @@ import optuna
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from traingate.job.vocab import Status
 from traingate.spec import RunSpec
 from traingate.sweep.report import TrialOutcome
 from traingate.tracking.runs import experiment_id
 
-_STATUS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
+_STATUS = {Status.COMPLETED: "FINISHED", Status.PRUNED: "KILLED", Status.FAILED: "FAILED"}
 
 
 def open_sweep_run(c: MlflowClient, spec: RunSpec, study: optuna.Study, artifact_uri: str | None) -> str:

@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from traingate.job import envvars
 from traingate.redact import redact
 from traingate.tracking.journal import History, Journal
 
 log = logging.getLogger(__name__)
 
-RESTART_CAUSE = "TRAINGATE_RESTART_CAUSE"  # set by the supervisor when it restarts a stage
-DRAIN_TIMEOUT = "TRAINGATE_TRACKING_DRAIN_S"  # how long close() keeps delivering to an unreachable store
 
 # MLflow's log_batch limits per request.
 _MAX_METRICS, _MAX_TAGS = 1000, 100
@@ -53,7 +52,7 @@ class NullTracker:
     def log_dict(self, data: dict, artifact_file: str) -> None:
         pass
 
-    def start_session(self, resumed_from_step: int) -> None:
+    def start_session(self, resumed_from_step: int, restart_cause: str | None = None) -> None:
         pass
 
     def end_session(self, status: str) -> None:
@@ -103,7 +102,7 @@ class MlflowTracker(NullTracker):
         self.history: History = self.journal.history()
         self._high_water = dict(self.history.high_water)
         self.flush_every_s = flush_every_s
-        self.drain_timeout_s = float(os.environ.get(DRAIN_TIMEOUT, "120")) if drain_timeout_s is None \
+        self.drain_timeout_s = envvars.tracking_drain_s() if drain_timeout_s is None \
             else drain_timeout_s
         self._transient = _transient_errors()
         self._stop = threading.Event()
@@ -139,8 +138,9 @@ class MlflowTracker(NullTracker):
 
         self.log_text(json.dumps(data, indent=1, sort_keys=True, default=str), artifact_file)
 
-    def start_session(self, resumed_from_step: int) -> None:
-        """Record this process lifetime; if it is a restart, record cause, step resumed from and time lost."""
+    def start_session(self, resumed_from_step: int, restart_cause: str | None = None) -> None:
+        """Record this process lifetime; if it is a restart, record cause (``restart_cause``, from the
+        StageJob, else how the previous process ended, else unknown), step resumed from and time lost."""
         h = self.history
         prior = len(h.sessions)
         if prior == 0 and resumed_from_step > 0:
@@ -153,7 +153,7 @@ class MlflowTracker(NullTracker):
                 "traingate.host.rank0": socket.gethostname()}
         metrics: dict[str, float] = {}
         if n > 1:
-            cause = os.environ.get(RESTART_CAUSE) or (h.ended["end"] if h.ended else "unknown")
+            cause = str(restart_cause or (h.ended["end"] if h.ended else "unknown"))
             lost = round(max(0.0, now - self._reached_ms(resumed_from_step)) / 1000, 3)
             total_lost = round(sum(s.get("time_lost_s", 0.0) for s in h.sessions) + lost, 3)
             session.update(cause=cause, time_lost_s=lost)

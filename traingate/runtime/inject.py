@@ -26,7 +26,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 ENV = "TRAINGATE_INJECT"
 KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow")
@@ -79,9 +79,8 @@ class Injector:
         self.rank, self.marker_dir = rank, marker_dir
 
     @classmethod
-    def from_environ(cls, rank: int, stage_dir: Path, env: Mapping[str, str] | None = None) -> "Injector":
-        env = os.environ if env is None else env
-        return cls(parse(env.get(ENV, "")), rank, stage_dir / "faults")
+    def from_plan(cls, plan: str, rank: int, stage_dir: Path) -> "Injector":
+        return cls(parse(plan), rank, stage_dir / "faults")
 
     def _take(self, kinds: tuple[str, ...], step: int, exact: bool) -> Fault | None:
         for f in self.faults:

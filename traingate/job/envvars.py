@@ -1,0 +1,109 @@
+"""Every environment variable the platform sets for a training process, writer beside reader.
+
+A built-in recipe's process reads ONE of them, ``TRAINGATE_JOB`` (where its StageJob is); the
+rest are for a user's own script (the ``script`` recipe: identity, locations, MLflow's run)
+and for the instruments tests and drills use. Locations the *user* sets (``TRAINGATE_STATE_DIR``,
+``TRAINGATE_S3_ENDPOINT_URL``, ...) are read in :mod:`traingate.settings` and inherited.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:
+    from traingate.job.stagejob import StageJob
+
+JOB = "TRAINGATE_JOB"                      # path of the attempt's job.json
+SUPERVISOR_PID = "TRAINGATE_SUPERVISOR_PID"  # the process that must outlive the tree (see runtime.watchdog)
+# For a user's script, which cannot read a StageJob (README: "The script gets ...").
+RUN_ID = "TRAINGATE_RUN_ID"
+STAGE = "TRAINGATE_STAGE"
+STAGE_DIR = "TRAINGATE_STAGE_DIR"
+CHECKPOINT_DIR = "TRAINGATE_CHECKPOINT_DIR"
+RESTART_CAUSE = "TRAINGATE_RESTART_CAUSE"
+RESTART_COUNT = "TRAINGATE_RESTART_COUNT"
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ID = "MLFLOW_RUN_ID"
+UNIT_SPEC = "TRAINGATE_SPEC"               # the unit stage's pytest reads the resolved spec from here
+# Instruments for tests, drills and benchmarks; never set in production.
+INJECT = "TRAINGATE_INJECT"                # fault plan, see traingate.runtime.inject
+FAULT = "TRAINGATE_FAULT"                  # "<phase>@<step>": SIGKILL at that phase of a checkpoint save
+RECORD_SAMPLES = "TRAINGATE_RECORD_SAMPLES"  # "1": each rank logs the sample ids of every step
+TRACKING_DRAIN_S = "TRAINGATE_TRACKING_DRAIN_S"  # how long a closing tracker keeps delivering to a dead store
+# torchrun's own: how many times it restarted the worker group in place.
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+def job_environment(job: "StageJob", base: Mapping[str, str] | None = None,
+                    supervisor_pid: int | None = None) -> dict[str, str]:
+    """The environment a stage's processes get (writer)."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        JOB: str(job.job_path), RUN_ID: job.run_id, STAGE: job.stage, STAGE_DIR: job.stage_dir,
+        CHECKPOINT_DIR: job.checkpoint_uri, SUPERVISOR_PID: str(supervisor_pid or os.getpid()),
+        "PYTHONUNBUFFERED": "1",
+    })
+    for var in (RESTART_CAUSE, RESTART_COUNT, MLFLOW_RUN_ID):
+        env.pop(var, None)
+    if job.restart_cause:
+        env.update({RESTART_CAUSE: str(job.restart_cause), RESTART_COUNT: str(job.attempt)})
+    if job.tracking_uri:
+        env[MLFLOW_TRACKING_URI] = job.tracking_uri
+        if job.mlflow_run_id:
+            env[MLFLOW_RUN_ID] = job.mlflow_run_id
+    if job.faults:
+        env[INJECT] = job.faults
+    # torchrun sets OMP_NUM_THREADS=1 per worker; a plain single process gets the same, so the
+    # smoke stage and bare benchmarks measure the same thing.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def job_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where this process's StageJob is (reader)."""
+    value = (os.environ if env is None else env).get(JOB)
+    return Path(value) if value else None
+
+
+def supervisor_pid(env: Mapping[str, str] | None = None) -> int | None:
+    value = (os.environ if env is None else env).get(SUPERVISOR_PID, "")
+    return int(value) if value.isdigit() else None
+
+
+def inplace_restart_count(env: Mapping[str, str] | None = None) -> int:
+    return int((os.environ if env is None else env).get(TORCHELASTIC_RESTART_COUNT, "0") or 0)
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """Test and drill knobs a training process honours (reader of the instrument variables)."""
+    fault: str | None = None
+    record_samples: bool = False
+    inject: str = ""            # a fault plan: the job's (drills) arrives here too, through the environment
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> "Instruments":
+        env = os.environ if env is None else env
+        return cls(fault=env.get(FAULT) or None, record_samples=env.get(RECORD_SAMPLES, "") == "1",
+                   inject=env.get(INJECT, ""))
+
+    def fault_hook(self) -> Callable[[str, int], None] | None:
+        """A hook that SIGKILLs this process at ``phase`` of the save of ``step`` (TRAINGATE_FAULT)."""
+        if not self.fault:
+            return None
+        phase, _, at = self.fault.partition("@")
+        at_step = int(at) if at else None
+
+        def hook(p: str, step: int) -> None:
+            if p == phase and (at_step is None or step == at_step):
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return hook
+
+
+def tracking_drain_s(env: Mapping[str, str] | None = None, default: float = 120.0) -> float:
+    return float((os.environ if env is None else env).get(TRACKING_DRAIN_S, default))

@@ -1,0 +1,161 @@
+"""StageJob: every fact of one attempt of one stage, derived ONCE from a validated RunSpec.
+
+It is what the scheduler admits (pool, slots, team, priority), what the ledger charges
+(slots x price), what the supervisor launches (processes, limits, directories, checkpoint,
+tracking ids) and the one thing a training process reads (``job.json`` next to the stage).
+A restart is the same job with the next attempt number and its cause
+(:meth:`StageJob.next_attempt`); nothing re-derives any of it from ``(spec, stage)``.
+
+>>> from traingate.spec import load_spec_text
+>>> from traingate.settings import Settings
+>>> spec = load_spec_text("identity: {experiment: e, owner: o, team: vision, purpose: p}\\n"
+...                       "recipe: {name: digits-cnn}\\nresources: {procs_per_node: 2}")
+>>> job = derive(spec, "canary", run_id="r1", run_dir="/tmp/tg/runs/r1",
+...              settings=Settings.from_env({"TRAINGATE_STATE_DIR": "/tmp/tg"}))
+>>> job.world_size, job.slots, job.pool, job.team, job.priority
+(2, 2, 'cpu-local', 'vision', 'research')
+>>> job.checkpoint_uri
+'file:///tmp/tg/checkpoints/r1/canary'
+>>> job.next_attempt("worker_lost", 12.5).attempt
+1
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from traingate.job import files
+from traingate.job.vocab import Cause
+from traingate.job.world import stage_world
+from traingate.settings import Settings
+from traingate.spec import RunSpec, parse_spec
+
+
+class JobKind(StrEnum):
+    LADDER = "ladder"   # a stage of the ladder (also when it is resumed)
+    TRIAL = "trial"     # a sweep trial's stage
+    DRILL = "drill"     # a fault-injection drill's run
+
+
+@dataclass(frozen=True)
+class StageJob:
+    spec: RunSpec
+    run_id: str
+    stage: str
+    kind: JobKind
+    # where and how wide
+    nodes: int
+    procs_per_node: int
+    pool: str
+    slots: int
+    price_per_slot_hour: float
+    # who, for the scheduler
+    team: str
+    priority: str
+    # limits
+    max_steps: int
+    timeout_s: float
+    # locations
+    run_dir: str
+    stage_dir: str
+    checkpoint_uri: str
+    tracking_uri: str | None      # None: this job is not tracked
+    mlflow_run_id: str | None
+    # this attempt
+    attempt: int = 0
+    restart_cause: Cause | None = None
+    restart_fault_ts: float | None = None
+    launched_at: float | None = None
+    inplace_restarts: int = 0     # how many times torchrun may restart the group in place (supervisor's budget)
+    # what this launch does beyond training to max_steps
+    stop_at_step: int | None = None
+    eval_every: int = 0
+    faults: str | None = None     # a fault plan (drills and tests; traingate.runtime.inject)
+
+    # ---------------------------------------------------------------- derived facts
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def job_path(self) -> Path:
+        return Path(self.stage_dir) / files.JOB
+
+    @property
+    def is_script(self) -> bool:
+        return self.spec.recipe.name == "script"
+
+    @property
+    def writes_heartbeats(self) -> bool:
+        """Built-in recipes write heartbeats and result.json; a user's script writes neither."""
+        return not self.is_script
+
+    @property
+    def checkpoint_every_steps(self) -> int | None:
+        return self.spec.checkpoint.every_steps
+
+    # ---------------------------------------------------------------- attempts
+    def next_attempt(self, cause: Cause | str, fault_ts: float | None, spec: RunSpec | None = None) -> "StageJob":
+        """The relaunch after a failure: same job, next attempt, the cause recorded (and a changed
+        spec when a restart policy changed it, e.g. OOM halving the micro-batch)."""
+        return dataclasses.replace(self, attempt=self.attempt + 1, restart_cause=Cause(cause),
+                                   restart_fault_ts=fault_ts, spec=spec or self.spec, launched_at=None)
+
+    def launch(self, now: float, inplace_restarts: int = 0, **changes: Any) -> "StageJob":
+        return dataclasses.replace(self, launched_at=now, inplace_restarts=inplace_restarts, **changes)
+
+    # ---------------------------------------------------------------- the file
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["spec"] = self.spec.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StageJob":
+        d = dict(d)
+        d["spec"] = parse_spec(d["spec"])
+        d["kind"] = JobKind(d["kind"])
+        if d.get("restart_cause"):
+            d["restart_cause"] = Cause(d["restart_cause"])
+        return cls(**d)
+
+    def write(self) -> Path:
+        """Write ``job.json`` into the stage directory (atomically) and return its path."""
+        Path(self.stage_dir).mkdir(parents=True, exist_ok=True)
+        files.write_json(self.job_path, self.to_dict())
+        return self.job_path
+
+    @classmethod
+    def read(cls, path: str | Path) -> "StageJob":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def derive(spec: RunSpec, stage: str, *, run_id: str, run_dir: str | Path, settings: Settings,
+           mlflow_run_id: str | None = None, kind: JobKind = JobKind.LADDER, stage_dir: str | Path | None = None,
+           checkpoint_uri: str | None = None, eval_every: int = 0, stop_at_step: int | None = None,
+           faults: str | None = None) -> StageJob:
+    """The StageJob of ``stage`` of a validated ``spec``: the one place these facts are computed."""
+    from traingate import sizing
+    from traingate.runtime.storage import join
+
+    nodes, nproc = stage_world(spec, stage)
+    limits = getattr(spec.stages, stage)
+    stage_dir = Path(stage_dir) if stage_dir is not None else Path(run_dir) / stage
+    timeout_s = limits.timeout_s
+    if spec.recipe.script is not None:
+        timeout_s = min(timeout_s, spec.recipe.script.timeout_s)
+    tracked = spec.tracking.enabled
+    return StageJob(
+        spec=spec, run_id=run_id, stage=stage, kind=kind, nodes=nodes, procs_per_node=nproc,
+        pool=spec.resources.work_pool, slots=sizing.slots(nodes * nproc),
+        price_per_slot_hour=spec.pool.price_per_gpu_hour, team=spec.identity.team,
+        priority=spec.resources.priority, max_steps=limits.max_steps, timeout_s=timeout_s,
+        run_dir=str(run_dir), stage_dir=str(stage_dir),
+        checkpoint_uri=checkpoint_uri or join(spec.checkpoint.uri or settings.checkpoint_uri, run_id, stage),
+        tracking_uri=settings.tracking_uri if tracked else None,
+        mlflow_run_id=mlflow_run_id if tracked else None,
+        eval_every=eval_every, stop_at_step=stop_at_step, faults=faults)

@@ -1,0 +1,21 @@
+"""Everything a sweep must pass before anything starts."""
+from __future__ import annotations
+
+from traingate.spec import RunSpec, SpecError
+from traingate.sweep.config import SweepSpec
+from traingate.sweep.space import check_space
+from traingate.validate import check_spec
+
+
+def check_sweep(spec: RunSpec) -> SweepSpec:
+    """Validate a sweep (SpecError: one line naming field, value and fix); returns its section."""
+    sw = spec.sweep
+    if sw is None:
+        raise SpecError("sweep: the spec has no `sweep:` section; add one (see README, Sweeps)")
+    if sw.scheduler.name == "pbt":
+        # Refused rather than run like fifo: a PBT sweep that silently is not one wastes its budget.
+        raise SpecError("sweep.scheduler.name = 'pbt': the sweep flow does not run PBT generations (members as "
+                        "trial subflows); run traingate.sweep.pbt.run_generations in-process, or use asha/hyperband")
+    check_spec(spec)
+    check_space(spec)
+    return sw
