@@ -11,7 +11,9 @@ boto, uvicorn) log to their own loggers. :func:`install` redacts all of them:
 - a :class:`~traingate.redact.RedactingFilter` on every handler that exists when it runs (the
   root logger's; Prefect's console, API and debug handlers if Prefect is loaded), for records
   built without the record factory (``logging.makeLogRecord``);
-- ``warnings`` and uncaught exceptions, which reach the terminal without logging.
+- ``warnings`` and uncaught exceptions, which reach the terminal without logging;
+- ``sys.stdout`` and ``sys.stderr``, line by line: libraries write there directly (MLflow's
+  "View run ... at: <tracking URI>" is a ``sys.stdout.write``).
 
 The CLI calls it once at start; calling it again (after importing Prefect) only adds filters.
 """
@@ -37,6 +39,50 @@ def install() -> None:
             handler.addFilter(_FILTER)
     _redact_warnings()
     _redact_uncaught()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
+
+
+class RedactingStream:
+    """A text stream that redacts what it passes on, a whole line at a time.
+
+    Whole lines, because a secret may arrive split over several ``write`` calls. A partial line
+    waits for its newline, a ``flush()`` (``print(..., flush=True)``, ``input()``, exit) or 8 KiB.
+    Everything else (``fileno``, ``isatty``, ``encoding``, ``buffer``) is the wrapped stream's.
+    """
+
+    _HOLD = 8192
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            head, newline, self._pending = (self._pending + text).rpartition("\n")
+            if newline:
+                self._raw.write(redact(head + newline))
+            if len(self._pending) > self._HOLD:
+                self._raw.write(redact(self._pending))
+                self._pending = ""
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._raw.write(redact(self._pending))
+                self._pending = ""
+        self._raw.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def _all_handlers() -> list[logging.Handler]:

@@ -22,12 +22,15 @@ ENV_SECRET = "env-Canary-55c1d"
 @pytest.fixture
 def installed(monkeypatch):
     """logsafety.install() for one test, with the process's logging and hooks restored afterwards."""
-    saved = (logging.getLogRecordFactory(), warnings.formatwarning, sys.excepthook, threading.excepthook)
+    saved = (logging.getLogRecordFactory(), warnings.formatwarning, sys.excepthook, threading.excepthook,
+             sys.stdout, sys.stderr)
     monkeypatch.setenv("TRAINGATE_SECRET_1", ENV_SECRET)
     logsafety.install()
     yield
+    sys.stdout.flush()
+    sys.stderr.flush()
     logging.setLogRecordFactory(saved[0])
-    warnings.formatwarning, sys.excepthook, threading.excepthook = saved[1:]
+    warnings.formatwarning, sys.excepthook, threading.excepthook, sys.stdout, sys.stderr = saved[1:]
     for handler in logsafety._all_handlers():
         handler.removeFilter(logsafety._FILTER)
 
@@ -98,11 +101,14 @@ def test_prefect_api_logs_and_log_prints_of_flows_and_tasks_are_stored_redacted(
     assert not any(s in terminal.out + terminal.err for s in (PW, TOKEN, ENV_SECRET))
 
 
-def test_warnings_and_uncaught_exceptions_reach_the_terminal_redacted():
+def test_direct_writes_warnings_and_uncaught_exceptions_reach_the_terminal_redacted():
     code = textwrap.dedent(f"""
-        import threading, warnings
+        import sys, threading, warnings
         from flows import logsafety
         logsafety.install()
+        sys.stdout.write("View run r at: http://alice:{PW}@127.0.0.1:5000/#/x\\n")
+        sys.stdout.write("split over writes http://alice:{PW[:5]}")
+        sys.stdout.write("{PW[5:]}@h and no newline before exit")
         warnings.warn("tracking uri http://u:{PW}@h has no TLS")
         def leak():
             raise KeyError("--password {PW}")
@@ -114,6 +120,8 @@ def test_warnings_and_uncaught_exceptions_reach_the_terminal_redacted():
     proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1  # the uncaught exception still ends the process as an error
     assert PW not in proc.stderr and TOKEN not in proc.stderr
+    assert proc.stdout == ("View run r at: http://alice:***@127.0.0.1:5000/#/x\n"
+                           "split over writes http://alice:***@h and no newline before exit")
     assert "http://u:***@h has no TLS" in proc.stderr
     assert "Exception in thread leaker" in proc.stderr and "KeyError: '--password ***'" in proc.stderr
     assert "ValueError: bad token=***" in proc.stderr
