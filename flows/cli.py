@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from flows import logsafety
 from traingate.settings import Settings
 from traingate.spec import STAGES, SpecError, load_spec
 
@@ -53,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate a spec and print it fully resolved")
     spec_args(v)
-    r = sub.add_parser("run", help="run the ladder (Prefect flow `pipeline`)")
+    r = sub.add_parser("run", help="run the ladder (Prefect flow `ladder`)")
     spec_args(r)
     r.add_argument("--until", choices=STAGES, default="full", help="last stage to run")
     r.add_argument("--dry-run", action="store_true", help="print the plan and estimated cost; run nothing")
@@ -64,10 +65,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
-    from traingate.validate import check_spec
+    from traingate.validate import check_spec, preflight
 
     spec = load_spec(args.spec, args.overrides)
-    return spec, check_spec(spec)
+    samples = check_spec(spec)
+    if args.cmd == "run":
+        # Every store the run will use answers before anything is created (`validate` stays offline).
+        preflight(spec, Settings.from_env())
+    return spec, samples
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -91,9 +96,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     settings.ensure()
-    from flows.pipeline import pipeline
+    from flows.pipeline import ladder
 
-    state = pipeline(args.spec, args.overrides, args.until, return_state=True)
+    state = ladder(spec, args.until, return_state=True)
     summary = _summary(state)
     print()
     print(f"pipeline {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
@@ -123,13 +128,15 @@ def _summary(state: Any) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     _embedded_defaults(Settings.from_env())  # before anything imports prefect
+    logsafety.install()  # before anything logs: Prefect's API log handler stores what it is given
     args = _parser().parse_args(argv)
     try:
         if args.cmd in EXTRA_COMMANDS:
             return __import__(EXTRA_COMMANDS[args.cmd][0], fromlist=["main"]).main(args)
         return {"validate": cmd_validate, "run": cmd_run}[args.cmd](args)
     except SpecError as e:
-        print(f"traingate: invalid spec: {e}", file=sys.stderr)
+        # One line, whatever a message quoted: the promise is a line a script can grep.
+        print(f"traingate: invalid spec: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return EXIT_SPEC
 
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from traingate.sweep.config import SweepSpec
+from traingate.sweep.config import MAX_SECONDS, MAX_SEED, SpecModel, SweepSpec, check_name
 
 STAGES = ("unit", "smoke", "canary", "full")
 Stage = Literal["unit", "smoke", "canary", "full"]
@@ -30,16 +32,45 @@ class SpecError(ValueError):
     """A spec that cannot run. The message is one line: field, value, fix."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class _Section(SpecModel):
+    pass
+
+
+PURPOSE_MAX = 500
+# The most a GPU-hour costs anywhere is far below this; a larger price is a typo that would
+# make every cost estimate and budget check meaningless.
+MAX_PRICE_PER_GPU_HOUR = 10_000.0
 
 
 class Identity(_Section):
     experiment: str = Field(min_length=1)
     owner: str = Field(min_length=1)
     team: str = Field(min_length=1)
-    purpose: str = Field(min_length=1, description="one sentence of intent")
+    purpose: str = Field(min_length=1, max_length=PURPOSE_MAX, description="one sentence of intent")
     run_name: str | None = None
+
+    # Experiment, run and team names become paths (MLflow artifact locations, ledgers) and
+    # MLflow/Prefect object names: `../../x` wrote artifacts outside the state dir.
+    @field_validator("experiment", "team", "run_name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return v if v is None else check_name(v)
+
+    @field_validator("owner")
+    @classmethod
+    def _owner_name(cls, v: str) -> str:
+        return check_name(v, extra="@")  # user names and e-mail-style owners
+
+    @field_validator("purpose")
+    @classmethod
+    def _one_sentence(cls, v: str) -> str:
+        bad = sorted({repr(c) for c in v if unicodedata.category(c) == "Cc" and c not in "\n\t"})
+        if bad:
+            raise ValueError(f"contains control characters {', '.join(bad)}; write plain text")
+        return v
+
+
+PYTHONS = ("python", "python3")  # the commands a script recipe runs with traingate's own interpreter
 
 
 class ScriptRecipe(_Section):
@@ -52,7 +83,36 @@ class ScriptRecipe(_Section):
     # Regexes with named groups; each named group is a metric, a group named `step` is the step.
     metrics: list[str] = Field(default_factory=list)
     tests: list[str] = Field(default_factory=list, description="pytest paths, relative to workdir")
-    timeout_s: float = Field(default=3600.0, gt=0)
+    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
+
+    @field_validator("command", "tests")
+    @classmethod
+    def _no_empty_words(cls, words: list[str]) -> list[str]:
+        for i, w in enumerate(words):
+            if not w.strip():
+                raise ValueError(f"item {i} is {w!r}: an empty word starts nothing; remove it or fill it in")
+        return words
+
+    @field_validator("stage_args")
+    @classmethod
+    def _no_empty_args(cls, args: dict[str, list[str]]) -> dict[str, list[str]]:
+        for stage, words in args.items():
+            for i, w in enumerate(words):
+                if not w.strip():
+                    raise ValueError(f"{stage} item {i} is {w!r}: an empty argument; remove it or fill it in")
+        return args
+
+    @model_validator(mode="after")
+    def _runnable(self) -> "ScriptRecipe":
+        exe = self.command[0]
+        python = exe in PYTHONS
+        if self.launcher == "torchrun" and not python:
+            raise ValueError(f"command[0] = {exe!r}: launcher torchrun starts python workers, so the "
+                             "command must be 'python train.py ...' or 'python -m pkg ...'; use launcher: plain otherwise")
+        if python and len(self.command) == 1:
+            raise ValueError(f"command = {self.command!r}: python alone waits for a program on stdin; "
+                             "add the script (python train.py), a module (-m pkg) or code (-c ...)")
+        return self
 
     @field_validator("metrics")
     @classmethod
@@ -78,6 +138,9 @@ class RecipeSpec(_Section):
             raise ValueError("recipe 'script' needs a recipe.script section with at least `command`")
         if self.name != "script" and self.script is not None:
             raise ValueError(f"recipe.script is only for name 'script', not {self.name!r}; remove it or set name: script")
+        if self.name == "script" and self.params:
+            raise ValueError(f"params = {self.params!r}: a script recipe is not given recipe.params; pass "
+                             "arguments in recipe.script.command or stage_args, and remove recipe.params")
         return self
 
 
@@ -94,7 +157,7 @@ class OptimSpec(_Section):
     warmup_steps: int = Field(default=0, ge=0)
     schedule: Literal["constant", "cosine"] = "cosine"
     max_grad_norm: float = Field(default=1.0, gt=0)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     nonfinite_tolerance: int = Field(default=0, ge=0, description="non-finite steps skipped before stopping as diverged")
 
 
@@ -103,6 +166,19 @@ class ResourcesSpec(_Section):
     nodes: int = Field(default=1, ge=1)
     procs_per_node: int = Field(default=2, ge=1)
     rdzv_endpoint: str | None = Field(default=None, description="host:port of the c10d rendezvous for multi-node")
+    priority: str = Field(default="research", pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+                          description="priority class of the jobs (a work queue of the pool): urgent, production, research")
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = re.fullmatch(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(?P<port>\d{1,5})", v)
+        if m is None or not 1 <= int(m["port"]) <= 65535:
+            raise ValueError("must be host:port of the c10d rendezvous (a hostname, IPv4 or [IPv6] address and a "
+                             "port 1-65535), e.g. head-node:29400")
+        return v
 
     @model_validator(mode="after")
     def _multinode_needs_rendezvous(self) -> "ResourcesSpec":
@@ -114,7 +190,7 @@ class ResourcesSpec(_Section):
 class StageLimits(_Section):
     max_steps: int = Field(ge=1)
     max_samples: int | None = Field(default=None, ge=1, description="train on only the first N samples")
-    timeout_s: float = Field(default=3600.0, gt=0)
+    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
 
 
 class StagesSpec(_Section):
@@ -132,7 +208,7 @@ class GateRule(_Section):
 class GateSpec(_Section):
     rules: list[GateRule] = Field(default_factory=list)
     require_approval: bool = False
-    approval_timeout_s: float = Field(default=3600.0, gt=0)
+    approval_timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
 
 
 def default_gate(stage: str, script: bool) -> GateSpec:
@@ -152,7 +228,7 @@ def default_gate(stage: str, script: bool) -> GateSpec:
 
 class CheckpointSpec(_Section):
     every_steps: int | None = Field(default=50, ge=1)
-    every_minutes: float | None = Field(default=None, gt=0)
+    every_minutes: float | None = Field(default=None, gt=0, le=MAX_SECONDS / 60)
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1, description="also keep every Nth step forever")
     keep_best: int = Field(default=0, ge=0, description="also keep the N best checkpoints by best_metric")
@@ -169,16 +245,16 @@ class SupervisionSpec(_Section):
     """How a training stage is restarted after faults (see traingate.supervision)."""
 
     max_restarts: int = Field(default=5, ge=0, description="restarts per stage before giving up")
-    max_downtime_s: float = Field(default=3600.0, gt=0, description="wall-clock of failed launches + backoff, per stage")
-    backoff_base_s: float = Field(default=1.0, ge=0, description="first restart delay; doubles each restart, with jitter")
-    backoff_max_s: float = Field(default=60.0, ge=0)
-    hang_timeout_s: float | None = Field(default=None, gt=0,
+    max_downtime_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS, description="wall-clock of failed launches + backoff, per stage")
+    backoff_base_s: float = Field(default=1.0, ge=0, le=MAX_SECONDS, description="first restart delay; doubles each restart, with jitter")
+    backoff_max_s: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
+    hang_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS,
                                          description="no step for this long = hang; default 2x canary p99, >= floor")
-    hang_floor_s: float = Field(default=60.0, gt=0)
-    startup_timeout_s: float = Field(default=300.0, gt=0, description="launch -> first heartbeat of every rank")
-    preempt_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM -> SIGKILL, for the emergency checkpoint")
+    hang_floor_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
+    startup_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="launch -> first heartbeat of every rank")
+    preempt_grace_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, description="SIGTERM -> SIGKILL, for the emergency checkpoint")
     oom_halve_batch: bool = Field(default=False, description="on OOM retry with half the micro-batch, 2x grad_accum")
-    checkpoint_check_s: float = Field(default=10.0, gt=0, description="how often to look for a stale checkpoint")
+    checkpoint_check_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS, description="how often to look for a stale checkpoint")
 
 
 class TrackingSpec(_Section):
@@ -187,7 +263,7 @@ class TrackingSpec(_Section):
 
 
 class PoolSpec(_Section):
-    price_per_gpu_hour: float = Field(ge=0)
+    price_per_gpu_hour: float = Field(ge=0, le=MAX_PRICE_PER_GPU_HOUR)
     gpus_per_node: int = Field(default=0, ge=0, description="0 = CPU pool (one slot per process)")
     backend: Literal["gloo", "nccl"] = "gloo"
 
@@ -219,6 +295,16 @@ class RunSpec(_Section):
     budget: BudgetSpec = BudgetSpec()
     pools: dict[str, PoolSpec] = Field(default_factory=_default_pools)
     sweep: SweepSpec | None = Field(default=None, description="hyperparameter sweep (traingate sweep SPEC)")
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict[str, PoolSpec]) -> dict[str, PoolSpec]:
+        for name in pools:
+            try:
+                check_name(name)
+            except ValueError as e:
+                raise ValueError(f"pool name {name!r}: {e}") from None  # a work pool and a Prefect limit name
+        return pools
 
     @model_validator(mode="after")
     def _pool_is_known(self) -> "RunSpec":
@@ -269,33 +355,179 @@ class RunSpec(_Section):
 
 # ---------------------------------------------------------------- parsing
 
-def _parse_value(raw: str) -> Any:
+# The tags YAML gives plain data implicitly; an explicit other tag (`!!python/...`, `!!binary`,
+# `!custom`) would construct something the spec cannot hold, or is refused only by the loader.
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp")}
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+# More values than any spec has: aliases of aliases could otherwise expand exponentially.
+MAX_VALUES = 100_000
+MAX_SPEC_BYTES = 1 << 20
+
+
+def _node_path(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _check_nodes(root: yaml.Node, where: str, prefix: str = "") -> None:
+    """Refuse what safe_load would accept silently: duplicate keys (the last won), tags, alias bombs."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def line(node: yaml.Node) -> str:
+        return f"{where} line {node.start_mark.line + 1}"
+
+    def walk(node: yaml.Node, path: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            raise SpecError(f"{path or 'spec'}: {line(node)} refers to itself through a YAML alias; write the value out")
+        if node.tag not in _PLAIN_TAGS and node.tag != _MERGE_TAG:
+            raise SpecError(f"{path or 'spec'} = {node.tag!r}: YAML tags are not allowed in a spec ({line(node)}); "
+                            "remove the tag and write a plain value")
+        active.add(id(node))
+        size = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    size += walk(value_node, path)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise SpecError(f"{path or 'spec'}: {line(key_node)} has a list or mapping as a key; "
+                                    "keys must be plain names")
+                key = key_node.value
+                sub = _node_path(path, key)
+                if key in seen:
+                    raise SpecError(f"{sub} = {_scalar(value_node)}: duplicate key ({line(key_node)}, first on line "
+                                    f"{seen[key].start_mark.line + 1}); YAML keeps only the last one, so keep one")
+                seen[key] = key_node
+                size += walk(key_node, sub) + walk(value_node, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                size += walk(item, _node_path(path, str(i)))
+        active.discard(id(node))
+        sizes[id(node)] = size
+        if size > MAX_VALUES:
+            raise SpecError(f"{path or 'spec'}: expands to more than {MAX_VALUES} values through YAML aliases "
+                            f"({line(node)}); write the values out")
+        return size
+
+    walk(root, prefix)
+
+
+def _scalar(node: yaml.Node) -> str:
+    text = repr(node.value) if isinstance(node, yaml.ScalarNode) else ("{...}" if isinstance(node, yaml.MappingNode)
+                                                                         else "[...]")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _load_yaml(text: str, where: str, prefix: str = "") -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys, tags and alias bombs, naming the field."""
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node, where, prefix)
+        return loader.construct_document(node)
+    except yaml.reader.ReaderError as e:
+        # Raised before parsing, so no field is known yet: show the line that holds the character.
+        n = text.count("\n", 0, e.position)
+        raise SpecError(f"{where} line {n + 1} ({_shown(text.splitlines()[n] if text.splitlines() else text)}) has the "
+                        f"character {chr(e.character)!r}, which YAML does not allow; remove it") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{where}{at} is not valid YAML ({problem}); fix the syntax or quote the value") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _parse_value(raw: str, key: str = "") -> Any:
     # YAML scalars: `3e-4` -> float, `true` -> bool, `[a, b]` -> list, `x` -> str.
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    value = _load_yaml(raw, f"--set {key}={_shown(raw)}" if key else _shown(raw), key) if raw.strip() else ""
     if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
         return float(value)  # YAML 1.1 reads `3e-4` as a string
     return value
 
 
+def _child_key(node: dict[str, Any], parts: list[str]) -> int:
+    """How many parts name the next key: sweep.space keys are themselves dotted (`optim.lr`)."""
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in node:
+            return n
+    return 1
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides in order to a nested dict (in place)."""
+    """Apply ``a.b.c=value`` overrides in order to a nested dict (in place).
+
+    Each key may be set once: setting it twice (or a section and a key inside it) would
+    silently keep only the last value.
+    """
+    keys: list[str] = []
     for item in overrides:
         if "=" not in item:
             raise SpecError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=0.001")
         key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
+        key = key.strip()
+        parts = key.split(".")
         if not all(parts):
             raise SpecError(f"--set {item!r}: empty key part in {key!r}; write dotted keys like optim.lr")
-        node = tree
-        for p in parts[:-1]:
-            child = node.get(p)
+        for k in keys:
+            if k == key or k.startswith(key + ".") or key.startswith(k + "."):
+                raise SpecError(f"--set {key}={_shown(raw)}: {k} is already set by an earlier --set, and only the last "
+                                "would count; set each key once")
+        keys.append(key)
+        value = _parse_value(raw, key)
+        node, done = tree, []
+        while True:
+            n = _child_key(node, parts)
+            name, parts = ".".join(parts[:n]), parts[n:]
+            done.append(name)
+            if not parts:
+                break
+            child = node.get(name)
             if child is None:
-                child = node[p] = {}
+                child = node[name] = {}
+            if isinstance(child, list):
+                raise SpecError(f"--set {key}={_shown(raw)}: {'.'.join(done)} is a list, and --set cannot address list "
+                                f"items; set the whole list, e.g. --set '{'.'.join(done)}=[...]'")
             if not isinstance(child, dict):
-                raise SpecError(f"--set {item!r}: {p!r} is a value ({child!r}), not a section; set {key.rsplit('.', 1)[0]} instead")
+                raise SpecError(f"--set {key}={_shown(raw)}: {'.'.join(done)} is a value ({_shown(child)}), not a section; "
+                                f"set {'.'.join(done)} itself")
             node = child
-        node[parts[-1]] = _parse_value(raw)
+        node[name] = value
     return tree
+
+
+def _check_values(node: Any, path: str = "") -> None:
+    """Values no field can hold: non-finite floats, integers beyond 64 bits, NUL characters."""
+    here = path or "spec"
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(k, str) and "\x00" in k:
+                raise SpecError(f"{_node_path(path, repr(k))}: key contains a NUL character; remove it")
+            _check_values(v, _node_path(path, str(k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_values(v, _node_path(path, str(i)))
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise SpecError(f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); give a finite value")
+    elif isinstance(node, int) and not isinstance(node, bool) and not -2**63 <= node < 2**63:
+        raise SpecError(f"{here} = {node}: does not fit in 64 bits (torch, numpy and the stores cannot hold it); "
+                        "give a smaller number")
+    elif isinstance(node, str) and "\x00" in node:
+        raise SpecError(f"{here} = {_shown(node)}: contains a NUL character, which no path, name or command can hold; "
+                        "remove it")
 
 
 _FIXES = {
@@ -312,6 +544,9 @@ _FIXES = {
     "model_type": "must be a mapping (key: value)",
     "too_short": "must not be empty",
     "string_too_short": "must not be empty",
+    "string_too_long": "shorten it",
+    "finite_number": "give a finite number",
+    "string_pattern_mismatch": "fix the value",
 }
 
 
@@ -347,6 +582,7 @@ def _one_line(err: ValidationError) -> str:
 def parse_spec(tree: Any) -> RunSpec:
     if not isinstance(tree, dict):
         raise SpecError(f"spec: top level must be a mapping of sections, got {type(tree).__name__}; see examples/digits.yaml")
+    _check_values(tree)
     try:
         return RunSpec.model_validate(tree)
     except ValidationError as e:
@@ -354,12 +590,7 @@ def parse_spec(tree: Any) -> RunSpec:
 
 
 def load_spec_text(text: str, overrides: list[str] | None = None, source: str = "<spec>") -> RunSpec:
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{source}:{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+    tree = _load_yaml(text, source)
     tree = {} if tree is None else tree
     if isinstance(tree, dict):
         apply_overrides(tree, overrides or [])
@@ -370,7 +601,16 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"spec file {str(path)!r} does not exist; pass the path of a YAML spec")
-    spec = load_spec_text(p.read_text(), overrides, source=str(path))
+    try:
+        if p.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(f"spec file {str(path)!r} is {p.stat().st_size} bytes; a spec is at most "
+                            f"{MAX_SPEC_BYTES} bytes of YAML, pass the right file")
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"spec file {str(path)!r} is not UTF-8 text (byte {e.start}); pass a YAML file") from None
+    except OSError as e:
+        raise SpecError(f"spec file {str(path)!r} cannot be read ({e.strerror}); fix its permissions") from None
+    spec = load_spec_text(text, overrides, source=f"spec file {str(path)!r}")
     script = spec.recipe.script
     if script is not None and not Path(script.workdir).is_absolute():
         # A script's workdir is relative to the spec file, so a spec works from any cwd.

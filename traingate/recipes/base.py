@@ -47,8 +47,14 @@ class Recipe:
 
     def __init__(self, spec: "RunSpec"):
         from traingate.spec import SpecError
+        from traingate.sweep.config import bool_for_number
 
         self.spec = spec
+        for key, value in spec.recipe.params.items():
+            field = self.Params.model_fields.get(key)
+            why = bool_for_number(field.annotation, value) if field is not None else None
+            if why:  # pydantic would take true/false as 1/0
+                raise SpecError(f"recipe.params.{key} = {value!r}: {why}")
         try:
             self.params = self.Params.model_validate(spec.recipe.params)
         except ValidationError as e:

@@ -87,14 +87,37 @@ class CharGPT(Recipe):
 
     def _read(self) -> str:
         if self._text is None:
+            from traingate.redact import redact
+            from traingate.runtime.storage import storage_options
+            from traingate.secrets import resolve
             from traingate.spec import SpecError
+            from traingate.validate import storage_failure
 
             uri = self.data_uri()
+            shown = redact(uri)
+            real = resolve(uri, field="data.uri")
             try:
-                with fsspec.open(uri, "r", encoding="utf-8") as f:
-                    text = f.read()
+                fs, path = fsspec.core.url_to_fs(real, **storage_options(real))
+                if fs.isdir(path):
+                    raise SpecError(f"data.uri = {shown!r}: is a directory; char-gpt reads one UTF-8 text file, "
+                                    "point data.uri at it")
+                raw = fs.cat_file(path)
             except FileNotFoundError:
-                raise SpecError(f"data.uri = {uri!r}: corpus file not found; point data.uri at a UTF-8 text file") from None
+                raise SpecError(f"data.uri = {shown!r}: corpus file not found; point data.uri at a UTF-8 text file") from None
+            except Exception as e:  # noqa: BLE001 - storage errors become one line; anything else is re-raised
+                why = storage_failure(e)
+                if why is None:
+                    raise
+                raise SpecError(f"data.uri = {shown!r}: {why}") from None
+            try:
+                # Universal newlines, as text-mode reading gave: the corpus (and its hash) is unchanged.
+                text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            except UnicodeDecodeError as e:
+                raise SpecError(f"data.uri = {shown!r}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
+                                "char-gpt trains on a text corpus, point data.uri at a UTF-8 text file") from None
+            if "\x00" in text:
+                raise SpecError(f"data.uri = {shown!r}: holds NUL bytes, so it is binary, not a text corpus; point "
+                                "data.uri at a UTF-8 text file")
             if self.params.max_chars:
                 text = text[: self.params.max_chars]
             self._text = text

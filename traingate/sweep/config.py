@@ -16,16 +16,79 @@ gets* (``scheduler``). Search-space keys are dotted paths into the RunSpec::
 """
 from __future__ import annotations
 
+import re
+import types
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SAMPLERS = ("grid", "random", "tpe", "cmaes", "nsga2")
 SCHEDULERS = ("fifo", "median", "asha", "hyperband", "pbt")
+# Longer than any training job; a larger timeout overflows the waits it is passed to.
+MAX_SECONDS = 366 * 24 * 3600.0
+# numpy's RandomState (Optuna's samplers) takes seeds below 2**32; the runtime derives
+# per-rank and per-epoch seeds from optim.seed, which must still fit torch's 64 bits.
+MAX_SEED = 2**32 - 1
+# Optuna stores categorical choices as JSON scalars.
+CHOICE_TYPES = (type(None), bool, int, float, str)
+NAME_MAX = 64
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+def check_name(value: str, extra: str = "") -> str:
+    """A name that becomes part of paths, MLflow names and Prefect limits: short, plain characters.
+
+    >>> check_name("digits-demo_2")
+    'digits-demo_2'
+    """
+    allowed = "._-" + extra
+    if len(value) > NAME_MAX or not re.fullmatch(rf"[A-Za-z0-9][A-Za-z0-9{re.escape(allowed)}]*", value):
+        raise ValueError(f"must be 1-{NAME_MAX} characters from A-Z a-z 0-9 {' '.join(allowed)}, starting with a "
+                         "letter or digit (it names paths and MLflow/Prefect objects); rename it")
+    return value
+
+
+def number_kind(annotation: Any) -> str | None:
+    """'number' for an int/float (optional) annotation, 'numbers' for a list of them, else None."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = {number_kind(a) for a in args if a is not type(None)}
+        return kinds.pop() if len(kinds) == 1 else None
+    if annotation in (int, float):
+        return "number"
+    if typing.get_origin(annotation) is list and len(args) == 1 and args[0] in (int, float):
+        return "numbers"
+    return None
+
+
+def bool_for_number(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` is refused for a numeric field: YAML's true/false would silently count as 1/0."""
+    kind = number_kind(annotation)
+    if kind == "number" and isinstance(value, bool):
+        return f"{str(value).lower()} is a boolean, not a number; give a number"
+    if kind == "numbers" and isinstance(value, list) and any(isinstance(v, bool) for v in value):
+        return "true/false are booleans, not numbers; give numbers"
+    return None
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section (RunSpec's too: spec.py imports this module, not the reverse).
+
+    Unknown keys, inf/nan and booleans given for numbers are errors, not silent defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        why = bool_for_number(cls.model_fields[info.field_name].annotation, value) if info.field_name else None
+        if why:
+            raise ValueError(why)
+        return value
+
+
+_M = SpecModel
 
 
 class ParamSpec(_M):
@@ -39,13 +102,28 @@ class ParamSpec(_M):
     # value, or one of the given values when a list is given.
     when: dict[str, Any] | None = None
 
+    @field_validator("choices")
+    @classmethod
+    def _storable_choices(cls, choices: list[Any] | None) -> list[Any] | None:
+        for i, c in enumerate(choices or []):
+            if not isinstance(c, CHOICE_TYPES):
+                raise ValueError(f"choice {i} ({c!r}) is a {type(c).__name__}; Optuna stores only null, true/false, "
+                                 "numbers or strings as choices: list scalars, one per choice")
+        seen: list[Any] = []
+        for c in choices or []:
+            # 1 == 1.0 == True in Python, so compare type and value.
+            if any(type(c) is type(d) and c == d for d in seen):
+                raise ValueError(f"choice {c!r} is listed twice; list each choice once")
+            seen.append(c)
+        return choices
+
     @model_validator(mode="after")
     def _consistent(self) -> "ParamSpec":
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical parameter needs `choices: [...]` (at least one)")
-            if self.low is not None or self.high is not None:
-                raise ValueError("a categorical parameter takes `choices`, not low/high; remove low/high")
+            if self.low is not None or self.high is not None or self.step is not None or self.log:
+                raise ValueError("a categorical parameter takes `choices`, not low/high/step/log; remove them")
             return self
         if self.choices is not None:
             raise ValueError(f"a {self.type} parameter takes low/high, not choices; use type: categorical")
@@ -59,11 +137,26 @@ class ParamSpec(_M):
             raise ValueError("`log` and `step` cannot be combined (Optuna forbids it); drop one")
         if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
             raise ValueError(f"an int parameter needs whole low/high, got {self.low}..{self.high}")
+        if self.step is not None:
+            if self.type == "int" and self.step != int(self.step):
+                raise ValueError(f"an int parameter needs a whole step, got {self.step}")
+            if self.step > self.high - self.low:
+                raise ValueError(f"step {self.step} is larger than the range {self.low}..{self.high}, so only low "
+                                 "could ever be tried; lower step or widen the range")
         return self
 
     def is_finite(self) -> bool:
         """Whether the values can be enumerated (what the grid sampler needs)."""
         return self.type in ("categorical", "int") or self.step is not None
+
+    def can_take(self, value: Any) -> bool:
+        """Whether sampling can produce ``value`` (what a `when` condition on this parameter needs)."""
+        if self.type == "categorical":
+            return any(type(value) is type(c) and value == c for c in self.choices or [])
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        assert self.low is not None and self.high is not None  # validated above
+        return self.low <= value <= self.high
 
 
 class Objective(_M):
@@ -89,7 +182,7 @@ class SchedulerSpec(_M):
 
 
 class SweepBudget(_M):
-    max_wall_s: float | None = Field(default=None, gt=0, description="stop starting trials after this")
+    max_wall_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS, description="stop starting trials after this")
     max_cost_usd: float | None = Field(default=None, ge=0, description="stop starting trials once spent")
 
 
@@ -115,7 +208,7 @@ class SweepSpec(_M):
     space: dict[str, ParamSpec] = Field(min_length=1, description="dotted spec path -> distribution")
     objectives: list[Objective] = Field(default_factory=lambda: [Objective()], min_length=1)
     sampler: Literal["grid", "random", "tpe", "cmaes", "nsga2"] = "tpe"
-    seed: int = Field(default=0, ge=0, description="sampler seed")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="sampler seed")
     population_size: int = Field(default=8, ge=2, description="nsga2 population")
     scheduler: SchedulerSpec = SchedulerSpec()
     n_trials: int = Field(default=10, ge=1)
@@ -124,18 +217,27 @@ class SweepSpec(_M):
     stage: Literal["smoke", "canary", "full"] = "canary"
     pool_limit: str | None = Field(default=None, description="Prefect global concurrency limit of the work pool's "
                                    "slots; each trial also occupies its world size there")
-    heartbeat_s: float = Field(default=10.0, gt=0, description="trial heartbeat into the Optuna storage")
-    grace_s: float = Field(default=60.0, gt=0, description="a RUNNING trial silent this long is re-queued")
+    heartbeat_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS, description="trial heartbeat into the Optuna storage")
+    grace_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS, description="a RUNNING trial silent this long is re-queued")
     promotion: PromotionSpec = PromotionSpec()
+
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_name(cls, v: str | None) -> str | None:
+        return v if v is None else check_name(v)
 
     @model_validator(mode="after")
     def _coherent(self) -> "SweepSpec":
         names = list(self.space)
         for i, (name, p) in enumerate(self.space.items()):
-            for dep in (p.when or {}):
+            for dep, want in (p.when or {}).items():
                 if dep not in names[:i]:
                     raise ValueError(f"space.{name}.when refers to {dep!r}, which is not an earlier parameter; "
                                      f"declare {dep!r} above {name!r}")
+                wanted = want if isinstance(want, list) else [want]
+                if not any(self.space[dep].can_take(w) for w in wanted):
+                    raise ValueError(f"space.{name}.when wants {dep} = {want!r}, which {dep!r} never takes, so "
+                                     f"{name!r} would never be sampled; use one of its values")
         if len(self.objectives) > 1 and self.scheduler.name != "fifo":
             raise ValueError(f"scheduler {self.scheduler.name!r} prunes on one objective, but "
                              f"{len(self.objectives)} are set; use scheduler: {{name: fifo}} for multi-objective")

@@ -8,14 +8,18 @@ True
 """
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import optuna
 import yaml
+from pydantic import BaseModel
 
-from traingate.spec import RunSpec, SpecError, apply_overrides, parse_spec
+from traingate.recipes import SCRIPT, get_recipe
+from traingate.spec import RecipeSpec, RunSpec, SpecError, apply_overrides, parse_spec
 from traingate.sweep.config import ParamSpec, SweepSpec
 
 
@@ -92,10 +96,88 @@ def trial_spec(base: RunSpec, params: dict[str, Any], seed: int | None = None) -
         raise SpecError(f"sweep point {params}: {e}") from None
 
 
+def _optional(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def field_type(base: RunSpec, name: str) -> Any:
+    """The type of the spec field a dotted search-space key sets (SpecError for a path that is none)."""
+    parts = name.split(".")
+    if parts[0] == "sweep":
+        raise SpecError(f"sweep.space.{name}: a trial's spec has no sweep section; search spec fields outside it")
+    model: Any = type(base)
+    annotation: Any = None
+    done: list[str] = []
+    i = 0
+    while i < len(parts):
+        if model is None:
+            raise SpecError(f"sweep.space.{name}: {'.'.join(done)} is a value, not a section (unknown key "
+                            f"{parts[i]!r}); use the dotted path of a field, e.g. optim.lr")
+        part = parts[i]
+        done.append(part)
+        i += 1
+        if model is RecipeSpec and part == "params":
+            if base.recipe.name == SCRIPT:
+                raise SpecError(f"sweep.space.{name}: a script recipe is not given recipe.params; search its "
+                                "arguments through recipe.script.stage_args instead")
+            model, annotation = get_recipe(base).Params, dict
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            raise SpecError(f"sweep.space.{name}: {'.'.join(done)} is not a spec field (unknown key); use the dotted "
+                            f"path of a field, e.g. optim.lr or recipe.params.<name>")
+        annotation = _optional(field.annotation)
+        if typing.get_origin(annotation) is dict and i < len(parts):
+            done.append(parts[i])  # a named entry: pools.<pool>, gates.<stage>
+            i += 1
+            annotation = _optional(typing.get_args(annotation)[1])
+        model = annotation if _is_model(annotation) else None
+    return annotation
+
+
+def _fits(p: ParamSpec, annotation: Any) -> bool:
+    """Whether every value ``p`` can sample has the field's type (pydantic would coerce 3.7 or '0.1')."""
+    if p.type == "categorical":
+        kinds = {type(c) for c in p.choices or []}
+        if annotation is bool:
+            return kinds <= {bool}
+        if annotation is int:
+            return kinds <= {int}
+        if annotation is float:
+            return kinds <= {int, float}
+        if annotation is str or typing.get_origin(annotation) is Literal:
+            return kinds <= {str}
+        return not _is_model(annotation) and typing.get_origin(annotation) not in (dict, list)
+    if p.type == "int":
+        return annotation in (int, float)
+    return annotation is float
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def check_space(base: RunSpec) -> None:
-    """Set each parameter to its bounds/choices once, so a bad path or value fails before any trial runs."""
+    """Check every parameter against the field it sets (path, type, bounds, choices) before any trial runs."""
     assert base.sweep is not None
     for name, p in base.sweep.space.items():
+        annotation = field_type(base, name)
+        if not _fits(p, annotation):
+            what = (f"choices of type {sorted({type(c).__name__ for c in p.choices or []})}"
+                    if p.type == "categorical" else f"a {p.type} range")
+            want = {int: "type: int, or categorical of whole numbers", float: "type: float or int",
+                    bool: "categorical of true/false"}.get(annotation, "categorical of valid values")
+            raise SpecError(f"sweep.space.{name}: {what} cannot set {name}, which takes {_type_name(annotation)}; "
+                            f"use {want}")
         values = p.choices if p.type == "categorical" else [p.low, p.high]
         for v in values:
             v = int(v) if p.type == "int" else v
