@@ -1,0 +1,81 @@
+"""`traingate simulate TRACE.csv --pools CONFIG`: replay a job trace through the scheduling policies
+(traingate/capacity: no Prefect, no processes) and compare them; writes a table, plots and schedules."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from traingate.capacity.policy import Policy
+from traingate.capacity.pools import CapacityError, load_config
+from traingate.capacity.report import COMPARED, plots, report, write_schedule
+from traingate.capacity.simulate import simulate
+from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
+from traingate.settings import Settings
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool,est_duration_s]")
+    p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
+    p.add_argument("--policies", default=",".join(COMPARED),
+                   help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
+                        "(default: the ten-way comparison)")
+    p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
+    p.add_argument("--half-life-h", type=float, help="fair-share half-life (default: the config's scheduling.half_life_h)")
+    p.add_argument("--out", help="output directory (default: <state dir>/simulate/<trace name>)")
+    g = p.add_argument_group("generate a trace first (into TRACE.csv, which must not exist)")
+    g.add_argument("--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see README)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--load", type=float, default=0.8, help="offered GPU-time / pool capacity (default 0.8)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except CapacityError as e:
+        print(f"traingate simulate: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.pools)
+    policies = [Policy.parse(p) for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise CapacityError("--policies is empty; name at least one, e.g. --policies fifo,fairshare+backfill")
+    if args.half_life_h is not None and not args.half_life_h > 0:
+        raise CapacityError(f"--half-life-h = {args.half_life_h}: must be > 0 (hours)")
+    trace_path = Path(args.trace)
+    if args.generate is not None:
+        _generate(args, config, trace_path)
+    trace = read_trace(trace_path, config, args.pool)
+    out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
+    out.mkdir(parents=True, exist_ok=True)
+    results = [simulate(trace, config, p, args.half_life_h) for p in policies]
+    pools = sorted({tj.job.pool for tj in trace})
+    text = report(results, f"{len(trace)} jobs from {trace_path.name} on "
+                           + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools))
+    (out / "table.md").write_text(text)
+    for r in results:
+        write_schedule(r, out / f"schedule-{r.policy.name}.csv")
+    written = plots(results, out)
+    print(text)
+    print(f"written: {out / 'table.md'}, {', '.join(p.name for p in written)}, schedule-<policy>.csv in {out}")
+    return 0
+
+
+def _generate(args: argparse.Namespace, config, trace_path: Path) -> None:
+    if args.generate < 1:
+        raise CapacityError(f"--generate = {args.generate}: must be at least 1 job")
+    if not 0 < args.load < 1:
+        raise CapacityError(f"--load = {args.load}: must be between 0 and 1 (a fraction of the pool's capacity)")
+    if trace_path.exists():
+        raise CapacityError(f"--generate would overwrite {str(trace_path)!r}; remove it or name a new file")
+    pool_name = args.pool or (next(iter(config.pools)) if len(config.pools) == 1 else None)
+    if pool_name is None:
+        raise CapacityError(f"--generate sizes the trace for one pool; pass --pool with one of {sorted(config.pools)}")
+    if pool_name not in config.pools:
+        raise CapacityError(f"--pool {pool_name!r} is not in the pools config; use one of {sorted(config.pools)}")
+    pool = config.pools[pool_name]
+    write_trace(trace_path, generate(TraceParams(n_jobs=args.generate, capacity=pool.capacity,
+                                                 gpus_per_node=pool.gpus_per_node, load=args.load, seed=args.seed)))
+    print(f"generated {args.generate} jobs into {trace_path} (pool {pool_name}, load {args.load}, seed {args.seed})")

@@ -1,0 +1,60 @@
+"""Predicted durations. Backfill and shortest-job-first run on predictions, never on the true
+duration (which a scheduler cannot know). ``HistoryEstimator.predict`` is, in order:
+
+1. the job's own ``est_duration_s`` when its submitter gave one (in traingate: the canary's
+   sizing estimate of the full stage);
+2. else the mean duration of the finished jobs of the same team and the same slots;
+3. else the mean of the finished jobs with the same slots, any team;
+4. else the mean of all finished jobs;
+5. else ``None`` (nothing has finished yet): such a job is never backfilled and sorts last
+   under shortest-job-first.
+
+Only jobs that have *finished* are observed, so a replay predicts from the past alone.
+
+>>> from traingate.capacity.jobs import Job
+>>> est = HistoryEstimator()
+>>> est.observe(Job("a", "vision", "research", "p", 1, 0.0), 100.0)
+>>> est.observe(Job("b", "vision", "research", "p", 1, 0.0), 300.0)
+>>> est.observe(Job("c", "speech", "research", "p", 8, 0.0), 1000.0)
+>>> est.predict(Job("d", "vision", "research", "p", 1, 0.0))    # same team and size
+200.0
+>>> est.predict(Job("e", "speech", "research", "p", 1, 0.0))    # same size, any team
+200.0
+>>> est.predict(Job("f", "speech", "research", "p", 4, 0.0))    # everything
+466.6666666666667
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from traingate.capacity.jobs import Job
+
+Predictor = Callable[[Job], "float | None"]
+
+
+class HistoryEstimator:
+    def __init__(self) -> None:
+        self._by_team_size: dict[tuple[str, int], list[float]] = {}   # [sum, count]
+        self._by_size: dict[int, list[float]] = {}
+        self._all = [0.0, 0.0]
+
+    def observe(self, job: Job, duration_s: float) -> None:
+        """Record a finished job's whole run (its work, without queueing or restart overhead)."""
+        for acc in (self._by_team_size.setdefault((job.team, job.slots), [0.0, 0.0]),
+                    self._by_size.setdefault(job.slots, [0.0, 0.0]), self._all):
+            acc[0] += duration_s
+            acc[1] += 1
+
+    def predict(self, job: Job) -> float | None:
+        if job.est_duration_s is not None:
+            return job.est_duration_s
+        for acc in (self._by_team_size.get((job.team, job.slots)), self._by_size.get(job.slots), self._all):
+            if acc and acc[1]:
+                return acc[0] / acc[1]
+        return None
+
+
+def predicted_remaining(job: Job, predict: Predictor) -> float | None:
+    """Predicted seconds of work left: the prediction less the durable work of earlier attempts."""
+    p = predict(job)
+    return None if p is None else max(p - job.done_s, 0.0)

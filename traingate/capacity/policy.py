@@ -1,0 +1,288 @@
+"""One scheduling pass over one pool: which waiting jobs start now, on which nodes, and which
+running jobs are preempted for them. Pure: plain data in, a ``Plan`` out. The orchestrator
+carries a plan out; the simulator replays traces through the same ``schedule``.
+
+The pass walks the queue in the policy's order:
+
+- **order** — ``fifo``: submission order, classes ignored. Every other order puts the higher
+  priority class first, then within a class: ``priority`` submission order; ``sjf`` the
+  shortest predicted remaining work; ``fairshare`` the team with the fewest decayed GPU-hours
+  (:mod:`traingate.capacity.fairshare`), then submission order.
+- **gang** — a job starts only when all of its slots fit at once (:mod:`traingate.capacity.gang`).
+- **quotas** — a job whose team would exceed its cap on the pool is passed over; the jobs behind
+  it go on. (A preempting class may instead preempt its own team's lower-class jobs.)
+- **strict order** — the first job (not held by quota) that cannot start is the *head*; without
+  backfill nothing behind it starts, so a wide job is not starved by a stream of narrow ones.
+- **backfill** (EASY) — the head gets a reservation: the earliest time it fits if running jobs
+  end when predicted. A job behind the head starts now only if it fits now and its predicted
+  end comes no later than that reservation, so it cannot delay the head.
+- **preemption** — a job of a class with ``preempts: true`` that cannot start may stop running
+  jobs of lower classes: least work lost first (GPUs x (progress since their last checkpoint +
+  the restart cost)),
+  only as many as needed. This happens wherever the job stands in the queue: under ``fifo``
+  too, an urgent job gets its slots.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from traingate.capacity.estimate import Predictor, predicted_remaining
+from traingate.capacity.gang import footprint, free_per_node, place, release, take
+from traingate.capacity.jobs import Job, at_risk_s, started
+from traingate.capacity.pools import CapacityError, PoolConfig, PriorityClass, SchedulingConfig
+
+
+class Order(str, enum.Enum):
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    SJF = "sjf"
+    FAIRSHARE = "fairshare"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A queue order plus two switches. Named like ``fairshare+backfill+preempt``."""
+
+    order: Order
+    backfill: bool = False
+    preempt: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.order.value + ("+backfill" if self.backfill else "") + ("+preempt" if self.preempt else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        """``ORDER[+backfill][+preempt]``, e.g. ``sjf``, ``fifo+backfill``, ``fairshare+backfill+preempt``."""
+        head, *mods = text.strip().split("+")
+        orders = [o.value for o in Order]
+        if head not in orders:
+            raise CapacityError(f"policy {text!r}: {head!r} is not an order; use one of {orders}, "
+                                f"optionally with +backfill and/or +preempt")
+        bad = [m for m in mods if m not in ("backfill", "preempt")] or [m for m in set(mods) if mods.count(m) > 1]
+        if bad:
+            raise CapacityError(f"policy {text!r}: {bad[0]!r} is not a modifier (or is repeated); "
+                                f"use +backfill and/or +preempt once each")
+        return cls(Order(head), backfill="backfill" in mods, preempt="preempt" in mods)
+
+    @classmethod
+    def default(cls, scheduling: SchedulingConfig) -> "Policy":
+        """The policy a pool runs: fair share, with the config's backfill and preemption switches."""
+        return cls(Order.FAIRSHARE, backfill=scheduling.backfill, preempt=scheduling.preemption)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What one pool's scheduler obeys."""
+
+    policy: Policy
+    classes: Mapping[str, PriorityClass]
+    quotas: Mapping[str, int]   # team -> max slots held on this pool; absent: uncapped
+    restart_cost_s: float = 0.0  # what a victim pays to resume; part of the work a preemption loses
+
+
+class How(str, enum.Enum):
+    IN_ORDER = "in order"
+    BACKFILL = "backfill"
+    PREEMPTION = "preemption"
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: str
+    nodes: tuple[int, ...]
+    how: How
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: tuple[Start, ...]
+    preempted: tuple[str, ...]        # stop these (checkpoint, release, requeue), before the starts
+    head: str | None                  # the first job in order that could not start (it blocks the rest)
+    reserved_s: float | None          # the head's reserved start (backfill only)
+    held_by_quota: tuple[str, ...]    # waiting because their team is at its cap on this pool
+
+
+def queue_order(waiting: Sequence[Job], policy: Policy, classes: Mapping[str, PriorityClass],
+                usage: Mapping[str, float], predict: Predictor) -> list[Job]:
+    """The waiting jobs in the order the policy serves them (a queue view shows this order)."""
+    order = policy.order
+    if order is Order.FIFO:
+        return sorted(waiting, key=lambda j: (j.submit_s, j.job_id))
+    if order is Order.PRIORITY:
+        return sorted(waiting, key=lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id))
+    if order is Order.SJF:
+        def sjf_key(j: Job) -> tuple:
+            rem = predicted_remaining(j, predict)
+            return (-classes[j.priority].priority, math.inf if rem is None else rem, j.submit_s, j.job_id)
+        return sorted(waiting, key=sjf_key)
+    assert order is Order.FAIRSHARE, order
+    return sorted(waiting, key=lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id))
+
+
+def never_fits(job: Job, pools: Mapping[str, PoolConfig], classes: Mapping[str, PriorityClass],
+               quotas: Mapping[str, Mapping[str, int]]) -> str | None:
+    """Why ``job`` could never start (unknown pool or class, wider than the pool, above its
+    team's quota), or None. Such a job is refused at submission instead of waiting forever."""
+    if job.pool not in pools:
+        return f"pool {job.pool!r} is not in the pools config; use one of {sorted(pools)}"
+    if job.priority not in classes:
+        return f"priority {job.priority!r} is not a priority class; use one of {sorted(classes)}"
+    pool = pools[job.pool]
+    need = footprint(job.slots, pool.gpus_per_node)
+    if need > pool.capacity:
+        return (f"{job.slots} GPUs need {need} on pool {job.pool!r}, which has {pool.capacity} "
+                f"({pool.nodes} nodes x {pool.gpus_per_node}); lower it or use a bigger pool")
+    cap = quotas.get(job.team, {}).get(job.pool)
+    if cap is not None and need > cap:
+        return (f"{job.slots} GPUs need {need}, above team {job.team!r}'s quota of {cap} on {job.pool!r}; "
+                f"lower it or raise quotas.{job.team}.{job.pool}")
+    return None
+
+
+def predicted_end(job: Job, now: float, predict: Predictor) -> float:
+    """When a running job is predicted to release its slots. A job with no prediction, or one
+    already past it, is taken to end now: the head's reservation is then as early as it can be,
+    so nothing is backfilled on a guess that could delay the head."""
+    rem = predicted_remaining(job, predict)
+    if rem is None:
+        return now
+    assert job.started_s is not None
+    return max(now, job.started_s + job.overhead_s + rem)
+
+
+def reserve(job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int,
+            predict: Predictor) -> float | None:
+    """EASY reservation: the earliest time ``job`` fits, releasing running jobs at their predicted ends."""
+    f = list(free)
+    for end, r in sorted(((predicted_end(r, now, predict), r) for r in running), key=lambda e: (e[0], e[1].job_id)):
+        release(f, r.slots, r.nodes, gpus_per_node)
+        if place(job.slots, f, gpus_per_node) is not None:
+            return end
+    return None
+
+
+def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int,
+                   classes: Mapping[str, PriorityClass], over_quota: int = 0,
+                   restart_cost_s: float = 0.0) -> tuple[Job, ...] | None:
+    """Running jobs to preempt so that ``job`` fits, or None when even all candidates would not do.
+
+    Candidates are jobs of strictly lower classes. They are taken least work lost first (GPUs held
+    x (seconds since their last checkpoint + ``restart_cost_s``); then the lower class; then the
+    latest started) until
+    ``job`` fits and, when its team is ``over_quota`` GPUs above its cap, until that many GPUs of
+    the team's own jobs are freed; then every victim not needed after all is spared again.
+    """
+    mine = classes[job.priority].priority
+    cands = [r for r in running if classes[r.priority].priority < mine and r.started_s is not None and r.started_s < now]
+    cands.sort(key=lambda r: (footprint(r.slots, gpus_per_node) * (at_risk_s(r, now) + restart_cost_s),
+                              classes[r.priority].priority, -(r.started_s or 0.0), r.job_id))
+    f = list(free)
+    chosen: list[Job] = []
+    team_freed = 0
+
+    def enough() -> bool:
+        return team_freed >= over_quota and place(job.slots, f, gpus_per_node) is not None
+
+    for r in cands:
+        if over_quota and r.team != job.team and place(job.slots, f, gpus_per_node) is not None:
+            continue   # it fits already; only the team's own jobs can bring it under its cap
+        release(f, r.slots, r.nodes, gpus_per_node)
+        chosen.append(r)
+        if r.team == job.team:
+            team_freed += footprint(r.slots, gpus_per_node)
+        if enough():
+            break
+    else:
+        return None
+    for r in reversed(list(chosen)):   # most expensive first
+        take(f, r.slots, r.nodes, gpus_per_node)
+        if r.team == job.team:
+            team_freed -= footprint(r.slots, gpus_per_node)
+        if enough():
+            chosen.remove(r)
+        else:
+            release(f, r.slots, r.nodes, gpus_per_node)
+            if r.team == job.team:
+                team_freed += footprint(r.slots, gpus_per_node)
+    return tuple(chosen)
+
+
+def schedule(now: float, pool: PoolConfig, running: Sequence[Job], waiting: Sequence[Job], rules: Rules,
+             usage: Mapping[str, float], predict: Predictor) -> Plan:
+    """One pass over the pool at ``now``; see the module docstring for the rules.
+
+    ``running`` carry their ``nodes``; ``usage`` is each team's decayed GPU-hours (fair share);
+    ``predict`` gives a job's predicted total duration (backfill, sjf) or None.
+    """
+    gpn = pool.gpus_per_node
+    policy = rules.policy
+    free = free_per_node(pool.nodes, gpn, running)
+    live = {j.job_id: j for j in running}
+    held: dict[str, int] = {}
+    for j in running:
+        held[j.team] = held.get(j.team, 0) + footprint(j.slots, gpn)
+    starts: list[Start] = []
+    preempted: list[str] = []
+    quota_held: list[str] = []
+    head: Job | None = None
+    shadow: float | None = None
+
+    def evict(victims: tuple[Job, ...]) -> None:
+        for v in victims:
+            release(free, v.slots, v.nodes, gpn)
+            held[v.team] -= footprint(v.slots, gpn)
+            del live[v.job_id]
+            preempted.append(v.job_id)
+
+    def start(job: Job, nodes: tuple[int, ...] | None, how: How) -> None:
+        assert nodes is not None, f"{job.job_id}: started without a placement"
+        take(free, job.slots, nodes, gpn)
+        held[job.team] = held.get(job.team, 0) + footprint(job.slots, gpn)
+        # Counted as running from now for later reservations and victim choices in this pass.
+        live[job.job_id] = started(job, now, nodes)
+        starts.append(Start(job.job_id, nodes, how))
+
+    for job in queue_order(waiting, policy, rules.classes, usage, predict):
+        need = footprint(job.slots, gpn)
+        cap = rules.quotas.get(job.team)
+        over = 0 if cap is None else max(0, held.get(job.team, 0) + need - cap)
+        can_preempt = policy.preempt and rules.classes[job.priority].preempts
+        if over:
+            # Its team is at its cap: only its own lower-class jobs can make room, by preemption.
+            victims = choose_victims(job, now, free, list(live.values()), gpn, rules.classes, over,
+                                     rules.restart_cost_s) if can_preempt else None
+            if victims is None:
+                quota_held.append(job.job_id)
+            else:
+                evict(victims)
+                start(job, place(job.slots, free, gpn), How.PREEMPTION)
+            continue
+        if head is None:
+            nodes = place(job.slots, free, gpn)
+            if nodes is not None:
+                start(job, nodes, How.IN_ORDER)
+                continue
+        elif shadow is not None:
+            rem = predicted_remaining(job, predict)
+            if rem is not None and now + job.overhead_s + rem <= shadow:
+                nodes = place(job.slots, free, gpn)
+                if nodes is not None:
+                    start(job, nodes, How.BACKFILL)
+                    continue
+        if can_preempt:
+            victims = choose_victims(job, now, free, list(live.values()), gpn, rules.classes, 0, rules.restart_cost_s)
+            if victims is not None:
+                evict(victims)
+                start(job, place(job.slots, free, gpn), How.PREEMPTION)
+                continue
+        if head is None:
+            head = job
+            if policy.backfill:
+                shadow = reserve(job, now, free, list(live.values()), gpn, predict)
+            elif not policy.preempt:
+                break   # strict order: nothing behind the head may start
+    return Plan(tuple(starts), tuple(preempted), head.job_id if head else None, shadow, tuple(quota_held))

@@ -1,0 +1,136 @@
+"""The capacity config: pools (one per GPU node class), priority classes, team quotas and the
+scheduling defaults. One YAML file (``examples/pools.yaml``), validated here; a bad value is one
+``CapacityError`` line naming the field, the value and the fix.
+
+>>> cfg = parse_config({"pools": {"gpu-a100": {"gpu": "A100-80GB", "gpus_per_node": 8, "nodes": 8,
+...                                            "price_per_gpu_hour": 2.5, "worker": "docker"}}})
+>>> cfg.pools["gpu-a100"].capacity, sorted(cfg.priority_classes, key=cfg.rank)
+(64, ['urgent', 'production', 'research'])
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from traingate.spec import SpecError, _one_line
+
+
+class CapacityError(SpecError):
+    """A capacity config or trace that cannot be used. One line: where, the value, the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Section):
+    """One node class. Its GPUs are the pool's slots; a job wider than a node takes whole nodes."""
+
+    gpu: str | None = Field(default=None, description="GPU model, e.g. A100-80GB; null for a CPU pool")
+    gpus_per_node: int = Field(ge=1, description="slots per node (CPU pools: processes per node)")
+    nodes: int = Field(ge=1)
+    price_per_gpu_hour: float = Field(ge=0)
+    worker: Literal["process", "docker", "kubernetes"] = Field(description="Prefect worker type of the pool")
+
+    @property
+    def capacity(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class PriorityClass(_Section):
+    priority: int = Field(description="higher runs first")
+    preempts: bool = Field(default=False, description="may stop running jobs of lower classes to get its slots")
+
+
+def _default_classes() -> dict[str, PriorityClass]:
+    return {"urgent": PriorityClass(priority=100, preempts=True),
+            "production": PriorityClass(priority=50),
+            "research": PriorityClass(priority=10)}
+
+
+class SchedulingConfig(_Section):
+    """The policy a pool runs by default (part 2 carries it out; the simulator compares it)."""
+
+    half_life_h: float = Field(default=6.0, gt=0, description="fair share: usage loses half its weight after this")
+    backfill: bool = Field(default=True, description="EASY backfill behind a blocked job")
+    preemption: bool = Field(default=True, description="classes with preempts: true may stop lower classes")
+
+
+class SimulatorConfig(_Section):
+    """What a trace does not say about its jobs but the simulator needs."""
+
+    checkpoint_every_s: float = Field(default=1800.0, gt=0, description="a preempted job loses its work since the last one")
+    restart_cost_s: float = Field(default=120.0, ge=0, description="slots held without progress when a preempted job resumes")
+    preempt_grace_s: float = Field(default=30.0, ge=0, description="the victims' emergency checkpoint, paid by the preemptor")
+
+
+class CapacityConfig(_Section):
+    pools: dict[str, PoolConfig] = Field(min_length=1)
+    priority_classes: dict[str, PriorityClass] = Field(
+        default_factory=_default_classes,
+        description="merged over urgent/production/research: the config may re-number them and add classes")
+    default_class: str = Field(default="research", description="class of a job that names none")
+    quotas: dict[str, dict[str, int]] = Field(default_factory=dict, description="team -> pool -> max concurrent slots")
+    scheduling: SchedulingConfig = SchedulingConfig()
+    simulator: SimulatorConfig = SimulatorConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_builtin_classes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("priority_classes"), dict):
+            data = {**data, "priority_classes": {**{k: v.model_dump() for k, v in _default_classes().items()},
+                                                 **data["priority_classes"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "CapacityConfig":
+        seen: dict[int, str] = {}
+        for name, pc in sorted(self.priority_classes.items()):
+            if pc.priority in seen:
+                raise ValueError(f"priority_classes.{name}.priority = {pc.priority}: same as class "
+                                 f"{seen[pc.priority]!r}; give each class its own priority")
+            seen[pc.priority] = name
+        if self.default_class not in self.priority_classes:
+            raise ValueError(f"default_class = {self.default_class!r}: not a priority class; "
+                             f"use one of {sorted(self.priority_classes)}")
+        for team, caps in self.quotas.items():
+            for pool, cap in caps.items():
+                if pool not in self.pools:
+                    raise ValueError(f"quotas.{team}.{pool}: {pool!r} is not a pool; use one of {sorted(self.pools)}")
+                if cap < 1:
+                    raise ValueError(f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "
+                                     f"remove the entry to leave the team uncapped")
+        return self
+
+    def rank(self, priority_class: str) -> int:
+        """Sort key: the most important class first."""
+        return -self.priority_classes[priority_class].priority
+
+    def quotas_on(self, pool: str) -> dict[str, int]:
+        """Team -> slot cap on ``pool`` (teams without an entry are uncapped)."""
+        return {team: caps[pool] for team, caps in self.quotas.items() if pool in caps}
+
+
+def parse_config(tree: Any, source: str = "capacity config") -> CapacityConfig:
+    if not isinstance(tree, dict):
+        raise CapacityError(f"{source}: top level must be a mapping with `pools:`; see examples/pools.yaml")
+    try:
+        return CapacityConfig.model_validate(tree)
+    except ValidationError as e:
+        raise CapacityError(f"{source}: {_one_line(e)}") from None
+
+
+def load_config(path: str | Path) -> CapacityConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise CapacityError(f"pools config {str(path)!r} does not exist; pass a YAML file like examples/pools.yaml")
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise CapacityError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+    return parse_config(tree, source=str(path))

@@ -1,0 +1,236 @@
+"""Job traces: the CSV format, its reader (one-line errors), its writer, and a generator.
+
+Format: CSV with a header. Required columns ``job_id,submit_s,duration_s,gpus``; optional
+``team,priority,pool,est_duration_s``. ``gpus`` is whole GPUs (traingate does not share a GPU
+between jobs). A missing ``team`` column means team ``default``; a missing ``priority`` the
+config's ``default_class``; a missing ``pool`` the pool passed as ``default_pool`` (needed only
+when the config has several). ``est_duration_s`` is the submitter's prediction; when it is
+absent the simulator predicts from the trace's history (:mod:`traingate.capacity.estimate`).
+
+The generator (:func:`generate`) draws a trace shaped by two published characterisations:
+
+- Weng et al., "MLaaS in the Wild: Workload Analysis and Scheduling in Large-Scale Heterogeneous
+  GPU Clusters", NSDI'22 (two months of Alibaba PAI, ~6,700 GPUs): most jobs ask for a fraction
+  of a GPU or one GPU; distributed jobs need gang scheduling; about 65% of jobs recur (the same
+  job submitted again and again). Here: ``small_sizes`` puts 70% of jobs at 1 GPU (fractional
+  requests round up to one whole GPU); ``recurring_fraction`` 0.65 of jobs are repeats of a
+  ``templates`` set (same team, class, size; duration within ``recur_jitter`` of the template's).
+- Hu et al., "Characterization of Large Language Model Development in the Datacenter", NSDI'24
+  (Shanghai AI Lab's Acme): a heavy tail, about 3.2% of jobs (pretraining) take about 94% of the
+  GPU time. Here: ``large_fraction`` 0.032 of jobs are gang jobs of ``large_sizes`` (whole nodes,
+  a quarter or half of the pool), and their durations are scaled so that they hold exactly
+  ``large_gpu_time_share`` 0.94 of the GPU time.
+
+Everything else (duration medians and spreads, the team and class mix, Poisson arrivals at a
+target ``load``) is our choice, stated in ``TraceParams``; it is not taken from the papers.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traingate.capacity.jobs import Job
+from traingate.capacity.policy import never_fits
+from traingate.capacity.pools import CapacityConfig, CapacityError
+from traingate.capacity.simulate import TraceJob
+
+REQUIRED = ("job_id", "submit_s", "duration_s", "gpus")
+OPTIONAL = ("team", "priority", "pool", "est_duration_s")
+DEFAULT_TEAM = "default"
+
+
+def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | None = None) -> list[TraceJob]:
+    """Read and check a trace against the config; the first problem is one ``CapacityError`` line
+    naming the file, line, column, value and fix."""
+    p = Path(path)
+    if not p.is_file():
+        raise CapacityError(f"trace {str(path)!r} does not exist; pass a CSV with columns {','.join(REQUIRED)}")
+    if default_pool is not None and default_pool not in config.pools:
+        raise CapacityError(f"--pool {default_pool!r} is not in the pools config; use one of {sorted(config.pools)}")
+    with p.open(newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        if not header or header == [""]:
+            raise CapacityError(f"{path}: empty file; the first line is the header {','.join(REQUIRED)}")
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise CapacityError(f"{path} line 1: column {missing[0]!r} is missing; the header needs "
+                                f"{','.join(REQUIRED)} (optional: {','.join(OPTIONAL)})")
+        for c in header:
+            if c not in REQUIRED + OPTIONAL:
+                raise CapacityError(f"{path} line 1: column {c!r} is not a trace column; remove it or use "
+                                    f"{','.join(REQUIRED + OPTIONAL)}")
+            if header.count(c) > 1:
+                raise CapacityError(f"{path} line 1: column {c!r} appears twice; keep one")
+        pool_fallback = default_pool
+        if "pool" not in header and pool_fallback is None:
+            if len(config.pools) != 1:
+                raise CapacityError(f"{path}: no `pool` column and the config has pools {sorted(config.pools)}; "
+                                    f"pass --pool NAME or add a pool column")
+            pool_fallback = next(iter(config.pools))
+        jobs: list[TraceJob] = []
+        seen: set[str] = set()
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise CapacityError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}; "
+                                    f"fix the row")
+            cells = dict(zip(header, (c.strip() for c in row)))
+            jobs.append(_row(path, line, cells, config, pool_fallback, seen))
+    if not jobs:
+        raise CapacityError(f"{path}: no jobs after the header; add rows")
+    return jobs
+
+
+def _row(path: str | Path, line: int, cells: dict[str, str], config: CapacityConfig, pool_fallback: str | None,
+         seen: set[str]) -> TraceJob:
+    def bad(col: str, why: str) -> CapacityError:
+        return CapacityError(f"{path} line {line}: {col} = {cells.get(col, '')!r}: {why}")
+
+    def number(col: str, positive: bool) -> float:
+        try:
+            v = float(cells[col])
+        except ValueError:
+            raise bad(col, "not a number; write seconds like 3600 or 12.5") from None
+        if not math.isfinite(v) or v < 0 or (positive and v == 0):
+            raise bad(col, f"must be {'> 0' if positive else '>= 0'} and finite")
+        return v
+
+    def name(col: str, fallback: str) -> str:
+        if col not in cells:
+            return fallback
+        if not cells[col]:
+            raise bad(col, "empty; fill it in or drop the column")
+        return cells[col]
+
+    job_id = cells["job_id"]
+    if not job_id:
+        raise bad("job_id", "empty; every job needs an id")
+    if job_id in seen:
+        raise bad("job_id", "appears twice; job ids are unique")
+    seen.add(job_id)
+    submit = number("submit_s", positive=False)
+    duration = number("duration_s", positive=True)
+    try:
+        gpus_f = float(cells["gpus"])
+    except ValueError:
+        raise bad("gpus", "not a number; write whole GPUs like 1, 8 or 16") from None
+    if not gpus_f.is_integer() or gpus_f < 1:
+        raise bad("gpus", f"slots are whole GPUs, at least 1; round up to {max(1, math.ceil(gpus_f))}")
+    est: float | None = None
+    if cells.get("est_duration_s"):
+        est = number("est_duration_s", positive=True)
+    priority = name("priority", config.default_class)
+    if priority not in config.priority_classes:
+        raise bad("priority", f"not a priority class; use one of {sorted(config.priority_classes)}")
+    pool = name("pool", pool_fallback or "")
+    if pool not in config.pools:
+        raise bad("pool", f"not in the pools config; use one of {sorted(config.pools)} or add it there")
+    job = Job(job_id, team=name("team", DEFAULT_TEAM), priority=priority, pool=pool, slots=int(gpus_f),
+              submit_s=submit, est_duration_s=est, checkpoint_every_s=config.simulator.checkpoint_every_s)
+    why = never_fits(job, config.pools, config.priority_classes, config.quotas)
+    if why:
+        raise bad("gpus", why)
+    return TraceJob(job, duration)
+
+
+def write_trace(path: str | Path, rows: list[dict[str, object]]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    cols = [c for c in REQUIRED + OPTIONAL if any(c in r for r in rows)]
+    with p.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return p
+
+
+@dataclass(frozen=True)
+class TraceParams:
+    n_jobs: int = 10_000
+    capacity: int = 64                       # GPUs of the pool the trace is sized for
+    gpus_per_node: int = 8
+    load: float = 0.9                        # offered GPU-time / (capacity x span of submissions)
+    large_fraction: float = 0.032            # Hu et al. NSDI'24
+    large_gpu_time_share: float = 0.94       # Hu et al. NSDI'24
+    # Gang sizes of large jobs (whole nodes). None: a quarter (60%) and half (40%) of the pool's
+    # nodes, 16 and 32 GPUs on 8 x 8; at most half the pool, so one job never drains it.
+    large_sizes: tuple[tuple[int, float], ...] | None = None
+    small_sizes: tuple[tuple[int, float], ...] = ((1, 0.70), (2, 0.12), (4, 0.10), (8, 0.08))  # Weng et al.
+    small_median_s: float = 900.0            # lognormal durations (our choice)
+    small_sigma: float = 1.4
+    large_median_s: float = 8 * 3600.0       # before scaling to large_gpu_time_share
+    large_sigma: float = 0.8
+    recurring_fraction: float = 0.65         # Weng et al. NSDI'22
+    templates: int = 150                     # distinct recurring jobs (our choice)
+    recur_jitter: float = 0.1                # sigma of a recurrence's log-duration around its template's
+    teams: tuple[tuple[str, float], ...] = (("vision", 0.4), ("language", 0.3), ("speech", 0.2), ("recsys", 0.1))
+    classes: tuple[tuple[str, float], ...] = (("urgent", 0.05), ("production", 0.30), ("research", 0.65))
+    seed: int = 0
+
+
+def generate(params: TraceParams = TraceParams()) -> list[dict[str, object]]:
+    """Trace rows (``job_id,submit_s,duration_s,gpus,team,priority``; no estimates: the simulator
+    must predict from history). Deterministic for a given ``params``. Urgent jobs are small:
+    large (pretraining-like) jobs are production or research."""
+    rng = np.random.default_rng(params.seed)
+    n = params.n_jobs
+    gpn = params.gpus_per_node
+    nodes = params.capacity // gpn
+    large_sizes = params.large_sizes or ((max(1, nodes // 4) * gpn, 0.6), (max(1, nodes // 2) * gpn, 0.4))
+    small_sizes = tuple((g, w) for g, w in params.small_sizes if g <= gpn)
+    if not small_sizes:
+        raise CapacityError(f"trace generator: no small_sizes fit a {gpn}-GPU node; add sizes <= {gpn}")
+
+    def pick(choices: tuple[tuple[object, float], ...], size: int | None = None):
+        vals = [c[0] for c in choices]
+        w = np.array([c[1] for c in choices], dtype=float)
+        idx = rng.choice(len(vals), size=size, p=w / w.sum())
+        return [vals[i] for i in np.atleast_1d(idx)]
+
+    def draw(large: bool) -> dict[str, object]:
+        if large:
+            cls = pick((("production", 0.5), ("research", 0.5)))[0]
+            gpus = pick(large_sizes)[0]
+            dur = rng.lognormal(math.log(params.large_median_s), params.large_sigma)
+        else:
+            cls = pick(params.classes)[0]
+            gpus = pick(small_sizes)[0]
+            dur = rng.lognormal(math.log(params.small_median_s), params.small_sigma)
+        return {"team": pick(params.teams)[0], "priority": cls, "gpus": gpus, "duration_s": dur, "large": large}
+
+    n_large = round(n * params.large_fraction)
+    large = np.zeros(n, dtype=bool)
+    large[rng.choice(n, size=n_large, replace=False)] = True
+    n_tl = max(1, round(params.templates * params.large_fraction * 3))   # a few recurring pretraining jobs
+    templates = {True: [draw(True) for _ in range(n_tl)], False: [draw(False) for _ in range(params.templates - n_tl)]}
+    jobs = []
+    for k in range(n):
+        if rng.random() < params.recurring_fraction:
+            t = templates[bool(large[k])][rng.integers(len(templates[bool(large[k])]))]
+            j = {**t, "duration_s": t["duration_s"] * rng.lognormal(0.0, params.recur_jitter)}
+        else:
+            j = draw(bool(large[k]))
+        jobs.append(j)
+    fp = [j["gpus"] if j["gpus"] <= gpn else -(-j["gpus"] // gpn) * gpn for j in jobs]
+    gt_large = sum(f * j["duration_s"] for f, j in zip(fp, jobs) if j["large"])
+    gt_small = sum(f * j["duration_s"] for f, j in zip(fp, jobs) if not j["large"])
+    if gt_large > 0 and gt_small > 0:
+        s = params.large_gpu_time_share
+        scale = s / (1 - s) * gt_small / gt_large
+        for j in jobs:
+            if j["large"]:
+                j["duration_s"] *= scale
+    gpu_time = sum(f * j["duration_s"] for f, j in zip(fp, jobs))
+    span = gpu_time / (params.load * params.capacity)
+    submits = np.cumsum(rng.exponential(span / n, size=n))
+    submits -= submits[0]
+    return [{"job_id": f"j{k:05d}", "submit_s": round(float(submits[k]), 1),
+             "duration_s": round(max(float(j["duration_s"]), 1.0), 1), "gpus": j["gpus"],
+             "team": j["team"], "priority": j["priority"]} for k, j in enumerate(jobs)]
