@@ -35,6 +35,27 @@ def test_every_deployment_points_at_a_flow_that_takes_its_parameters():
         flow = load_flow_from_entrypoint(str(ROOT / path) + ":" + name)
         params = inspect.signature(flow.fn).parameters
         assert set(d["parameters"]) <= set(params), d["name"]
+        # what a worker does before the flow starts: a spec mapping must be a valid RunSpec
+        flow.validate_parameters(d["parameters"])
+
+
+def test_deployed_spec_mappings_are_the_example_specs_on_their_pools():
+    from traingate.spec import load_spec, parse_spec
+
+    specs = {d["name"]: parse_spec(d["parameters"]["spec"]) for d in _deployments() if "spec" in d["parameters"]}
+    digits, sweep = ROOT / "examples" / "digits.yaml", ROOT / "examples" / "digits_sweep.yaml"
+    assert specs == {
+        "ladder-cpu": load_spec(digits),
+        "digits-nightly-retrain": load_spec(digits),
+        "ladder-a100": load_spec(digits, ["resources.work_pool=gpu-a100"]),
+        "sweep-h100": load_spec(sweep, ["resources.work_pool=gpu-h100"]),
+    }
+
+
+def test_resume_deployment_asks_only_for_the_run_to_resume():
+    resume = next(d for d in _deployments() if d["name"] == "ladder-resume")
+    assert resume["entrypoint"] == "flows/pipeline.py:ladder"
+    assert "spec" not in resume["parameters"] and "resume_from" not in resume["parameters"]
 
 
 def test_every_deployment_uses_a_known_work_pool():
