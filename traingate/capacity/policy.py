@@ -133,25 +133,28 @@ def never_fits(job: Job, pools: Mapping[str, PoolConfig], classes: Mapping[str, 
         return f"priority {job.priority!r} is not a priority class; use one of {sorted(classes)}"
     pool = pools[job.pool]
     need = footprint(job.slots, pool.gpus_per_node)
+    what = f"{job.slots} GPUs" + (f" (held as {need}: whole nodes)" if need != job.slots else "")
     if need > pool.capacity:
-        return (f"{job.slots} GPUs need {need} on pool {job.pool!r}, which has {pool.capacity} "
+        return (f"{what} do not fit pool {job.pool!r}, which has {pool.capacity} "
                 f"({pool.nodes} nodes x {pool.gpus_per_node}); lower it or use a bigger pool")
     cap = quotas.get(job.team, {}).get(job.pool)
     if cap is not None and need > cap:
-        return (f"{job.slots} GPUs need {need}, above team {job.team!r}'s quota of {cap} on {job.pool!r}; "
+        return (f"{what} exceed the quota of team {job.team!r} on {job.pool!r} ({cap}); "
                 f"lower it or raise quotas.{job.team}.{job.pool}")
     return None
 
 
 def predicted_end(job: Job, now: float, predict: Predictor) -> float:
-    """When a running job is predicted to release its slots. A job with no prediction, or one
-    already past it, is taken to end now: the head's reservation is then as early as it can be,
-    so nothing is backfilled on a guess that could delay the head."""
-    rem = predicted_remaining(job, predict)
-    if rem is None:
-        return now
+    """When a running job is predicted to release its slots. One without a prediction, or already
+    past it, is predicted to run as long again as it has run so far: durations are heavy-tailed,
+    and a job that has outlived its prediction tends to run on (taking it to end "now" instead
+    would make every reservation "now" and switch backfill off whenever a job overruns)."""
     assert job.started_s is not None
-    return max(now, job.started_s + job.overhead_s + rem)
+    rem = predicted_remaining(job, predict)
+    end = None if rem is None else job.started_s + job.overhead_s + rem
+    if end is None or end <= now:
+        return now + (now - job.started_s)
+    return end
 
 
 def reserve(job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int,

@@ -81,11 +81,12 @@ def write_schedule(res: SimResult, path: Path) -> Path:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job_id", "team", "priority", "pool", "gpus", "submit_s", "first_start_s", "end_s", "wait_s",
-                    "preemptions", "attempts"])
+                    "preemptions", "attempts (start-end@nodes:how)"])
         for r in res.records:
             w.writerow([r.job_id, r.team, r.priority, r.pool, r.slots, r.submit_s, r.first_start_s, r.end_s,
                         r.wait_s, r.preemptions,
-                        ";".join(f"{s:g}@{'+'.join(map(str, nodes))}:{how}" for s, nodes, how in r.attempts)])
+                        ";".join(f"{s:g}-{e:g}@{'+'.join(map(str, nodes))}:{how}"
+                                 for (s, nodes, how), e in zip(r.attempts, r.preempted_at + [r.end_s]))])
     return path
 
 

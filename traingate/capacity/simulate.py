@@ -53,8 +53,12 @@ class JobRecord:
     duration_s: float
     first_start_s: float | None = None
     end_s: float | None = None
-    preemptions: int = 0
     attempts: list[tuple[float, tuple[int, ...], str]] = field(default_factory=list)  # (start, nodes, how)
+    preempted_at: list[float] = field(default_factory=list)   # attempt k ended here, the last one at end_s
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.preempted_at)
 
     @property
     def wait_s(self) -> float:
@@ -175,7 +179,7 @@ def _replay_pool(name: str, pool: PoolConfig, trace: list[TraceJob], config: Cap
                 release(free, job.slots, job.nodes, gpn)
                 hold(job, -1)
                 waiting[jid] = requeued(job, t, sim.restart_cost_s)
-                rec[jid].preemptions += 1
+                rec[jid].preempted_at.append(t)
             for s in plan.starts:
                 job = started(waiting.pop(s.job_id), t, s.nodes,
                               sim.preempt_grace_s if s.how is How.PREEMPTION else 0.0)

@@ -179,6 +179,12 @@ def generate(params: TraceParams = TraceParams()) -> list[dict[str, object]]:
     """Trace rows (``job_id,submit_s,duration_s,gpus,team,priority``; no estimates: the simulator
     must predict from history). Deterministic for a given ``params``. Urgent jobs are small:
     large (pretraining-like) jobs are production or research."""
+    return [{k: v for k, v in row.items() if k in REQUIRED + OPTIONAL} for row in generate_jobs(params)]
+
+
+def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
+    """:func:`generate`'s rows plus how each was drawn: ``large`` and ``template`` (the index of
+    the recurring job it repeats, or None)."""
     rng = np.random.default_rng(params.seed)
     n = params.n_jobs
     gpn = params.gpus_per_node
@@ -209,14 +215,15 @@ def generate(params: TraceParams = TraceParams()) -> list[dict[str, object]]:
     large = np.zeros(n, dtype=bool)
     large[rng.choice(n, size=n_large, replace=False)] = True
     n_tl = max(1, round(params.templates * params.large_fraction * 3))   # a few recurring pretraining jobs
-    templates = {True: [draw(True) for _ in range(n_tl)], False: [draw(False) for _ in range(params.templates - n_tl)]}
+    templates = [draw(True) for _ in range(n_tl)] + [draw(False) for _ in range(params.templates - n_tl)]
     jobs = []
     for k in range(n):
         if rng.random() < params.recurring_fraction:
-            t = templates[bool(large[k])][rng.integers(len(templates[bool(large[k])]))]
-            j = {**t, "duration_s": t["duration_s"] * rng.lognormal(0.0, params.recur_jitter)}
+            ti = int(rng.integers(n_tl)) if large[k] else n_tl + int(rng.integers(params.templates - n_tl))
+            t = templates[ti]
+            j = {**t, "duration_s": t["duration_s"] * rng.lognormal(0.0, params.recur_jitter), "template": ti}
         else:
-            j = draw(bool(large[k]))
+            j = {**draw(bool(large[k])), "template": None}
         jobs.append(j)
     fp = [j["gpus"] if j["gpus"] <= gpn else -(-j["gpus"] // gpn) * gpn for j in jobs]
     gt_large = sum(f * j["duration_s"] for f, j in zip(fp, jobs) if j["large"])
@@ -233,4 +240,5 @@ def generate(params: TraceParams = TraceParams()) -> list[dict[str, object]]:
     submits -= submits[0]
     return [{"job_id": f"j{k:05d}", "submit_s": round(float(submits[k]), 1),
              "duration_s": round(max(float(j["duration_s"]), 1.0), 1), "gpus": j["gpus"],
-             "team": j["team"], "priority": j["priority"]} for k, j in enumerate(jobs)]
+             "team": j["team"], "priority": j["priority"], "large": j["large"], "template": j["template"]}
+            for k, j in enumerate(jobs)]

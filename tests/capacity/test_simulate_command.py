@@ -1,0 +1,60 @@
+"""`traingate simulate` on small traces: the command module, and once through the `traingate` CLI."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+from flows.commands import simulate as command
+from tgtest import PYTHON, ROOT
+
+POOLS = str(ROOT / "examples" / "pools.yaml")
+
+
+def main(argv: list[str]) -> int:
+    # The command alone: flows.cli builds every subcommand's parser, importing Prefect (seconds).
+    p = argparse.ArgumentParser()
+    command.add_arguments(p)
+    return command.main(p.parse_args(argv[1:]))
+
+
+def test_simulate_prints_the_comparison_and_writes_table_plots_and_schedules(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    rc = main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-h100", "--generate", "120", "--seed", "3",
+               "--policies", "fifo,fairshare+backfill+preempt", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "generated 120 jobs" in out and "| fifo | " in out and "| fairshare+backfill+preempt | " in out
+    assert "| 1.00 | 1.00 |" in out          # FIFO against itself
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["ratios.png", "schedule-fairshare+backfill+preempt.csv", "schedule-fifo.csv",
+                       "table.md", "team_share.png", "wait_cdf.png"]
+    assert (tmp_path / "out" / "wait_cdf.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((tmp_path / "out" / "schedule-fifo.csv").read_text().splitlines()) == 121
+
+
+def test_the_traingate_cli_exits_2_on_a_bad_trace_with_one_line_and_writes_nothing(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus\nj1,0,60,1\nj2,5,abc,1\n")
+    p = subprocess.run([str(Path(PYTHON).parent / "traingate"), "simulate", str(trace), "--pools", POOLS,
+                        "--pool", "gpu-a100", "--out", str(tmp_path / "out")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"traingate simulate: {trace} line 3: duration_s = 'abc': not a number; write seconds like 3600 or 12.5"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_generate_refuses_to_overwrite_a_trace(tmp_path, capsys):
+    trace = tmp_path / "real.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus\nj1,0,60,1\n")
+    assert main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-a100", "--generate", "10"]) == 2
+    assert "would overwrite" in capsys.readouterr().err
+    assert trace.read_text() == "job_id,submit_s,duration_s,gpus\nj1,0,60,1\n"
+
+
+def test_an_unknown_policy_exits_2_naming_the_choices(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus\nj1,0,60,1\n")
+    assert main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-a100", "--policies", "fifo,edf"]) == 2
+    assert "policy 'edf': 'edf' is not an order; use one of ['fifo', 'priority', 'sjf', 'fairshare']" in capsys.readouterr().err
