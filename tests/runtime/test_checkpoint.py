@@ -221,10 +221,12 @@ def test_a_rewritten_step_never_shows_its_old_manifest_over_new_files(tmp_path):
             hits.append((tmp_path / step_dir(step) / MANIFEST).exists())
 
     ck = Checkpointer(tmp_path.as_uri(), async_save=False, fault_hook=look)
-    ck.save(5, _state(1.0))
-    ck.save(5, _state(2.0))  # a resumed run reaching the step again
+    first, second = _state(1.0), _state(2.0)
+    first["train_state"]["step"] = second["train_state"]["step"] = 5
+    ck.save(5, first)
+    ck.save(5, second)  # a resumed run reaching the step again
     assert hits == [False, False, False, False]
-    assert ck.load(5)["train_state"]["step"] == 2
+    assert torch.equal(ck.load(5)["model"]["weight"], second["model"]["weight"])
 
 
 def test_snapshot_buffers_are_reused_between_saves(tmp_path):
@@ -232,13 +234,47 @@ def test_snapshot_buffers_are_reused_between_saves(tmp_path):
     w = torch.zeros(10_000)
     ck.save(1, {"model": {"w": w}})
     ck.wait()
-    first = ck._buffers[("model", "w")].data_ptr()
+    first = ck._host._lent[0][1].data_ptr()
     w.add_(1.0)
     ck.save(2, {"model": {"w": w}})
     ck.close()
-    assert ck._buffers[("model", "w")].data_ptr() == first
+    assert ck._host._lent[0][1].data_ptr() == first
     assert torch.equal(ck.load(1)["model"]["w"], torch.zeros(10_000))
     assert torch.equal(ck.load(2)["model"]["w"], torch.ones(10_000))
+
+
+def test_prepared_buffers_are_the_ones_the_first_snapshot_copies_into(tmp_path):
+    gate = Gate()
+    ck = Checkpointer(tmp_path.as_uri(), fault_hook=gate)
+    model = {"w": torch.zeros(3, 1000), "b": torch.zeros(3)}
+    ck.prepare(model, copies=3)  # the model's tensors and two optimizer moments of the same shapes
+    ck._await_prepared()
+    reserved = {b.data_ptr() for free in ck._host._free.values() for b in free}
+    assert len(reserved) == 6 and ck.prepare_s is not None
+    moments = {"m1": torch.ones(3, 1000), "m2": torch.full((3, 1000), 2.0)}
+    ck.save(1, {"model": model, "train_state": {"optimizer": moments, "step": 1}})
+    assert gate.entered.wait(10)
+    assert {b.data_ptr() for _, b in ck._host._lent} <= reserved  # no allocation in the first snapshot
+    gate.release.set()
+    ck.close()
+    state = ck.load(1)
+    assert torch.equal(state["train_state"]["optimizer"]["m2"], torch.full((3, 1000), 2.0))
+    assert torch.equal(state["model"]["w"], torch.zeros(3, 1000))
+
+
+def test_a_save_due_while_buffers_are_being_prepared_waits_for_them(tmp_path):
+    release = threading.Event()
+    ck = Checkpointer(tmp_path.as_uri())
+    ck._pool.submit(release.wait, 30)  # hold the writer thread so that prepare is still queued
+    ck.prepare({"w": torch.zeros(1000)})
+    saver = threading.Thread(target=ck.save, args=(1, {"model": {"w": torch.ones(1000)}}))
+    saver.start()
+    saver.join(0.5)
+    assert saver.is_alive(), "the save did not wait for prepare"
+    release.set()
+    saver.join(30)
+    ck.close()
+    assert torch.equal(ck.load(1)["model"]["w"], torch.ones(1000))
 
 
 def test_blocked_time_is_recorded_per_save(tmp_path):

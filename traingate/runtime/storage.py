@@ -2,15 +2,24 @@
 
 Credentials come from the environment (AWS_* for s3) and never pass through here as
 arguments, so they cannot reach a log line. Transient errors are retried with backoff.
+
+Paths are confined to the root: a relative path with a ``..`` or ``.`` component is refused.
+On a local root, nothing below the root is reached through a symbolic link: reads refuse a
+link (or anything but a plain file) and writes go to a fresh temporary name that is renamed
+into place, so a link planted where a file is written is replaced, never written through.
+The root itself may be a link (it is configuration, not content).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import random
+import secrets
+import stat
 import time
-from typing import Callable, TypeVar
+from typing import BinaryIO, Callable, Iterator, TypeVar
 
 import fsspec
 
@@ -19,10 +28,14 @@ T = TypeVar("T")
 
 # Not worth retrying: a full disk or a permission error only delays the clear error.
 _PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
-                     errno.EISDIR, errno.ENOTDIR}
+                     errno.EISDIR, errno.ENOTDIR, errno.ELOOP}
 # S3 error codes that mean "the service, not your request": retry.
 _TRANSIENT_S3_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                        "RequestTimeTooSkewed", "500", "502", "503", "504"}
+
+
+class RefusedPath(OSError):
+    """A path that leaves the storage root, goes through a symbolic link or is not a plain file."""
 
 
 def is_transient(e: BaseException) -> bool:
@@ -31,7 +44,7 @@ def is_transient(e: BaseException) -> bool:
     botocore/aiohttp errors do not derive from the builtin ConnectionError, so they are
     recognised by class name; an endpoint that is down raises EndpointConnectionError.
     """
-    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+    if isinstance(e, (RefusedPath, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
@@ -66,6 +79,47 @@ def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def atomic_file(dir_fd: int, name: str) -> Iterator[BinaryIO]:
+    """A new file that becomes ``name`` in the directory ``dir_fd`` once written and fsynced.
+
+    It is created under a fresh random name (O_EXCL, O_NOFOLLOW), so neither a file nor a link
+    already at ``name`` is opened: the rename replaces the directory entry, a link included,
+    and never writes into what it points to. On an error the temporary file is removed.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a directory entry is an :func:`atomic_file` left behind by a killed writer."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 class Storage:
     """A directory tree at a URI."""
 
@@ -82,8 +136,96 @@ class Storage:
         self.retries, self.base_delay_s = retries, base_delay_s
         self.is_local = self.fs.protocol in ("file", "local") or "file" in tuple(self.fs.protocol)
 
+    def _parts(self, rel: str) -> list[str]:
+        parts = [p for p in rel.strip("/").split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise RefusedPath(errno.EINVAL, f"{rel!r} is not a path inside {self.root}; "
+                                            "'.' and '..' components are refused")
+        return parts
+
     def _path(self, rel: str = "") -> str:
-        return f"{self._root_path}/{rel.strip('/')}" if rel else self._root_path
+        parts = self._parts(rel)
+        return "/".join([self._root_path, *parts]) if parts else self._root_path
+
+    # ---------------------------------------------------------------- local, links never followed
+    def _open_dir(self, parts: list[str], create: bool = False) -> int:
+        """An fd of root/parts, each component opened without following a link.
+
+        ``create``: make missing directories, and replace a link found in the way by a real
+        directory (the link is removed, its target is not touched).
+        """
+        if create:
+            os.makedirs(self._root_path, exist_ok=True)
+        fd = os.open(self._root_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i, name in enumerate(parts):
+                made = False
+                if create:
+                    try:
+                        os.mkdir(name, dir_fd=fd)
+                        made = True
+                    except FileExistsError:
+                        pass
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR) or not _is_link(fd, name):
+                        raise
+                    where = self.uri("/".join(parts[:i + 1]))
+                    if not create:
+                        raise RefusedPath(errno.ELOOP, f"{where} is a symbolic link ({os.readlink(name, dir_fd=fd)}); "
+                                                       "it is not followed. Remove the link") from None
+                    log.warning("storage: %s was a symbolic link to %s; replaced by a directory, the target "
+                                "is untouched", where, os.readlink(name, dir_fd=fd))
+                    os.unlink(name, dir_fd=fd)
+                    os.mkdir(name, dir_fd=fd)
+                    made = True
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                if made:
+                    os.fsync(fd)  # the new directory entry is durable before anything is written below it
+                os.close(fd)
+                fd = sub
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def local_dir(self, rel: str, create: bool = True) -> Iterator[int]:
+        """A directory fd under a local root for :func:`atomic_file` writes (see ``_open_dir``)."""
+        assert self.is_local, "local_dir is for file:// roots"
+        fd = self._open_dir(self._parts(rel), create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _read_local(self, rel: str) -> bytes:
+        parts = self._parts(rel)
+        dfd = self._open_dir(parts[:-1])
+        try:
+            # O_NONBLOCK: a FIFO planted here must not hang the reader; it is refused below.
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RefusedPath(errno.ELOOP, f"{self.uri(rel)} is a symbolic link "
+                                               f"({os.readlink(parts[-1], dir_fd=dfd)}); it is not followed") from None
+            raise
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RefusedPath(errno.EINVAL, f"{self.uri(rel)} is not a plain file; it is not read")
+            return f.read()
+
+    def _write_local(self, rel: str, data: bytes) -> None:
+        parts = self._parts(rel)
+        with self.local_dir("/".join(parts[:-1])) as dfd, atomic_file(dfd, parts[-1]) as f:
+            f.write(data)
+
+    def is_link(self, rel: str) -> bool:
+        """Whether rel is a symbolic link (never, on an object store)."""
+        return self.is_local and os.path.islink(self._path(rel))
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
         """Call ``fn``; on a transient error retry with exponential backoff and jitter."""
@@ -107,12 +249,17 @@ class Storage:
         self.retry(f"upload {rel}", lambda: self.fs.put_file(local_path, self._path(rel)))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
+        if self.is_local:
+            return self.retry(f"write {rel}", lambda: self._write_local(rel, data))
+
         def write() -> None:
             with self.fs.open(self._path(rel), "wb") as f:
                 f.write(data)
         self.retry(f"write {rel}", write)
 
     def read_bytes(self, rel: str) -> bytes:
+        if self.is_local:
+            return self.retry(f"read {rel}", lambda: self._read_local(rel))
         return self.retry(f"read {rel}", lambda: self.fs.cat_file(self._path(rel)))
 
     def exists(self, rel: str) -> bool:

@@ -27,11 +27,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from traingate.runtime.checkpoint import MANIFEST, Checkpointer, step_dir
-from traingate.runtime.storage import Storage
+from traingate.runtime.checkpoint import Checkpointer
 from traingate.sweep.config import ParamSpec
+
+if TYPE_CHECKING:
+    from traingate.spec import RunSpec
 
 RESAMPLE_P = 0.25  # chance a categorical is re-drawn when exploring
 
@@ -83,26 +85,16 @@ def plan_generation(members: list[Member], space: dict[str, ParamSpec], quantile
     return plans
 
 
-def copy_checkpoint(src_uri: str, dst_uri: str) -> int:
+def copy_checkpoint(src_uri: str, dst_uri: str, identity: tuple[str, str, RunSpec] | None = None) -> int:
     """Copy the newest valid checkpoint under ``src_uri`` to ``dst_uri`` (manifest last); return its step.
 
-    Newer checkpoints at the destination are removed first, so the destination's latest is the copy.
+    A deliberate warm start (``Checkpointer.init_from``): the source is verified as a resume
+    would verify it, newer checkpoints at the destination are removed first (so its latest is
+    the copy), and the copy is stamped for the destination member: ``identity`` is its
+    (run id, stage, spec). Without it the copy is unclaimed, and the member's next run takes it over.
     """
-    step = Checkpointer(src_uri, async_save=False).find_latest()
-    if step is None:
-        raise ValueError(f"no valid checkpoint under {src_uri}; the source member has not checkpointed yet")
-    src, dst = Storage(src_uri), Storage(dst_uri)
-    for name in dst.listdir():
-        if name.startswith("step_") and name >= step_dir(step):
-            dst.rm(name)
-    name = step_dir(step)
-    dst.makedirs(name)
-    manifest = src.read_bytes(f"{name}/{MANIFEST}")
-    for f in sorted(src.listdir(name)):
-        if f != MANIFEST:
-            dst.write_bytes(f"{name}/{f}", src.read_bytes(f"{name}/{f}"))
-    dst.write_bytes(f"{name}/{MANIFEST}", manifest)
-    return step
+    run_id, stage, spec = identity if identity is not None else (None, None, None)
+    return Checkpointer(dst_uri, async_save=False, run_id=run_id, stage=stage, spec=spec).init_from(src_uri)
 
 
 def run_generations(members: list[Member], space: dict[str, ParamSpec], quantile: float, factors: list[float],
