@@ -119,3 +119,11 @@ def test_cli_validate_prints_the_resolved_spec(tiny_spec):
     assert p.returncode == 0, p.stderr
     resolved = yaml.safe_load(p.stdout)
     assert resolved["optim"]["lr"] == 0.5 and resolved["checkpoint"]["keep_last"] == 3
+
+
+def test_yaml_anchors_and_merge_keys_still_work_while_duplicates_are_refused():
+    text = TINY_DIGITS + "pools:\n  a: &base {price_per_gpu_hour: 1.0, gpus_per_node: 0}\n  b: {<<: *base, price_per_gpu_hour: 2.0}\n"
+    spec = load_spec_text(text, ["resources.work_pool=b"])
+    assert spec.pools["a"].price_per_gpu_hour == 1.0 and spec.pools["b"].price_per_gpu_hour == 2.0
+    with pytest.raises(SpecError, match=r"pools\.b\.price_per_gpu_hour = '3.0': duplicate key"):
+        load_spec_text(text.replace("price_per_gpu_hour: 2.0}", "price_per_gpu_hour: 2.0, price_per_gpu_hour: 3.0}"))
