@@ -23,6 +23,7 @@ from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.settings import Settings
 from traingate.spec import RunSpec, load_spec
+from traingate.sweep import compat_optuna
 from traingate.sweep.checks import check_sweep
 from traingate.sweep.driver import drive
 from traingate.sweep.report import TrialOutcome
@@ -92,7 +93,7 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
     call = _in_threads(contextvars.copy_context())
 
     def run_trial(trial: optuna.Trial, params: dict[str, Any]) -> TrialOutcome:
-        out = call(sweep_trial, spec, storage, params, parent, limits, trial_id=trial._trial_id,  # noqa: SLF001
+        out = call(sweep_trial, spec, storage, params, parent, limits, trial_id=compat_optuna.trial_id(trial),
                    trial_number=trial.number, requeue_of=requeue_of(trial))
         return TrialOutcome(**{k: v for k, v in out.items() if k != "intermediate"})
 

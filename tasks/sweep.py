@@ -49,7 +49,7 @@ def ensure_concurrency_limit(name: str, limit: int) -> None:
 
 def release_leases(trial: FrozenTrial) -> None:
     """Give back the slots a dead driver's trial held (called when Optuna finds the trial stale)."""
-    from prefect.concurrency._sync import release_concurrency_slots_with_lease
+    from tasks.compat_prefect import release_concurrency_slots_with_lease
 
     for lease in trial.user_attrs.get("prefect_leases", []):
         try:
@@ -66,10 +66,9 @@ def trial_slots(limits: list[tuple[str, int]], on_leases: Callable[[list[str]], 
     ``on_leases`` (stored on the Optuna trial), so whoever re-queues a dead trial can release
     its slots at once instead of waiting for the lease to expire.
     """
-    # Private Prefect API (pinned prefect==3.8.8): the public context manager hides the lease id.
-    from prefect.concurrency._leases import maintain_concurrency_lease
-    from prefect.concurrency._sync import (acquire_concurrency_slots_with_lease,
-                                            release_concurrency_slots_with_lease)
+    # Private Prefect API, confined to tasks/compat_prefect.py: the public context manager hides the lease id.
+    from tasks.compat_prefect import (acquire_concurrency_slots_with_lease, maintain_concurrency_lease,
+                                      release_concurrency_slots_with_lease)
 
     with contextlib.ExitStack() as stack:
         leases: list[str] = []

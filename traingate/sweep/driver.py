@@ -30,6 +30,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from traingate.job.vocab import Status
+from traingate.sweep import compat_optuna
 from traingate.sweep.config import SweepSpec
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.space import suggest
@@ -107,7 +108,7 @@ def budget_stop(sweep: SweepSpec, tally: Tally, started_ts: float, now: float | 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
     """Record the trial's heartbeat in the storage until the block ends (no-op without RDB heartbeats)."""
-    storage = study._storage  # noqa: SLF001 - optuna's heartbeat API lives on the storage
+    storage = compat_optuna.storage(study)  # optuna's heartbeat API lives on the storage
     if not hasattr(storage, "record_heartbeat") or not storage.get_heartbeat_interval():
         yield
         return
@@ -115,7 +116,7 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
 
     def beat() -> None:
         while not done.is_set():
-            storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+            storage.record_heartbeat(compat_optuna.trial_id(trial))
             done.wait(every_s)
     t = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
     t.start()

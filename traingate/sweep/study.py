@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial
 
 from traingate.spec import RunSpec
 from traingate.sweep.algorithms import make_pruner, make_sampler
+from traingate.sweep.compat_optuna import trial_system_attrs
 
 MAX_REQUEUES = 3
 
@@ -36,7 +37,7 @@ def trial_key(trial: optuna.Trial | FrozenTrial) -> str:
 
 def requeue_of(trial: optuna.Trial) -> int | None:
     """The number of the stale trial this one re-runs (None for a fresh trial)."""
-    attrs = trial.study._storage.get_trial_system_attrs(trial._trial_id)  # noqa: SLF001
+    attrs = trial_system_attrs(trial)
     return attrs.get("failed_trial")  # what RetryHeartbeatStaleTrialCallback records
 
 

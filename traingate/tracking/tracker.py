@@ -24,6 +24,7 @@ from typing import Any
 
 from traingate.job import envvars
 from traingate.redact import redact
+from traingate.tracking.compat_mlflow import latest_metrics
 from traingate.tracking.journal import History, Journal
 
 log = logging.getLogger(__name__)
@@ -92,11 +93,9 @@ class MlflowTracker(NullTracker):
         from mlflow.tracking import MlflowClient
 
         _fail_fast_http()
+        # Builds a database store (engine, schema check) now, not on the writer thread in the middle of
+        # the first training steps (MLflow 3 does it in the constructor; tests/test_compat.py pins that).
         self.client = MlflowClient(tracking_uri)
-        if not tracking_uri.startswith(("http://", "https://")):
-            # A database store is built (engine, schema check) on first use: seconds of CPU that would
-            # otherwise land on the writer thread in the middle of the first training steps.
-            self.client._tracking_client.store  # noqa: B018
         self.run_id = run_id
         self.journal = Journal(Path(journal_dir) / "journal.jsonl")
         self.history: History = self.journal.history()
@@ -187,7 +186,7 @@ class MlflowTracker(NullTracker):
             log.warning("tracking store unreachable at resume (%s); restart count and logged steps "
                         "are taken from the local journal only", str(e).splitlines()[0][:200])
             return 0
-        for m in run.data._metric_objs:  # latest value per key, whose step is the key's highest
+        for m in latest_metrics(run):  # latest value per key, whose step is the key's highest
             self._high_water[m.key] = max(self._high_water.get(m.key, -1), m.step)
         return int(run.data.tags.get("traingate.sessions", "0"))
 
