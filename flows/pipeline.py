@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
+from prefect.exceptions import ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import Cancelled, Completed, Crashed, Failed, State
 from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot
@@ -27,6 +28,8 @@ from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
 from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
+from traingate.tracking import runs as tracking_runs
+from traingate.tracking import stale
 from traingate.validate import check_spec
 
 
@@ -47,6 +50,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run."""
     log = get_run_logger()
     settings = Settings.from_env().ensure()
+    _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
@@ -61,6 +65,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     else:
         raise SpecError("ladder: pass a spec, or resume_from with a run id")
     run_dir = settings.state_dir / "runs" / run_id
+    stale.claim(run_dir, str(flow_run.id))  # this process now runs the pipeline (a resume takes it over)
     summary: dict[str, Any] = {"run_id": run_id, "flow_run_id": str(flow_run.id), "stages": {},
                                "run_dir": str(run_dir), "resumed": point is not None}
     if not stages:
@@ -106,10 +111,36 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     return Completed(message=verb, data=summary)
 
 
+def _close_stale_runs(settings: Settings) -> None:
+    """Close the MLflow runs and Prefect flow runs of pipelines whose orchestrator died, with the cause."""
+    log = get_run_logger()
+    with get_client(sync_client=True) as client:
+        def state_of(flow_run_id: str) -> str | None:
+            try:
+                state = client.read_flow_run(flow_run_id).state
+            except ObjectNotFound:  # another Prefect server's run: judged by its pid alone
+                return None
+            return state.type.value if state is not None else None
+
+        closed = stale.sweep(tracking_runs.client(settings.tracking_uri), settings.state_dir, state_of)
+        for s in closed:
+            log.warning("run %s (%s%s) was left RUNNING by a dead orchestrator: closed as KILLED (%s)",
+                        s.mlflow_run_id, s.kind, f" {s.stage}" if s.stage else "", s.cause)
+        for flow_run_id, cause in {s.flow_run_id: s.cause for s in closed if s.flow_run_id}.items():
+            if state_of(flow_run_id) in stale.LIVE_FLOW_STATES:
+                client.set_flow_run_state(flow_run_id, Crashed(message=f"orchestrator lost: {cause}"), force=True)
+
+
 @flow(name="pipeline", log_prints=True)
 def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full") -> State:
     """The ladder from a spec file plus ``--set`` overrides (CI, scripts)."""
-    return ladder(load_spec(spec_path, overrides or []), until, return_state=True)
+    return same_end(ladder(load_spec(spec_path, overrides or []), until, return_state=True))
 
 
-__all__ = ["Approval", "ResumeFrom", "ResumePoint", "ladder", "pipeline"]
+def same_end(state: State) -> State:
+    """A flow that wraps another ends as it ended, with its summary as data."""
+    end = Completed if state.is_completed() else Cancelled if state.is_cancelled() else Failed
+    return end(message=state.message, data=state.result(raise_on_failure=False))
+
+
+__all__ = ["Approval", "ResumeFrom", "ResumePoint", "ladder", "pipeline", "same_end"]

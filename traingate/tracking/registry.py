@@ -3,12 +3,25 @@
 Registration happens only if :func:`traingate.tracking.runs.can_promote` agrees (full
 stage, completed, gate passed, identity complete); otherwise the run is tagged with
 why it was refused.
+
+Registration is idempotent, because the task that calls it is retried: a stage run has at
+most one registered version under its model name (a retry reuses the version whose source run
+it is) and at most one logged model (a retry that failed between logging and registering
+registers the model already logged).
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import fcntl
+import hashlib
+from pathlib import Path
+from typing import Any, Iterator
 
+from mlflow.entities import LoggedModelStatus
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
+
+from traingate.settings import Settings
 
 from traingate.spec import RunSpec
 from traingate.tracking.runs import can_promote
@@ -36,9 +49,26 @@ def _final_model(spec: RunSpec, checkpoint_uri: str) -> tuple[Any, Any]:
     return model.eval(), val.batch(range(min(2, len(val))))[0].numpy()
 
 
+def registered_version(c: MlflowClient, name: str, run_id: str) -> ModelVersion | None:
+    """The version of model ``name`` registered from ``run_id`` (the oldest, if an earlier bug made several)."""
+    found = c.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def logged_model_uri(c: MlflowClient, run_id: str) -> str | None:
+    """``models:/<id>`` of the final model already logged into ``run_id`` (complete uploads only), or None."""
+    exp = c.get_run(run_id).info.experiment_id
+    found = [m for m in c.search_logged_models([exp], filter_string=f"source_run_id = '{run_id}' AND name = 'model'")
+             if m.status == LoggedModelStatus.READY]
+    return f"models:/{max(found, key=lambda m: m.creation_timestamp).model_id}" if found else None
+
+
 def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None,
                        alias: str = CANDIDATE) -> dict[str, Any]:
-    """Log the final model into the full stage's run and register it with ``alias``, if the run may be promoted."""
+    """Log the final model into the full stage's run and register it with ``alias``, if the run may be promoted.
+
+    Safe to call again for the same run (see the module docstring): the same version comes back.
+    """
     ok, reasons = can_promote(c, stage_run_id)
     if ok and (spec.recipe.name == "script" or not checkpoint_uri):
         ok, reasons = False, ["no model checkpoint: script recipes register their own models"]
@@ -46,6 +76,23 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
 
+    import mlflow
+
+    name = model_name(spec)
+    version = registered_version(c, name, stage_run_id)
+    if version is None:
+        model_uri = logged_model_uri(c, stage_run_id) or _log_final_model(c, spec, stage_run_id, checkpoint_uri)
+        tags = c.get_run(stage_run_id).data.tags
+        mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global
+        version = mlflow.register_model(model_uri, name, tags={
+            "traingate.run_id": tags.get("traingate.run_id", ""), "traingate.stage_run_id": stage_run_id,
+            "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
+            "traingate.code_version": tags.get("traingate.code_version", ""),
+            "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")})
+    return take_alias_if_better(c, name, version.version, stage_run_id, alias)
+
+
+def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str) -> str:
     import mlflow
     import mlflow.pytorch
     import torch
@@ -56,15 +103,73 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
         # pickle, not pt2: export tracing does not hold for every recipe's model (e.g. variable-length input)
         info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", input_example=example,
                                         pip_requirements=[f"torch=={torch.__version__}"])
-    tags = c.get_run(stage_run_id).data.tags
-    name = model_name(spec)
-    version = mlflow.register_model(info.model_uri, name, tags={
-        "traingate.run_id": tags.get("traingate.run_id", ""), "traingate.stage_run_id": stage_run_id,
-        "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
-        "traingate.code_version": tags.get("traingate.code_version", ""),
-        "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")})
-    c.set_registered_model_alias(name, alias, version.version)
-    c.set_tag(stage_run_id, "traingate.promotion", f"registered {name} v{version.version} @{alias}")
+    return info.model_uri
+
+
+# ------------------------------------------------------------------ the alias: compare-and-set
+# Several ladders may finish at once. A plain set_registered_model_alias is last-writer-wins: a
+# worse model could take `candidate` from a better one, and each run would print a version that
+# is already stale. So the alias moves only under a lock shared by every writer of this store,
+# and only to a version whose evaluation metric beats the holder's.
+EVAL_METRIC = "val_loss"  # every model recipe reports it; lower is better
+_METRIC_TAG = f"traingate.{EVAL_METRIC}"
+
+
+def _eval_metric(c: MlflowClient, stage_run_id: str) -> float | None:
+    metrics = c.get_run(stage_run_id).data.metrics
+    value = metrics.get(f"stage.{EVAL_METRIC}", metrics.get(EVAL_METRIC))
+    return float(value) if value is not None else None
+
+
+@contextlib.contextmanager
+def _alias_lock(c: MlflowClient, name: str) -> Iterator[None]:
+    """An exclusive lock for moving ``name``'s aliases: beside a SQLite store, else in the state dir."""
+    uri = c.tracking_uri
+    base = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else \
+        Settings.from_env().state_dir / "locks"
+    base.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(f"{uri}|{name}".encode()).hexdigest()[:16]
+    with open(base / f".alias-{digest}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # separate open()s conflict even between threads of one process
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def take_alias_if_better(c: MlflowClient, name: str, version: str, stage_run_id: str,
+                         alias: str = CANDIDATE) -> dict[str, Any]:
+    """Point ``alias`` at ``version`` if its eval metric beats the current holder's (or there is none).
+
+    The decision and its reason are tagged on the version and on the stage run; the returned
+    dict says what holds the alias when the lock is released (``registered``: this version took it).
+    """
+    mine = _eval_metric(c, stage_run_id)
+    if mine is not None:
+        c.set_model_version_tag(name, version, _METRIC_TAG, repr(mine))
+    with _alias_lock(c, name):
+        held = c.get_registered_model(name).aliases.get(alias)
+        holder = c.get_model_version(name, held) if held is not None else None
+        theirs = holder.tags.get(_METRIC_TAG) if holder is not None else None
+        if holder is None:
+            won, why = True, f"took @{alias}: no model held it"
+        elif mine is None:
+            won, why = False, f"@{alias} stays at v{holder.version}: this run logged no {EVAL_METRIC}"
+        elif theirs is None or mine < float(theirs):
+            won, why = True, (f"took @{alias} from v{holder.version}: {EVAL_METRIC} {mine:.6g} < "
+                              f"{float(theirs):.6g}" if theirs is not None else
+                              f"took @{alias} from v{holder.version}, which has no {EVAL_METRIC}")
+        else:
+            won, why = False, (f"@{alias} stays at v{holder.version}: its {EVAL_METRIC} {float(theirs):.6g} "
+                               f"<= this run's {mine:.6g}")
+        if won:
+            c.set_registered_model_alias(name, alias, version)
+    c.set_model_version_tag(name, version, "traingate.alias_decision", why)
+    c.set_tag(stage_run_id, "traingate.promotion", f"registered {name} v{version}; {why}")
+    if not won:
+        return {"registered": False, "name": name, "version": version, "alias": None,
+                "holder_version": holder.version if holder else None,
+                "reasons": [f"{name} v{version} registered but not promoted: {why}"]}
     c.set_tag(stage_run_id, "traingate.model_uri", f"models:/{name}@{alias}")
-    return {"registered": True, "name": name, "version": version.version, "alias": alias,
-            "model_uri": f"models:/{name}@{alias}"}
+    return {"registered": True, "name": name, "version": version, "alias": alias,
+            "model_uri": f"models:/{name}@{alias}", "reason": why}
