@@ -80,6 +80,8 @@ def test_a_worse_model_registered_later_does_not_take_candidate(tmp_path: Path):
     assert c.get_model_version_by_alias(NAME, CANDIDATE).version == good
     assert c.get_model_version(NAME, bad).tags["traingate.alias_decision"] == \
         f"@{CANDIDATE} stays at v{good}: its val_loss 0.2 <= this run's 0.3"
+    again = take_alias_if_better(c, NAME, good, good_run)  # the registration task retried
+    assert again["registered"] is True and again["reason"] == f"holds @{CANDIDATE} already"
     better_run, better = _version(c, uri, 0.1)
     res = take_alias_if_better(c, NAME, better, better_run)
     assert res["registered"] is True and res["reason"] == f"took @{CANDIDATE} from v{good}: val_loss 0.1 < 0.2"

@@ -33,7 +33,9 @@ from mlflow.tracking import MlflowClient
 from traingate.job.files import read_json, read_supervisor_state, write_json
 
 ORCHESTRATOR = "orchestrator.json"
-CAUSE_TAG = "traingate.crash_cause"
+# Not under "traingate.": stage runs opened later copy their parent's traingate.* tags, and a resumed
+# pipeline's new stages did not crash.
+CAUSE_TAG = "orchestrator.crash_cause"
 # Prefect state types of a flow run that is still (or about to be) someone's work.
 LIVE_FLOW_STATES = {"SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"}
 _TRAINING_STAGES = ("smoke", "canary", "full")
@@ -135,11 +137,9 @@ def find_stale(c: MlflowClient, state_dir: Path,
 
 
 def close_stale(c: MlflowClient, stale: list[StaleRun]) -> None:
-    """Close each stale run as KILLED, tagged with the cause (``traingate.crash_cause``)."""
+    """Close each stale run as KILLED, tagged with the cause (``orchestrator.crash_cause``)."""
     for s in stale:
         c.set_tag(s.mlflow_run_id, CAUSE_TAG, f"orchestrator_lost: {s.cause}")
-        if s.kind == "pipeline":
-            c.set_tag(s.mlflow_run_id, "traingate.outcome", "crashed")
         c.set_terminated(s.mlflow_run_id, "KILLED")
 
 
