@@ -114,20 +114,24 @@ def stage_metrics(spec: RunSpec, stage: str) -> set[str]:
 
 def _known(names: set[str]) -> str:
     text = ", ".join(sorted(names))
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _check_metrics(spec: RunSpec) -> None:
     """A gate rule on a metric its stage never reports fails every run; say so before any runs."""
     for stage in STAGES:
-        gate = spec.gates.get(stage)
-        for i, rule in enumerate(gate.rules if gate else []):
-            can = stage_metrics(spec, stage)
-            if rule.metric not in can:
-                hint = (" (a script reports the named groups of recipe.script.metrics)" if spec.recipe.script
-                        and stage != "unit" else "")
+        can = stage_metrics(spec, stage)
+        hint = (" (a script reports the named groups of recipe.script.metrics)" if spec.recipe.script
+                and stage != "unit" else "")
+        for i, rule in enumerate(spec.gate(stage).rules):
+            if rule.metric in can:
+                continue
+            if stage in spec.gates:
                 raise SpecError(f"gates.{stage}.rules.{i}.metric = {rule.metric!r}: the {stage} stage never reports "
                                 f"it{hint}; use one of: {_known(can)}")
+            raise SpecError(f"gates.{stage} = (default) '{rule.metric} {rule.op} {rule.value:g}': the {stage} stage "
+                            f"never reports {rule.metric}{hint}, so its default gate cannot pass; set "
+                            f"gates.{stage}.rules on metrics it reports: {_known(can)}")
     if spec.checkpoint.best_metric not in MANIFEST_METRICS:
         raise SpecError(f"checkpoint.best_metric = {spec.checkpoint.best_metric!r}: checkpoint manifests record only "
                         f"{list(MANIFEST_METRICS)}, so keep_best could not rank by it; use one of those")
@@ -202,8 +206,8 @@ def _check_uri(field: str, uri: str | None, schemes: set[str] | None = None) -> 
         raise SpecError(f"{field} = {shown!r}: memory:// lives inside one process, and every stage runs in its "
                         "own; use file:///abs/path or s3://bucket/prefix")
     if scheme not in allowed:
-        raise SpecError(f"{field} = {shown!r}: needs a URI with one of the schemes {sorted(allowed)}, "
-                        "e.g. file:///abs/path or s3://bucket/prefix")
+        kinds = f"one of the schemes {sorted(allowed)}" if len(allowed) < 10 else "a scheme fsspec knows"
+        raise SpecError(f"{field} = {shown!r}: needs a URI with {kinds}, e.g. file:///abs/path or s3://bucket/prefix")
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as e:
@@ -212,8 +216,9 @@ def _check_uri(field: str, uri: str | None, schemes: set[str] | None = None) -> 
     parts = urlsplit(_resolved(field, uri))
     if scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path.startswith("/")):
         raise SpecError(f"{field} = {shown!r}: a file URI needs an absolute path, file:///abs/path (three slashes)")
-    if scheme == "s3" and not _S3_BUCKET.fullmatch(parts.netloc):
-        raise SpecError(f"{field} = {shown!r}: {parts.netloc!r} is not a valid S3 bucket name (3-63 lowercase "
+    bucket = parts.netloc.rpartition("@")[2]  # never echo credentials written into the URI
+    if scheme == "s3" and not _S3_BUCKET.fullmatch(bucket):
+        raise SpecError(f"{field} = {shown!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase "
                         "letters, digits, '.' or '-'); write s3://bucket/prefix")
 
 
@@ -325,7 +330,9 @@ def _s3_client(settings: Settings) -> Any:
 
     # Fail fast: a probe that waits minutes on a dead endpoint is worse than the error.
     config = Config(connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S, retries={"max_attempts": 1})
-    return boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    # A new session reads the credentials as the environment has them now (boto3's default
+    # session keeps what it found the first time).
+    return boto3.session.Session().client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
 
 
 def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: bool) -> None:
@@ -414,6 +421,10 @@ def _database_reachable(field: str, uri: str, tracking: bool) -> None:
 
 
 def _http_health(field: str, shown: str, uri: str) -> None:
+    try:
+        urlsplit(uri).port  # noqa: B018 - raises for a port that is not 0-65535
+    except ValueError:
+        raise SpecError(f"{field} = {shown!r}: the port is not a number 0-65535; fix the URI") from None
     url = uri.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as r:  # noqa: S310 - the URI is the user's setting
