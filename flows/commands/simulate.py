@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from traingate.capacity.policy import Policy
-from traingate.capacity.pools import CapacityError, load_config
+from traingate.capacity.pools import CapacityConfig, CapacityError, load_config
 from traingate.capacity.report import COMPARED, plots, report, write_schedule
 from traingate.capacity.simulate import simulate
 from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
@@ -17,7 +17,7 @@ from traingate.settings import Settings
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool,est_duration_s]")
     p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
-    p.add_argument("--policies", default=",".join(COMPARED),
+    p.add_argument("--policies",
                    help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
                         "(default: the ten-way comparison)")
     p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
@@ -39,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.pools)
-    policies = [Policy.parse(p) for p in args.policies.split(",") if p.strip()]
+    default = Policy.default(config.scheduling)
+    policies = [Policy.parse(p) for p in (args.policies or ",".join(COMPARED)).split(",") if p.strip()]
     if not policies:
         raise CapacityError("--policies is empty; name at least one, e.g. --policies fifo,fairshare+backfill")
     if args.half_life_h is not None and not args.half_life_h > 0:
@@ -53,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     results = [simulate(trace, config, p, args.half_life_h) for p in policies]
     pools = sorted({tj.job.pool for tj in trace})
     text = report(results, f"{len(trace)} jobs from {trace_path.name} on "
-                           + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools))
+                           + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools), default)
     (out / "table.md").write_text(text)
     for r in results:
         write_schedule(r, out / f"schedule-{r.policy.name}.csv")
@@ -63,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(args: argparse.Namespace, config, trace_path: Path) -> None:
+def _generate(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) -> None:
     if args.generate < 1:
         raise CapacityError(f"--generate = {args.generate}: must be at least 1 job")
     if not 0 < args.load < 1:

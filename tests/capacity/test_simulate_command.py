@@ -24,8 +24,9 @@ def test_simulate_prints_the_comparison_and_writes_table_plots_and_schedules(tmp
                "--policies", "fifo,fairshare+backfill+preempt", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "generated 120 jobs" in out and "| fifo | " in out and "| fairshare+backfill+preempt | " in out
+    assert "generated 120 jobs" in out and "| fifo | " in out and "fairshare+backfill+preempt" in out
     assert "| 1.00 | 1.00 |" in out          # FIFO against itself
+    assert "| fairshare+backfill+preempt (config default) | " in out
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == ["ratios.png", "schedule-fairshare+backfill+preempt.csv", "schedule-fifo.csv",
                        "table.md", "team_share.png", "wait_cdf.png"]

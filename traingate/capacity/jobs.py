@@ -36,10 +36,6 @@ class Job:
     done_s: float = 0.0   # durable work from earlier attempts: the next attempt resumes from here
     attempt: int = 0      # 0 = first attempt; +1 per preemption
 
-    @property
-    def running(self) -> bool:
-        return self.started_s is not None
-
 
 def started(job: Job, now: float, nodes: tuple[int, ...], extra_overhead_s: float = 0.0) -> Job:
     return dataclasses.replace(job, started_s=now, nodes=nodes, overhead_s=job.overhead_s + extra_overhead_s)

@@ -175,9 +175,9 @@ def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[
 
     Candidates are jobs of strictly lower classes. They are taken least work lost first (GPUs held
     x (seconds since their last checkpoint + ``restart_cost_s``); then the lower class; then the
-    latest started) until
-    ``job`` fits and, when its team is ``over_quota`` GPUs above its cap, until that many GPUs of
-    the team's own jobs are freed; then every victim not needed after all is spared again.
+    latest started) until ``job`` fits and, when its team is ``over_quota`` GPUs above its cap,
+    until that many GPUs of the team's own jobs are freed; then every victim not needed after all
+    is spared again.
     """
     mine = classes[job.priority].priority
     cands = [r for r in running if classes[r.priority].priority < mine and r.started_s is not None and r.started_s < now]

@@ -54,7 +54,7 @@ def _default_classes() -> dict[str, PriorityClass]:
 class SchedulingConfig(_Section):
     """The policy a pool runs by default (part 2 carries it out; the simulator compares it)."""
 
-    half_life_h: float = Field(default=6.0, gt=0, description="fair share: usage loses half its weight after this")
+    half_life_h: float = Field(default=24.0, gt=0, description="fair share: usage loses half its weight after this")
     backfill: bool = Field(default=True, description="EASY backfill behind a blocked job")
     preemption: bool = Field(default=True, description="classes with preempts: true may stop lower classes")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traingate.capacity.policy import Policy
 from traingate.capacity.simulate import SimResult, summarize
 
 # The comparison `traingate simulate` runs by default: each order, backfill on the fair-share
@@ -29,18 +30,22 @@ def baseline(results: Sequence[SimResult]) -> SimResult:
     return next((r for r in results if r.policy.name == "fifo"), results[0])
 
 
-def table(results: Sequence[SimResult]) -> str:
+def _name(res: SimResult, default: Policy | None) -> str:
+    return res.policy.name + (" (config default)" if res.policy == default else "")
+
+
+def table(results: Sequence[SimResult], default: Policy | None = None) -> str:
     ms = [summarize(r) for r in results]
     base = summarize(baseline(results))
     unit, div = _unit([m.mean_jct_s for m in ms])
     lines = [f"| policy | mean wait ({unit}) | p95 wait ({unit}) | mean JCT ({unit}) | wait / FIFO | JCT / FIFO "
-             f"| utilisation | fragmented GPUs | preemptions | GPU-h lost | replay (jobs/s) |",
+             f"| utilisation | fragmented GPUs | preemptions | GPU-h lost | replay (jobs per CPU-s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, m in zip(results, ms):
-        lines.append(f"| {r.policy.name} | {m.mean_wait_s / div:.2f} | {m.p95_wait_s / div:.2f} | {m.mean_jct_s / div:.2f} "
+        lines.append(f"| {_name(r, default)} | {m.mean_wait_s / div:.2f} | {m.p95_wait_s / div:.2f} | {m.mean_jct_s / div:.2f} "
                      f"| {_ratio(m.mean_wait_s, base.mean_wait_s)} | {_ratio(m.mean_jct_s, base.mean_jct_s)} "
                      f"| {m.utilisation:.1%} | {m.fragmented_gpus:.2f} ({m.fragmented_frac:.1%}) | {m.preemptions} "
-                     f"| {m.wasted_gpu_h:.1f} | {m.jobs / r.wall_s:,.0f} |")
+                     f"| {m.wasted_gpu_h:.1f} | {m.jobs / r.cpu_s:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -69,11 +74,12 @@ def by_team_table(results: Sequence[SimResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(results: Sequence[SimResult], title: str) -> str:
+def report(results: Sequence[SimResult], title: str, default: Policy | None = None) -> str:
+    """``default``: the policy the config's ``scheduling`` section names, marked in the table."""
     r0 = results[0]
     return (f"{title}\n\nfair-share half-life {r0.half_life_h:g} h; ratios against "
             f"{baseline(results).policy.name}; JCT = job completion time (submission to end)\n\n"
-            f"{table(results)}\nMean queueing delay by priority class:\n\n{by_class_table(results)}\n"
+            f"{table(results, default)}\nMean queueing delay by priority class:\n\n{by_class_table(results)}\n"
             f"GPU-hours held and mean queueing delay by team:\n\n{by_team_table(results)}")
 
 

@@ -94,6 +94,7 @@ class SimResult:
     records: list[JobRecord]
     pools: list[PoolTotals]
     wall_s: float
+    cpu_s: float   # the replay's own CPU time: its speed on a machine shared with other work
 
 
 def simulate(trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy,
@@ -104,7 +105,7 @@ def simulate(trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy,
         if why:
             raise CapacityError(f"job {tj.job.job_id}: {why}")
     h = config.scheduling.half_life_h if half_life_h is None else half_life_h
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     records: list[JobRecord] = []
     totals: list[PoolTotals] = []
     for name in sorted({tj.job.pool for tj in trace}):
@@ -114,7 +115,7 @@ def simulate(trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy,
         records += rec
         totals.append(tot)
     records.sort(key=lambda r: (r.submit_s, r.job_id))
-    return SimResult(policy, h, records, totals, time.perf_counter() - t0)
+    return SimResult(policy, h, records, totals, time.perf_counter() - t0, time.process_time() - c0)
 
 
 def _replay_pool(name: str, pool: PoolConfig, trace: list[TraceJob], config: CapacityConfig, rules: Rules,
