@@ -3,7 +3,10 @@
 1. Stall: a >= 50M-parameter model (a stack of nn.Linear) with AdamW state, on CPU. Per
    checkpoint, the time the training loop is blocked with the async Checkpointer (snapshot
    into reused host buffers; serialise + sha256 + fsync on a background thread) against a
-   synchronous ``torch.save`` + fsync of the same state, in the same process.
+   synchronous ``torch.save`` + fsync of the same state, in the same process. As in
+   ``Trainer.run``, the host buffers are prepared before the first step (in the background);
+   a second Checkpointer without them measures the first checkpoint as it was before.
+   Goals: first checkpoint <= 15% of the synchronous save, steady state <= 10%.
 2. Resume: real ``python -m traingate.runtime.train`` processes (char-gpt, ~3.2M parameters)
    SIGKILLed at seeded random steps and relaunched: seconds from process start to the first
    resumed training step, and steps of work lost per failure vs the checkpoint interval.
@@ -23,10 +26,15 @@ from pathlib import Path
 
 import torch
 
+from traingate.job import envvars
+from traingate.job.stagejob import derive
 from traingate.runtime.checkpoint import Checkpointer
+from traingate.settings import Settings
+from traingate.spec import load_spec
 
 WIDTH, DEPTH = 2048, 12  # 12 x (2048*2048 + 2048) = 50.4M parameters
 SAVES = 3
+GOAL_FIRST, GOAL_STEADY = 15.0, 10.0  # % of a synchronous save
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -48,10 +56,19 @@ def _state(model, opt) -> dict:
     return {"model": model.state_dict(), "train_state": {"optimizer": opt.state_dict()}}
 
 
+def _verdict(pct: float, goal: float) -> str:
+    return f"**{pct:.1f}%** (goal <= {goal:.0f}%: {'met' if pct <= goal else 'MISSED'})"
+
+
 def bench_stall(tmp: Path) -> list[tuple[str, str]]:
     model, opt = _model()
     params = sum(p.numel() for p in model.parameters())
+    ck = Checkpointer((tmp / "async").as_uri())
+    # What Trainer.run does before its loop: the optimizer has no state yet, so buffers for the
+    # weights and AdamW's two moments, faulted in on the writer thread while training starts.
+    ck.prepare(model.state_dict(), copies=3)
     base_steps = [_step(model, opt) for _ in range(4)]  # also creates the Adam state
+    ck._await_prepared()  # done long before: it must not overlap the synchronous baseline
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3
 
     sync = []
@@ -66,7 +83,6 @@ def bench_stall(tmp: Path) -> list[tuple[str, str]]:
         path.unlink()
         _step(model, opt)
 
-    ck = Checkpointer((tmp / "async").as_uri())
     blocked, write_s, steps_during = [], [], []
     for i in range(SAVES):
         ck.save(i + 1, _state(model, opt))
@@ -79,6 +95,12 @@ def bench_stall(tmp: Path) -> list[tuple[str, str]]:
         write_s.append(time.perf_counter() - t0)
         ck.wait()
     ck.close()
+    prepared_mib = ck._host.nbytes / 2**20
+
+    cold = Checkpointer((tmp / "cold").as_uri())  # no prepare: the first snapshot allocates
+    cold.save(1, _state(model, opt))
+    cold_first = cold.last_blocked_s
+    cold.close()
 
     quiet = statistics.median(base_steps[1:])
     busy = statistics.median(steps_during) if steps_during else quiet
@@ -88,10 +110,14 @@ def bench_stall(tmp: Path) -> list[tuple[str, str]]:
         ("model", f"{DEPTH} x Linear({WIDTH}, {WIDTH}): {params / 1e6:.1f}M parameters, "
                   f"{state_bytes / 2**20:.0f} MiB with AdamW state"),
         ("synchronous torch.save + fsync, per checkpoint (median of 3)", f"{sync_med:.2f} s"),
-        ("async save, training blocked, first checkpoint (allocates host buffers)", f"{blocked[0]:.3f} s"),
+        ("host buffers prepared before the first step (writer thread, overlaps the first steps)",
+         f"{ck.prepare_s:.3f} s for {prepared_mib:.0f} MiB"),
+        ("async save, training blocked, first checkpoint", f"{blocked[0]:.3f} s"),
         ("async save, training blocked, steady state (median of 2)", f"{steady:.3f} s"),
-        ("**blocked / synchronous (steady state; goal <= 15%)**", f"**{100 * steady / sync_med:.1f}%**"),
-        ("blocked / synchronous (first checkpoint)", f"{100 * blocked[0] / sync_med:.1f}%"),
+        ("**blocked / synchronous, first checkpoint**", _verdict(100 * blocked[0] / sync_med, GOAL_FIRST)),
+        ("**blocked / synchronous, steady state**", _verdict(100 * steady / sync_med, GOAL_STEADY)),
+        ("first checkpoint without prepare (allocates host buffers): blocked, / synchronous",
+         f"{cold_first:.3f} s, {100 * cold_first / sync_med:.1f}%"),
         ("background write (serialise + sha256 + fsync), median", f"{statistics.median(write_s):.2f} s"),
         ("training step while a save is written / without (2 cores shared)",
          f"{busy:.3f} s / {quiet:.3f} s"),
@@ -109,11 +135,13 @@ tracking: {enabled: false}
 
 
 def _launch(spec: Path, out: Path) -> subprocess.Popen:
-    env = dict(os.environ, TRAINGATE_STAGE_DIR=str(out), TRAINGATE_RUN_ID="bench", OMP_NUM_THREADS="2",
-               TRAINGATE_LAUNCH_TS=repr(time.time()))
-    for var in ("TRAINGATE_FAULT", "TRAINGATE_INJECT", "MLFLOW_RUN_ID", "TRAINGATE_CHECKPOINT_DIR"):
+    job = derive(load_spec(spec), "full", run_id="bench", run_dir=out.parent, stage_dir=out,
+                 settings=Settings.from_env(), checkpoint_uri=(out / "checkpoints").as_uri()).launch(time.time())
+    env = envvars.job_environment(job)  # what a supervised stage gets; this process stands in for the supervisor
+    env["OMP_NUM_THREADS"] = "2"
+    for var in (envvars.FAULT, envvars.INJECT):
         env.pop(var, None)
-    return subprocess.Popen([sys.executable, "-m", "traingate.runtime.train", "--spec", str(spec), "--stage", "full"],
+    return subprocess.Popen([sys.executable, "-m", "traingate.runtime.train", "--job", str(job.write())],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

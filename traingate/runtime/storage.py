@@ -241,10 +241,6 @@ class Storage:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def makedirs(self, rel: str) -> None:
-        if self.is_local:
-            self.fs.makedirs(self._path(rel), exist_ok=True)
-
     def put_file(self, local_path: str, rel: str) -> None:
         self.retry(f"upload {rel}", lambda: self.fs.put_file(local_path, self._path(rel)))
 
