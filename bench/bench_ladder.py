@@ -1,7 +1,7 @@
 """Platform overhead: the ladder vs. the same steps run by bare commands, same invocation.
 
 Bare baseline: the same pytest run, the same two smoke processes, the same torchrun canary
-and full runs, started directly with no Prefect, no MLflow, no gates. Ladder: the `pipeline`
+and full runs, started directly with no Prefect, no MLflow, no gates. Ladder: the `ladder`
 flow on a running (temporary) Prefect server with MLflow on SQLite. Per-stage orchestration
 overhead = the stage's wall time in the flow (open run .. report published) - the bare stage.
 """
@@ -20,30 +20,45 @@ REPEATS = 2
 
 
 def _bare(state: Path) -> dict[str, float]:
+    """The same commands the ladder runs, each from a StageJob written once up front, without tracking."""
+    import dataclasses
+
+    from traingate.job.stagejob import derive
+    from traingate.launch import stage_command
     from traingate.recipes.checks import __file__ as checks_init
+    from traingate.settings import Settings
     from traingate.spec import load_spec, write_resolved
 
-    spec_path = write_resolved(load_spec(SPEC), state / "bare" / "spec.yaml")
+    spec = load_spec(SPEC)
+    root = state / "bare" / str(time.monotonic_ns())
+    spec_path = write_resolved(spec, root / "spec.yaml")
     py = sys.executable
     env = {**os.environ, "TRAINGATE_SPEC": str(spec_path), "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_RUN_ID", None)
     contract = str(Path(checks_init).with_name("test_recipe_contract.py"))
-    train = [py, "-m", "traingate.runtime.train", "--spec", str(spec_path), "--stage"]
-    torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+    def job_cmd(stage: str, stop_at_step: int | None = None, name: str | None = None) -> list[str]:
+        # Both smoke commands share the run's checkpoint location: the second resumes from the first.
+        job = derive(spec, stage, run_id=root.name, run_dir=root, settings=Settings.from_env(),
+                     stage_dir=root / (name or stage))
+        job = dataclasses.replace(job.launch(time.time()), tracking_uri=None, mlflow_run_id=None,
+                                  stop_at_step=stop_at_step)
+        job.write()
+        return stage_command(job, py)
+
     plan = {
         "unit": [[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", contract]],
-        "smoke": [[*train, "smoke", "--stop-at-step", "3"], [*train, "smoke"]],
-        "canary": [[*torchrun, "-m", "traingate.runtime.train", "--spec", str(spec_path), "--stage", "canary"]],
-        "full": [[*torchrun, "-m", "traingate.runtime.train", "--spec", str(spec_path), "--stage", "full"]],
+        "smoke": [job_cmd("smoke", 3, "smoke-a"), job_cmd("smoke")],
+        "canary": [job_cmd("canary")],
+        "full": [job_cmd("full")],
     }
     out: dict[str, float] = {}
     for stage, cmds in plan.items():
-        d = state / "bare" / f"{stage}-{time.monotonic_ns()}"
-        d.mkdir(parents=True)
+        d = root / f"{stage}-cwd"
+        d.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         for cmd in cmds:
-            subprocess.run(cmd, env={**env, "TRAINGATE_STAGE_DIR": str(d)}, cwd=d, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(cmd, env=env, cwd=d, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out[stage] = time.perf_counter() - t0
     return out
 
@@ -52,10 +67,11 @@ def _ladder() -> tuple[float, dict[str, float]]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.pipeline import pipeline
+    from flows.pipeline import ladder
+    from traingate.spec import load_spec
 
     t0 = time.perf_counter()
-    state = pipeline(str(SPEC), [], "full", return_state=True)
+    state = ladder(load_spec(SPEC), "full", return_state=True)
     total = time.perf_counter() - t0
     assert state.is_completed(), state.message
     flow_run_id = state.result()["flow_run_id"]

@@ -1,11 +1,12 @@
-"""Recovery: mean time to recovery per fault kind, and goodput of a run with a fault every N steps.
+"""Recovery: time to recovery per fault kind, where it goes, and goodput with a fault every N steps.
 
 The digits example spec (2 ranks, torchrun, gloo, CPU) under the real supervisor, faults
 injected with TRAINGATE_INJECT. Time to recovery runs from the fault (the injector's
-timestamp) to the first training step the relaunched tree completes, so it includes
-detection (for a hang: the hang timeout), backoff, torchrun start-up and checkpoint load.
-Goodput = useful steps / steps executed; the time ratio is the undisturbed run's wall time
-over the disturbed one's.
+timestamp) to the first training step the restarted group completes. It is broken down
+with the restarted rank 0's own timeline: fault -> new process (detection, backoff, launch;
+for torchrun's in-place restarts: its detection and respawn), imports, rendezvous, model
+build + checkpoint load, first step. Goodput = useful steps / steps executed; the time ratio
+is the undisturbed run's wall time over the disturbed one's.
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import statistics
 import time
 from pathlib import Path
 
-from traingate import launch
-from traingate.runtime import env as renv
-from traingate.settings import Settings
-from traingate.spec import load_spec, write_resolved
+from traingate.job.stagejob import JobKind, derive
+from traingate.job.vocab import Status
 from traingate.runtime import inject
+from traingate.settings import Settings
+from traingate.spec import load_spec
 from traingate.supervision.drill import records, steps_executed
-from traingate.supervision.supervisor import supervise
+from traingate.supervision.supervisor import Supervision, supervise
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_TIMEOUT_S = 5.0
@@ -33,6 +34,7 @@ MTTR_FAULTS = {
 }
 GOODPUT_EVERY = 15
 GOODPUT_STEPS = 90
+PHASES = ("to new process", "imports", "rendezvous", "build + load", "first step")
 
 
 def _spec(max_steps: int):
@@ -42,34 +44,46 @@ def _spec(max_steps: int):
         "supervision.backoff_base_s=0.5", "supervision.max_restarts=10"])
 
 
-def _run(work: Path, name: str, max_steps: int, faults: str):
-    spec = _spec(max_steps)
-    settings = Settings.from_env()
+def _run(work: Path, name: str, max_steps: int, faults: str) -> tuple[Supervision, float, list]:
     stage_dir = work / name
-    spec_path = write_resolved(spec, work / f"{name}.yaml")
-    env = launch.stage_env(spec, settings, "full", f"bench-{name}", stage_dir, None)
-    env[renv.CHECKPOINT_URI] = (stage_dir / "checkpoints").as_uri()
-    env.pop(inject.ENV, None)
-    if faults:
-        env[inject.ENV] = faults
+    job = derive(_spec(max_steps), "full", run_id=f"bench-{name}", run_dir=work, settings=Settings.from_env(),
+                 kind=JobKind.DRILL, stage_dir=stage_dir, checkpoint_uri=(stage_dir / "checkpoints").as_uri(),
+                 faults=faults or None)
     t0 = time.monotonic()
-    sup = supervise(spec, "full", spec_path, stage_dir, env, seed=0)
-    assert sup.status == "completed", sup.error
+    sup = supervise(job, seed=0)
+    assert sup.status == Status.COMPLETED, sup.error
     return sup, time.monotonic() - t0, inject.fired(stage_dir)
+
+
+def _phases(sup: Supervision, fired: list[dict]) -> list[list[float]]:
+    """Per recovered fault: seconds spent in each of PHASES."""
+    out = []
+    for m in fired:
+        nxt = next((a for a in sup.attempts if a.launched_at >= m["time"] or
+                    a.timeline.get("process_start", 0) >= m["time"]), None)
+        t = nxt.timeline if nxt is not None else {}
+        if nxt is None or not nxt.first_step_time or not {"process_start", "imported", "rendezvous", "loaded"} <= set(t):
+            continue
+        marks = [m["time"], t["process_start"], t["imported"], t["rendezvous"], t["loaded"], nxt.first_step_time]
+        out.append([b - a for a, b in zip(marks, marks[1:])])
+    return out
 
 
 def main() -> str:
     work = Settings.from_env().ensure().state_dir / "bench" / "recovery" / time.strftime("%Y%m%d-%H%M%S")
-    rows = ["| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost | "
+            + " | ".join(f"{p} (s)" for p in PHASES) + " |", "|---" * (6 + len(PHASES)) + "|"]
     for kind, faults in MTTR_FAULTS.items():
         sup, _, fired = _run(work, f"mttr-{kind}", 60, faults)
         recs = [r for r in records(sup, fired) if r.recovery_s is not None]
         mttr = [r.recovery_s for r in recs]
         lost = [r.steps_lost for r in recs if r.steps_lost is not None]
-        causes = sorted({r.classified_as or "-" for r in recs})
+        causes = sorted({str(r.classified_as or "-") for r in recs})
+        phases = _phases(sup, list({m["fault"]: m for m in fired}.values()))
+        split = [statistics.mean(p[i] for p in phases) if phases else float("nan") for i in range(len(PHASES))]
         rows.append(f"| {kind} | {', '.join(causes)} | {len(recs)} | {statistics.mean(mttr):.1f} | "
-                    f"{min(mttr):.1f}-{max(mttr):.1f} | {statistics.mean(lost):.1f} |")
+                    f"{min(mttr):.1f}-{max(mttr):.1f} | {statistics.mean(lost):.1f} | "
+                    + " | ".join(f"{x:.2f}" for x in split) + " |")
 
     kinds = ["kill", "term", "stop"]
     plan = [f"{kinds[i % 3]}@{s}" + (":1" if kinds[i % 3] in ("kill", "stop") else "")
@@ -77,12 +91,17 @@ def main() -> str:
     _, ref_s, _ = _run(work, "goodput-reference", GOODPUT_STEPS, "")
     sup, drill_s, _ = _run(work, "goodput-drill", GOODPUT_STEPS, ",".join(plan))
     executed = steps_executed(sup)
+    inplace = sum(a.inplace for a in sup.attempts)
     rows += ["", f"Goodput, {GOODPUT_STEPS} steps with a fault every {GOODPUT_EVERY} steps "
                  f"({', '.join(plan)}), checkpoint every {CHECKPOINT_EVERY} steps:", "",
-             "| run | restarts | steps executed | goodput (useful / executed steps) | wall (s) | time ratio |",
+             "| run | restarts (in place) | steps executed | goodput (useful / executed steps) | wall (s) | time ratio |",
              "|---|---|---|---|---|---|",
              f"| undisturbed | 0 | {GOODPUT_STEPS} | 100.0% | {ref_s:.1f} | 1.00 |",
-             f"| fault every {GOODPUT_EVERY} steps | {sup.restarts} | {executed} | "
+             f"| fault every {GOODPUT_EVERY} steps | {sup.restarts} ({inplace}) | {executed} | "
              f"{GOODPUT_STEPS / executed:.1%} | {drill_s:.1f} | {ref_s / drill_s:.2f} |",
              "", f"(hang timeout {HANG_TIMEOUT_S:.0f} s; digits-cnn channels 16, 2 ranks, torchrun + gloo on CPU)"]
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(main())

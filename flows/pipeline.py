@@ -18,11 +18,12 @@ from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot
 from tasks.report import publish_stage_report
-from tasks.tracking import (close_pipeline_run, open_pipeline_run, open_stage_run, record_stage,
+from tasks.tracking import (close_pipeline_run, gate_passed, open_pipeline_run, open_stage_run, record_stage,
                             register_candidate)
 from tasks.train import run_stage_job
 from tasks.unit import run_unit_tests
 from traingate.gates import decide
+from traingate.job.files import read_result
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
@@ -30,7 +31,7 @@ from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
-from traingate.validate import check_spec
+from traingate.validate import check_spec, preflight
 
 
 class Approval(RunInput):
@@ -49,14 +50,17 @@ class ResumeFrom(BaseModel):
 def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: ResumeFrom | None = None) -> State:
     """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run."""
     log = get_run_logger()
-    settings = Settings.from_env().ensure()
+    settings = Settings.from_env()
+    if spec is not None and resume_from is None:  # validation once, before anything is created
+        check_spec(spec)
+        preflight(spec, settings)
+    settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
         stages = [s for s in stages_until(until) if s in point.remaining]
     elif spec is not None:
-        check_spec(spec)
         point = None
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri)
@@ -69,6 +73,13 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     summary: dict[str, Any] = {"run_id": run_id, "flow_run_id": str(flow_run.id), "stages": {},
                                "run_dir": str(run_dir), "resumed": point is not None}
     if not stages:
+        if point is not None and until == "full" and "full" in point.mlflow_run_ids \
+                and gate_passed(point.mlflow_run_ids["full"]):
+            # Every stage ran but the orchestrator died before the end: promote and close, as it would have.
+            full = read_result(run_dir / "full")
+            summary["model"] = register_candidate(spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None)
+            close_pipeline_run(run_id, True, "full")
+            return Completed(message=f"run {run_id}: every stage had passed; promotion and close finished", data=summary)
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage

@@ -16,7 +16,7 @@ import optuna
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
-from flows.pipeline import ladder
+from flows.pipeline import ladder, same_end
 from tasks.sweep import (ensure_concurrency_limit, limit_name, open_sweep_run, open_trial_run, publish_sweep,
                          record_trial, release_leases, run_trial_stage)
 from traingate.job.vocab import Status
@@ -134,4 +134,4 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
 @flow(name="sweep-file", log_prints=True)
 def sweep_file(spec_path: str, overrides: list[str] | None = None, promote: bool = False) -> State:
     """The sweep from a spec file plus ``--set`` overrides (CI, scripts)."""
-    return sweep(load_spec(spec_path, overrides or []), promote, return_state=True)
+    return same_end(sweep(load_spec(spec_path, overrides or []), promote, return_state=True))

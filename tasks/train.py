@@ -23,7 +23,7 @@ from traingate import outcomes
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.stage import StageResult
-from traingate.supervision.supervisor import Hooks, read_state, supervise
+from traingate.supervision.supervisor import Hooks, read_state, stop_request, supervise
 
 CANCEL_POLL_S = 2.0
 
@@ -47,7 +47,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         hooks = Hooks(on_line=log.info, info=log.info,
                       on_restart=lambda e: _emit("traingate.run.restarted", job, e),
                       on_alert=lambda name, e: _emit(f"traingate.{name}", job, e),
-                      stop_requested=_either(cancelled, watcher.tick if watcher is not None else None))
+                      stop_requested=_either(stop_request, cancelled, watcher.tick if watcher is not None else None))
         if job.stage == "smoke" and not job.is_script and previous is None:
             # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
             half = max(1, job.max_steps // 2)

@@ -80,6 +80,6 @@ def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> R
         done = {"unit"} if (run_dir / "unit" / "junit.xml").exists() else set()
         done |= {s for s, st in states.items() if st is not None and st.final_status == Status.COMPLETED}
         stage = next((s for s in STAGES if s not in done), None)
-        if stage is None:
-            raise SpecError(f"resume_from.run_id = {run_id!r}: every stage of this run completed; nothing to resume")
+        if stage is None:  # every stage ran; the orchestrator may have died before promoting and closing
+            return ResumePoint(run_id, spec, "full", [], ids)
     return ResumePoint(run_id, spec, stage, list(STAGES[STAGES.index(stage):]), ids)

@@ -28,6 +28,7 @@ class ProcResult:
     tail: list[str] = field(default_factory=list)
     timed_out: bool = False
     stopped: bool = False  # stopped on request (cancel/preempt)
+    log_error: OSError | None = None  # the output log could not be written (the output was still read)
 
     @property
     def signal(self) -> int | None:
@@ -45,21 +46,34 @@ class ProcessTree:
         self.popen = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, text=True, errors="replace", bufsize=1)
+        self.stop_requested = False
+        self.log_error: OSError | None = None  # writing the log failed (e.g. a full disk); output still drained
+        self._seen: dict[int, psutil.Process] = {}
         self._reader = threading.Thread(target=self._pump, name="proc-reader", daemon=True)
         self._reader.start()
-        self.stop_requested = False
-        self._seen: dict[int, psutil.Process] = {}
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
-        with open(self.log_path, "a") as log:
-            for line in self.popen.stdout:
-                log.write(line)
-                log.flush()
-                line = line.rstrip("\n")
-                self._tail.append(line)
-                if self._on_line is not None:
-                    self._on_line(line)
+        log = None
+        try:
+            log = open(self.log_path, "a")
+        except OSError as e:
+            self.log_error = e
+        for line in self.popen.stdout:
+            if log is not None:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError as e:
+                    # A full disk must not stop the draining: a child blocked on a full pipe hangs instead
+                    # of failing. The tail stays in memory; the error is reported with the result.
+                    self.log_error, log = e, None
+            line = line.rstrip("\n")
+            self._tail.append(line)
+            if self._on_line is not None:
+                self._on_line(line)
+        if log is not None:
+            log.close()
 
     @property
     def pid(self) -> int:
@@ -119,7 +133,8 @@ class ProcessTree:
         rc = self.popen.wait()
         self.signal_group(signal.SIGKILL)  # orphans of a dead leader must not outlive the stage
         self._reader.join(timeout=10)
-        return ProcResult(rc, time.monotonic() - self.started, list(self._tail), timed_out, self.stop_requested)
+        return ProcResult(rc, time.monotonic() - self.started, list(self._tail), timed_out, self.stop_requested,
+                          self.log_error)
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path, timeout_s: float | None = None,

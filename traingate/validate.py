@@ -254,12 +254,26 @@ def _data_schemes() -> set[str]:
 
 # ---------------------------------------------------------------- preflight
 
+_REACHED: set[tuple[str, Settings]] = set()
+
+
 def preflight(spec: RunSpec, settings: Settings) -> None:
     """Can a run of ``spec`` reach everything it will use? Read-only probes, one SpecError line each.
+
+    Once per spec, settings and process (the CLI probes before it starts the flow; the flow probes
+    what a deployment hands it).
 
     Runs after :func:`check_spec` and before anything is created: no directory, database,
     bucket object or flow run exists because of it, whatever it finds.
     """
+    key = (spec.spec_hash(), settings)
+    if key in _REACHED:
+        return
+    _preflight(spec, settings)
+    _REACHED.add(key)
+
+
+def _preflight(spec: RunSpec, settings: Settings) -> None:
     _creatable("TRAINGATE_STATE_DIR", str(settings.state_dir), settings.state_dir)
     if spec.checkpoint.uri:
         _store_writable("checkpoint.uri", spec.checkpoint.uri, settings)

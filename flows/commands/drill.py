@@ -37,11 +37,13 @@ def main(args: argparse.Namespace) -> int:
     from traingate.spec import load_spec
     from traingate.supervision.drill import plan, run_drill
     from traingate.supervision.supervisor import Hooks
-    from traingate.validate import check_spec
+    from traingate.validate import check_spec, preflight
 
     spec = load_spec(args.spec, args.overrides)
     check_spec(spec)
-    settings = Settings.from_env().ensure()
+    settings = Settings.from_env()
+    preflight(spec, settings)
+    settings.ensure()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     limits = getattr(spec.stages, args.stage)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]

@@ -28,6 +28,9 @@ def main(args: argparse.Namespace) -> int:
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2
+    from flows.cli import guard_this_process
+
+    guard_this_process(point.spec.supervision.preempt_grace_s)
     state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage), return_state=True)
     data = state.result(raise_on_failure=False)
     print(f"resume {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")

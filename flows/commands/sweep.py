@@ -21,6 +21,9 @@ def main(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, args.overrides)
     check_sweep(spec)  # every error before Prefect starts
     settings = Settings.from_env().ensure()
+    from flows.cli import guard_this_process
+
+    guard_this_process(spec.supervision.preempt_grace_s)
     from flows.sweep import sweep
 
     state = sweep(spec, args.promote, return_state=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from traingate.job.vocab import Status
+from traingate.redact import redact_tree
 
 JOB = "job.json"
 RESULT = "result.json"
@@ -71,6 +72,9 @@ class Heartbeat:
     first_step_time: float | None = None   # this launch's first completed step (time to recovery ends here)
     phase: str = "train"                   # train | preempting | finishing: outside "train" slow is not hung
     restart_count: int = 0                 # torchrun's in-place restarts of the worker group
+    # When this process started, finished its imports, joined the group and loaded its checkpoint
+    # (epoch seconds): where a restart's time goes.
+    timeline: dict[str, float] = field(default_factory=dict)
 
 
 def write_heartbeat(stage_dir: Path, hb: Heartbeat) -> None:
@@ -102,7 +106,7 @@ class LastWords:
 
 
 def write_last_words(stage_dir: Path, words: LastWords) -> None:
-    write_json(stage_dir / f"last_words.rank{words.rank}.json", asdict(words))
+    write_json(stage_dir / f"last_words.rank{words.rank}.json", redact_tree(asdict(words)))
 
 
 def read_last_words(stage_dir: Path) -> list[LastWords]:
@@ -129,7 +133,7 @@ class RuntimeResult:
 
 
 def write_result(stage_dir: Path, result: RuntimeResult) -> None:
-    write_json(stage_dir / RESULT, asdict(result))
+    write_json(stage_dir / RESULT, redact_tree(asdict(result)))
 
 
 def read_result(stage_dir: Path) -> RuntimeResult | None:
@@ -183,7 +187,7 @@ class SupervisorState:
 
 
 def write_supervisor_state(stage_dir: Path, state: SupervisorState) -> None:
-    write_json(stage_dir / SUPERVISOR, asdict(state))
+    write_json(stage_dir / SUPERVISOR, redact_tree(asdict(state)))
 
 
 def read_supervisor_state(stage_dir: Path) -> SupervisorState | None:

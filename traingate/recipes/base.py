@@ -25,9 +25,10 @@ class TensorData:
     def __len__(self) -> int:
         return int(self.tensors[0].shape[0])
 
-    def batch(self, ids: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    def batch(self, ids: Sequence[int], device: torch.device | None = None) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(list(ids), dtype=torch.long)
-        return tuple(t.index_select(0, index) for t in self.tensors)
+        out = tuple(t.index_select(0, index) for t in self.tensors)
+        return out if device is None else tuple(t.to(device, non_blocking=True) for t in out)
 
     def head(self, n: int) -> "TensorData":
         return TensorData(tuple(t[:n] for t in self.tensors))
@@ -37,6 +38,11 @@ class TensorData:
         for t in self.tensors:
             h.update(t.contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights live: evaluation batches go there (a CUDA model cannot read CPU tensors)."""
+    return next(model.parameters()).device
 
 
 class Recipe:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from traingate.recipes.base import Recipe, TensorData
+from traingate.recipes.base import Recipe, TensorData, device_of
 
 
 def default_corpus_uri() -> str:
@@ -169,7 +169,7 @@ class CharGPT(Recipe):
     def evaluate(self, model: nn.Module, data: TensorData, batch_size: int) -> dict[str, Any]:
         total, count = 0.0, 0
         for start in range(0, len(data), batch_size):
-            x, y = data.batch(range(start, min(start + batch_size, len(data))))
+            x, y = data.batch(range(start, min(start + batch_size, len(data))), device_of(model))
             logits = model(x)
             total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
             count += y.numel()
@@ -181,9 +181,10 @@ class CharGPT(Recipe):
     def sample(self, model: nn.Module, n: int, seed: int = 0) -> str:
         vocab = self.vocab()
         g = torch.Generator().manual_seed(seed)
-        idx = torch.zeros(1, 1, dtype=torch.long)
+        idx = torch.zeros(1, 1, dtype=torch.long, device=device_of(model))
         for _ in range(n):
             logits = model(idx[:, -self.params.block_size:])[:, -1]
-            nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=g)
+            # Drawn on the CPU with a CPU generator: the same sample on every device.
+            nxt = torch.multinomial(F.softmax(logits, -1).cpu(), 1, generator=g).to(idx.device)
             idx = torch.cat([idx, nxt], 1)
         return "".join(vocab[i] for i in idx[0].tolist())

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from traingate.recipes.base import Recipe, TensorData
+from traingate.recipes.base import Recipe, TensorData, device_of
 
 BUILTIN_URI = "sklearn://load_digits"
 
@@ -75,11 +75,11 @@ class DigitsCNN(Recipe):
         total_loss, correct = 0.0, 0
         confusion = torch.zeros(10, 10, dtype=torch.long)
         for start in range(0, len(data), batch_size):
-            x, y = data.batch(range(start, min(start + batch_size, len(data))))
+            x, y = data.batch(range(start, min(start + batch_size, len(data))), device_of(model))
             logits = model(x)
             total_loss += F.cross_entropy(logits, y, reduction="sum").item()
             pred = logits.argmax(1)
             correct += (pred == y).sum().item()
-            confusion.index_put_((y, pred), torch.ones_like(y), accumulate=True)
+            confusion.index_put_((y.cpu(), pred.cpu()), torch.ones_like(y.cpu()), accumulate=True)
         return {"val_loss": total_loss / len(data), "val_accuracy": correct / len(data),
                 "confusion": confusion.tolist()}

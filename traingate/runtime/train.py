@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -67,8 +68,10 @@ def _lr_lambda(spec: RunSpec, total_steps: int):
 
 
 class Trainer:
-    def __init__(self, job: StageJob, d: DistInfo, instruments: envvars.Instruments | None = None):
+    def __init__(self, job: StageJob, d: DistInfo, instruments: envvars.Instruments | None = None,
+                 timeline: dict[str, float] | None = None):
         spec = job.spec
+        self.timeline = dict(timeline or {})
         self.job, self.spec, self.stage, self.d = job, spec, job.stage, d
         self.out_dir = Path(job.stage_dir)
         self.max_steps = job.max_steps
@@ -243,17 +246,19 @@ class Trainer:
             self._first_step_time = now  # the supervisor's time-to-recovery ends here
         files.write_heartbeat(self.out_dir, files.Heartbeat(
             rank=self.d.rank, step=self.step, time=now, pid=os.getpid(), start_step=self._start_step,
-            first_step_time=self._first_step_time, phase=phase, restart_count=envvars.inplace_restart_count()))
+            first_step_time=self._first_step_time, phase=phase, restart_count=envvars.inplace_restart_count(),
+            timeline=self.timeline))
 
     def run(self) -> Outcome:
         out = Outcome()
         out.resumed_from_step = self.resume()
+        self.timeline["loaded"] = time.time()
         self.tracker.start_session(out.resumed_from_step, self._restart_cause())
         # A group torchrun restarted in place starts with this process, not with the job's launch.
         self.profile.started(self.job.launched_at if not envvars.inplace_restart_count() else None)
         if self.d.is_main:
-            log.info("stage %s: world %d, steps %d -> %d, %d train samples%s", self.stage, self.d.world_size,
-                     self.step, self.max_steps, len(self.train),
+            log.info("stage %s: world %d on %s (backend %s), steps %d -> %d, %d train samples%s", self.stage,
+                     self.d.world_size, self.d.device, self.d.backend or "none", self.step, self.max_steps, len(self.train),
                      f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "")
         ck = self.spec.checkpoint
         last_ckpt_time = time.monotonic()
@@ -387,12 +392,17 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = path.parent
     trainer: Trainer | None = None
     d: DistInfo | None = None
+    timeline = {"process_start": psutil.Process().create_time(), "imported": time.time()}
     try:
         job = StageJob.read(path)
         out_dir = Path(job.stage_dir)
+        if (orphan := StopFlag.orphaned_now(envvars.supervisor_pid())) is not None:
+            _stop_agent()  # an in-place restart after the supervisor died: do not even join the group
+            return _last_words(out_dir, None, Cause.ORCHESTRATOR_LOST, RuntimeError(orphan), exitcodes.PREEMPTED)
         d = init_distributed()
+        timeline["rendezvous"] = time.time()
         out_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(job, d, envvars.Instruments.from_environ())
+        trainer = Trainer(job, d, envvars.Instruments.from_environ(), timeline)
         outcome = trainer.run()
         if d.is_main:
             files.write_result(out_dir, files.RuntimeResult(
@@ -403,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_blocked_s=trainer.ckpt.blocked_s if trainer.ckpt else 0.0))
         trainer.close()
         if outcome.status == Status.PREEMPTED and trainer.stop.orphaned:
+            _stop_agent()  # torchrun would restart the group in place: nobody is left to want that
             return _last_words(out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(trainer.stop.reason),
                                exitcodes.PREEMPTED)
         return outcome.exit_code
@@ -419,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
         close_distributed()
+
+
+def _stop_agent() -> None:
+    """SIGTERM torchrun's agent (this rank's parent), so it stops the group instead of restarting it."""
+    if envvars.inplace_restart_count() or "TORCHELASTIC_RUN_ID" in os.environ:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(os.getppid(), signal.SIGTERM)
 
 
 def _last_words(out_dir: Path, d: DistInfo | None, cause: Cause, e: BaseException, code: int) -> int:

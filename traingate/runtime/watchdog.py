@@ -35,6 +35,18 @@ class StopFlag:
                 return
             threading.Thread(target=self._watch, args=(poll_s,), name="supervisor-watch", daemon=True).start()
 
+    @staticmethod
+    def orphaned_now(supervisor_pid: int | None) -> str | None:
+        """Why this process has no supervisor right now, or None (no supervisor named: a process by hand)."""
+        if supervisor_pid is None:
+            return None
+        try:
+            p = psutil.Process(supervisor_pid)
+            alive = p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        return None if alive else f"supervisor (pid {supervisor_pid}) is gone"
+
     def _orphan(self, pid: int) -> None:
         self.reason = f"supervisor (pid {pid}) is gone"
         self.orphaned = self.requested = True

@@ -43,6 +43,14 @@ class HangDetector:
                 # Trust the rank's own timestamp for when it advanced, but not a future one.
                 self._last[rank] = (hb.step, min(now, float(hb.time)))
 
+    def stuck_ranks(self, now: float) -> list[int]:
+        """Ranks that reported steps and then stopped advancing for the hang timeout (not start-up stalls)."""
+        if len(self._last) < self.world_size:
+            return []
+        return [rank for rank, (step, since) in sorted(self._last.items())
+                if rank not in self._exited and not (self.final_step is not None and step >= self.final_step)
+                and now - since > self.timeout_s]
+
     def stalled(self, now: float) -> str | None:
         """Why the run looks hung, or None."""
         if len(self._last) < self.world_size:

@@ -19,9 +19,11 @@ attempts are kept in ``supervisor.json`` (:mod:`traingate.job.files`).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -33,7 +35,7 @@ from traingate import launch, proc
 from traingate.job import envvars, files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status, status_for
-from traingate.runtime.checkpoint import Checkpointer
+from traingate.runtime.checkpoint import Checkpointer, step_dir
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision import causes, heartbeat, oom
 from traingate.supervision.backoff import Backoff, RetryBudget
@@ -42,6 +44,16 @@ log = logging.getLogger(__name__)
 
 TAIL_LINES = 50
 TICK_S = 0.2
+_interrupt: list[str] = []  # set from a signal handler (Ctrl-C): every running supervision preempts its tree
+
+
+def request_stop(reason: str) -> None:
+    """Ask every supervision in this process to preempt its tree (checkpoint, stop, no restart)."""
+    _interrupt.append(reason)
+
+
+def stop_request() -> str | None:
+    return _interrupt[0] if _interrupt else None
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Attempt:
     start_steps: dict[int, int] = field(default_factory=dict)   # rank -> step it resumed from
     end_step: int | None = None              # last step rank 0 reported
     first_step_time: float | None = None     # rank 0's first completed step of this attempt
+    timeline: dict[str, float] = field(default_factory=dict)  # rank 0's start-up: process start .. checkpoint loaded
     backoff_s: float = 0.0                   # waited after this attempt, before the next launch
     overrides: list[str] = field(default_factory=list)  # spec changes of this launch (OOM policy)
     last_words: list[dict[str, Any]] = field(default_factory=list)
@@ -159,6 +172,7 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
     record = _Record(job, earlier)
     attempts: list[Attempt] = []
     overrides: list[str] = []
+    stalled = -1  # consecutive failed launches that trained no step (after the first failure: 0)
     if earlier and job.attempt == 0:
         last = earlier[-1]
         job = dataclasses.replace(job, attempt=len(earlier), restart_cause=Cause(last.get("cause") or Cause.PREEMPTED),
@@ -207,6 +221,8 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
             returncode=result.returncode, result_status=runtime.status if runtime else None, last_words=words,
             log_tail=result.tail, hang_detected=watch.hang is not None, stop_requested=watch.stop is not None,
             timed_out=result.timed_out, writes_result=job.writes_heartbeats), oom_retry=oom_retry)
+        if not verdict.completed and (verdict.cause == Cause.DISK_FULL or _disk_full(result.log_error)):
+            verdict = causes.Classification(Cause.DISK_FULL, False, disk_full_detail(job))
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
         attempt.detail = watch.hang if verdict.cause == Cause.HANG else verdict.detail
         record.write(attempts)
@@ -222,7 +238,10 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
         status = status_for(verdict.cause)
         if not verdict.retryable:
             return finish(result, status, _stop_error(verdict.cause, attempt.detail, result), None, verdict.cause)
-        delay = backoff.delay(budget.restarts, rng)
+        # Back off exponentially over failures that made no progress (a crash loop); a launch that
+        # trained before it failed (a node lost hours in) restarts after the base delay.
+        stalled = 0 if attempt.end_step is not None and attempt.end_step > (attempt.start_step or 0) else stalled + 1
+        delay = backoff.delay(stalled, rng)
         cost = attempt.ended_at - attempt.launched_at + delay
         if not budget.allows(cost):
             err = _stop_error(verdict.cause, f"{attempt.detail}; {budget.why_not(cost)}", result)
@@ -256,6 +275,8 @@ class _Watch:
                  record: _Record):
         self.job, self.hang_s, self.attempts, self.budget, self.hooks = job, hang_s, attempts, budget, hooks
         self.record = record
+        self.inplace_cause: Cause | None = None   # why the next in-place restart happens, when we caused it
+        self.inplace_detail = ""
         self.stage_dir = Path(job.stage_dir)
         self.hang: str | None = None
         self.stop: str | None = None
@@ -300,6 +321,15 @@ class _Watch:
         failing = set(beats) if words else set()
         self.detector.observe(beats, now, heartbeat.exited_ranks(beats) | failing)
         if (why := self.detector.stalled(now)) is not None:
+            stuck = self.detector.stuck_ranks(now)
+            if stuck and self.job.inplace_restarts > self.restart_count and self.budget.allows():
+                # torchrun restarts the group in place once the hung rank is gone: quicker than a relaunch.
+                self.hooks.info(f"{stage}: hang detected: {why}; killing rank(s) {stuck}, torchrun restarts in place")
+                self.inplace_cause, self.inplace_detail = Cause.HANG, why
+                for r in stuck:
+                    _kill(beats[r].pid)
+                self.detector = self._detector(now)  # the group is restarting: start-up rules again
+                return False
             # A hung group cannot write an emergency checkpoint: kill it outright.
             self.hang = why
             self.hooks.info(f"{stage}: hang detected: {why}; killing the tree")
@@ -316,6 +346,7 @@ class _Watch:
         if 0 in beats:
             a.end_step = beats[0].step
             a.first_step_time = beats[0].first_step_time
+            a.timeline = dict(beats[0].timeline)
         for r, b in beats.items():
             a.start_steps.setdefault(r, b.start_step)
 
@@ -326,8 +357,12 @@ class _Watch:
             old = self.attempts[-1]
             old.ended_at, old.retryable = now, True
             primary = causes.primary_words(words)
-            old.cause = Cause(primary[0].cause) if primary else Cause.WORKER_LOST
-            old.detail = f"rank {primary[0].rank}: {primary[0].error}" if primary else "a worker failed"
+            if self.inplace_cause is not None:  # we killed a hung rank ourselves
+                old.cause, old.detail = self.inplace_cause, self.inplace_detail
+                self.inplace_cause = None
+            else:
+                old.cause = Cause(primary[0].cause) if primary else Cause.WORKER_LOST
+                old.detail = f"rank {primary[0].rank}: {primary[0].error}" if primary else "a worker failed"
             old.last_words = [asdict(w) for w in words]
             self.restart_count += 1
             self.restarted(old, old.cause, len(self.attempts), 0.0, [], inplace=True)
@@ -372,12 +407,51 @@ class _Watch:
                                                          "last_checkpoint_step": last_step})
 
 
+def _disk_full(e: OSError | None) -> bool:
+    return e is not None and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_detail(job: StageJob) -> str:
+    """Which of the stage's local locations is full, and about how much it needs (one line)."""
+    ckpt_dir = job.checkpoint_uri.removeprefix("file://") if job.checkpoint_uri.startswith("file://") else None
+    places = [("the state directory (TRAINGATE_STATE_DIR)", Path(job.stage_dir))]
+    if ckpt_dir:
+        places.append(("the checkpoint store (checkpoint.uri / TRAINGATE_CHECKPOINT_URI)", Path(ckpt_dir)))
+    # A checkpoint is written beside the previous one before retention removes it: about one more of its size.
+    step = Checkpointer(job.checkpoint_uri, async_save=False).find_latest(verify=False) if ckpt_dir else None
+    need = _tree_bytes(Path(ckpt_dir) / step_dir(step)) if step is not None and ckpt_dir else 0
+    need = max(need, 64 << 20)
+    name, where, free = min(((n, p, _free(p)) for n, p in places), key=lambda x: x[2])
+    return (f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, needs about "
+            f"{need / 2**20:.0f} MiB more; free space there or point it at a larger disk")
+
+
+def _free(path: Path) -> int:
+    for p in (path, *path.parents):
+        if p.exists():
+            return shutil.disk_usage(p).free
+    return 0
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)  # reaches a SIGSTOPped rank too
+    except ProcessLookupError:
+        pass  # gone already
+
+
 def _status(stage_dir: Path) -> Status | None:
     result = files.read_result(stage_dir)
     return result.status if result else None
 
 
 def _stop_error(cause: Cause | None, detail: str, result: proc.ProcResult) -> str:
+    if cause == Cause.DISK_FULL:
+        return f"{cause}: {detail}"  # the location and the space it needs say it all; a log tail only buries it
     tail = "\n".join(result.tail[-TAIL_LINES:])
     return f"{cause}: {detail}\n--- last {min(TAIL_LINES, len(result.tail))} log lines ---\n{tail}"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from traingate.spec import RunSpec, SpecError
 from traingate.sweep.config import SweepSpec
 from traingate.sweep.space import check_space
-from traingate.validate import check_spec
+from traingate.settings import Settings
+from traingate.validate import check_spec, preflight
 
 
 def check_sweep(spec: RunSpec) -> SweepSpec:
@@ -18,4 +19,5 @@ def check_sweep(spec: RunSpec) -> SweepSpec:
                         "trial subflows); run traingate.sweep.pbt.run_generations in-process, or use asha/hyperband")
     check_spec(spec)
     check_space(spec)
+    preflight(spec, Settings.from_env())
     return sw
