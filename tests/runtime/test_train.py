@@ -52,8 +52,9 @@ def _chain(root: Path, env: dict, name: str, recipe: str, nproc: int, phase: str
     out = {"ref": ref, "chain": chain}
     if name == "c2":
         # The state right after the SIGTERM, resumed by a world of 1 instead of 2 (alongside).
-        shutil.copytree(chain.out, root / "c2-ws")
-        ws = Drill("c2-ws", spec, 1, root, env=env)
+        # Same run id ("c2"): a checkpoint of another run is refused (traingate/runtime/checkpoint.py).
+        shutil.copytree(chain.out, root / "ws" / "c2")
+        ws = Drill("c2", spec, 1, root / "ws", env=env)
         out["ws"] = ws
         out["ws_done"] = pool.submit(ws.run, "final")
     chain.run("final")

@@ -139,7 +139,7 @@ def test_pbt_generations_move_bottom_members_onto_a_top_members_checkpoint_with_
         spec = load_spec_text(TINY_DIGITS, ["checkpoint.every_steps=1000", "checkpoint.async_save=false",
                                             "tracking.enabled=false", f"stages.canary.max_steps={until}",
                                             f"optim.lr={lrs[m.key]}", f"recipe.params.dropout={m.params['recipe.params.dropout']}"])
-        r = run_stage(spec, "canary", tmp_path / f"{m.key}-{until}", checkpoint_uri=(tmp_path / f"ck-{m.key}").as_uri())
+        r = run_stage(spec, "canary", tmp_path / f"gen-{until}" / m.key, checkpoint_uri=(tmp_path / f"ck-{m.key}").as_uri())
         runs.append((m.key, until, r["metrics"]["resumed_from_step"], r["metrics"]["val_accuracy"]))
         return r["metrics"]["val_accuracy"]
 
