@@ -17,8 +17,10 @@ from typing import Any
 import yaml
 
 from flows import logsafety
+from traingate.redact import redact
+from traingate.secrets import extract, move_tracking_credentials, protect_spec
 from traingate.settings import Settings
-from traingate.spec import STAGES, SpecError, load_spec
+from traingate.spec import STAGES, SpecError, load_spec, parse_spec
 
 EXIT_SPEC = 2
 
@@ -78,8 +80,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     spec, _ = _load(args)
-    print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
-    print(f"# spec ok: hash {spec.spec_hash()}", file=sys.stderr)
+    # Printed as `run` records it: each literal secret a ${env:TRAINGATE_SECRET_<n>} reference.
+    tree, _, _ = extract(spec.to_dict())
+    print(yaml.safe_dump(tree, sort_keys=False), end="")
+    print(f"# spec ok: hash {parse_spec(tree).spec_hash()}", file=sys.stderr)
     return 0
 
 
@@ -88,6 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from traingate.tracking.prior import latest_canary_profile
 
     spec, samples = _load(args)
+    spec = protect_spec(spec)  # the flow-run parameters, spec file and job files hold references, not secrets
     settings = Settings.from_env()
     prior = latest_canary_profile(settings, spec.identity.experiment, spec.recipe.name)
     print(render(plan(spec, samples, args.until, profile=prior), spec))
@@ -109,15 +114,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
                   f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}")
         if summary.get("checkpoint_uri"):
-            print(f"  checkpoint:      {summary['checkpoint_uri']}")
+            print(f"  checkpoint:      {redact(summary['checkpoint_uri'])}")
         model = summary.get("model") or {}
         if model.get("registered"):
             print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
         elif model:
-            print(f"  model not registered: {'; '.join(model.get('reasons', []))}")
+            print(f"  model not registered: {redact('; '.join(model.get('reasons', [])))}")
         print(f"  prefect flow run: {summary['flow_run_id']}")
         print(f"  stage outputs:   {summary['run_dir']}")
-    print(f"  MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri}")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
     print(f"  Prefect UI: PREFECT_HOME={os.environ['PREFECT_HOME']} prefect server start")
     return 0 if state.is_completed() else 1
 
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     logsafety.install()  # before anything logs: Prefect's API log handler stores what it is given
     args = _parser().parse_args(argv)
     try:
+        move_tracking_credentials()  # the tracking URI is written everywhere; MLflow's credential variables are not
         if args.cmd in EXTRA_COMMANDS:
             return __import__(EXTRA_COMMANDS[args.cmd][0], fromlist=["main"]).main(args)
         return {"validate": cmd_validate, "run": cmd_run}[args.cmd](args)

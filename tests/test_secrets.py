@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 import os
 
 import pytest
@@ -10,7 +11,8 @@ import yaml
 import traingate.secrets as secrets_module
 from tgtest import ROOT
 from traingate.redact import redact_tree
-from traingate.secrets import (SecretRefError, check_refs, extract, protect, refs, resolve, resolve_tree)
+from traingate.secrets import (SecretRefError, check_refs, extract, move_tracking_credentials, protect, protect_spec,
+                               refs, resolve, resolve_tree)
 from traingate.spec import SpecError, apply_overrides, load_spec_text, parse_spec
 
 
@@ -114,3 +116,90 @@ def test_protect_moves_secrets_into_this_processes_environment_for_child_process
     finally:
         os.environ.pop("TRAINGATE_SECRET_2", None)
         os.environ.pop("TRAINGATE_SECRET_3", None)
+
+
+def test_an_http_tracking_uri_gives_its_user_and_password_to_mlflows_credential_variables():
+    env = {"TRAINGATE_TRACKING_URI": "https://ci%40corp:p%2Fw-Planted-13@mlflow.corp:8443/base",
+           "MLFLOW_TRACKING_URI": "sqlite:////tmp/x.db"}
+    move_tracking_credentials(env)
+    assert env == {"TRAINGATE_TRACKING_URI": "https://mlflow.corp:8443/base", "MLFLOW_TRACKING_URI": "sqlite:////tmp/x.db",
+                   "MLFLOW_TRACKING_USERNAME": "ci@corp", "MLFLOW_TRACKING_PASSWORD": "p/w-Planted-13"}
+
+
+def test_credentials_given_twice_and_different_are_refused_in_one_line_without_the_password():
+    env = {"TRAINGATE_TRACKING_URI": "http://u:pw-Planted-14@h:5000", "MLFLOW_TRACKING_PASSWORD": "other"}
+    with pytest.raises(SpecError) as e:
+        move_tracking_credentials(env)
+    assert "pw-Planted-14" not in str(e.value) and "MLFLOW_TRACKING_PASSWORD" in str(e.value)
+    assert env["TRAINGATE_TRACKING_URI"] == "http://u:pw-Planted-14@h:5000"  # nothing half-moved
+
+
+def test_a_database_tracking_uri_keeps_its_password_for_the_driver():
+    env = {"TRAINGATE_TRACKING_URI": "postgresql://u:pw@db:5432/mlflow"}
+    move_tracking_credentials(env)
+    assert env == {"TRAINGATE_TRACKING_URI": "postgresql://u:pw@db:5432/mlflow"}
+
+
+def test_protect_spec_gives_a_valid_spec_holding_references(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("TRAINGATE_SECRET_")]:
+        monkeypatch.delenv(k)
+    tree = _script_tree()
+    spec = parse_spec(tree)
+    try:
+        safe = protect_spec(spec)
+        assert safe.recipe.script.command[-2:] == ["${env:TRAINGATE_SECRET_1}",
+                                                  "--endpoint=https://svc/x?sig=${env:TRAINGATE_SECRET_2}"]
+        assert "Planted" not in json.dumps(safe.to_dict())
+        assert resolve_tree(safe.to_dict()) == spec.to_dict()
+    finally:
+        for n in range(1, 7):
+            os.environ.pop(f"TRAINGATE_SECRET_{n}", None)
+
+
+def test_stage_files_record_errors_and_results_with_secrets_masked(tmp_path):
+    from traingate.job import files
+    from traingate.job.vocab import Status
+
+    files.write_last_words(tmp_path, files.LastWords(
+        rank=0, cause="user_error", error="cannot open http://u:pw-Planted-15@h/x", time=1.0, exit_code=64,
+        traceback="Traceback ...\nValueError: --api-token tok-Planted-16"))
+    files.write_result(tmp_path, files.RuntimeResult(status=Status.COMPLETED, exit_code=0,
+                                                      checkpoint_uri="s3://k:pw-Planted-17@b/ckpt"))
+    files.write_supervisor_state(tmp_path, files.SupervisorState(
+        attempts=[{"error": "password=pw-Planted-18", "overrides": ["optim.batch_size=8"]}]))
+    written = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert "Planted" not in written
+    words = files.read_last_words(tmp_path)[0]
+    assert words.error == "cannot open http://u:***@h/x" and words.traceback.endswith("--api-token ***")
+    assert files.read_result(tmp_path).status == Status.COMPLETED
+    assert files.read_supervisor_state(tmp_path).attempts[0]["overrides"] == ["optim.batch_size=8"]
+
+
+def test_cli_validate_prints_the_spec_as_run_records_it_with_references(tmp_path):
+    import subprocess
+
+    from tgtest import PYTHON
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGATE_SECRET_")}
+    env["TRAINGATE_STATE_DIR"] = str(tmp_path / "state")
+    proc = subprocess.run([PYTHON, "-m", "flows.cli", "validate", str(ROOT / "examples" / "script.yaml"),
+                           "--set", "recipe.script.command=[python, train.py, --api-token, tok-Planted-19]"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Planted" not in proc.stdout + proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["recipe"]["script"]["command"] == ["python", "train.py", "--api-token", "${env:TRAINGATE_SECRET_1}"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_cli_spec_errors_reach_the_terminal_without_the_secret_they_quote(tmp_path):
+    import subprocess
+
+    from tgtest import PYTHON
+
+    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([PYTHON, "-m", "flows.cli", "validate", str(ROOT / "examples" / "digits.yaml"),
+                           "--set", "data.uri=https://u:pw-Planted-20@h/d.csv?sig=sig-Planted-21"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("traingate: invalid spec: data.uri")
+    assert "Planted" not in proc.stdout + proc.stderr

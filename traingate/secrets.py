@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from traingate.redact import REF, map_secrets, redact
-from traingate.spec import SpecError, apply_overrides
+from traingate.spec import RunSpec, SpecError, apply_overrides, parse_spec
 
 PREFIX = "TRAINGATE_SECRET_"
 
@@ -85,6 +86,45 @@ def protect(tree: Any, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any
     new_tree, new_overrides, added = extract(tree, overrides)
     os.environ.update(added)
     return new_tree, new_overrides
+
+
+def protect_spec(spec: RunSpec) -> RunSpec:
+    """The same spec with its literal secrets moved into this process's environment (see :func:`protect`)."""
+    tree, _ = protect(spec.to_dict())
+    return parse_spec(tree)
+
+
+# MLflow's own credential variables: its REST client sends them as HTTP basic auth.
+TRACKING_USERNAME = "MLFLOW_TRACKING_USERNAME"
+TRACKING_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
+
+
+def move_tracking_credentials(env: MutableMapping[str, str] | None = None) -> None:
+    """Take ``user:password@`` out of an http(s) tracking URI in the environment, into MLflow's
+    credential variables.
+
+    The tracking URI is written everywhere (each stage's job file, the MLflow UI hint, MLflow's
+    "View run at" lines); the credential variables are only inherited. A database URI
+    (``postgresql://u:pw@db``) keeps its password: the database driver reads it from nowhere else.
+
+    >>> env = {"TRAINGATE_TRACKING_URI": "http://alice:s3cret@mlflow:5000/"}
+    >>> move_tracking_credentials(env); env == {"TRAINGATE_TRACKING_URI": "http://mlflow:5000/",
+    ...     "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "s3cret"}
+    True
+    """
+    env = os.environ if env is None else env
+    for var in ("TRAINGATE_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        uri = env.get(var, "")
+        parts = urlsplit(uri)
+        if parts.scheme not in ("http", "https") or parts.password is None:
+            continue
+        for name, value in ((TRACKING_USERNAME, unquote(parts.username or "")),
+                            (TRACKING_PASSWORD, unquote(parts.password))):
+            if env.get(name, value) != value:
+                raise SpecError(f"{var} = {redact(uri)!r}: its user:password differs from {name}; "
+                                f"set the credentials in one place (drop them from the URI or unset {name})")
+            env[name] = value
+        env[var] = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def refs(obj: Any) -> list[str]:
