@@ -1,0 +1,189 @@
+"""The ladder deployments as the UI uses them: a real `prefect server start`, the deployments of
+deployments/prefect.yaml, a real process worker, and flow runs triggered through the API with a
+RunSpec given as a plain mapping (no spec file for the worker)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port
+from traingate.settings import Settings
+from traingate.spec import RunSpec
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(PYTHON).parent
+# Measured on the shared 2-core machine: the whole test 7.4 min at a load average of 4-8 from other
+# test runs, 14 min at ~10, when one ladder run to the canary took up to 6 min.
+RUN_TIMEOUT_S = 600
+
+
+def _stop(proc: subprocess.Popen, first: int, grace_s: float) -> None:
+    """Signal ``proc``, then SIGKILL it and every process under it that is still there after the grace.
+
+    The tree is listed before the first signal: a worker starts each flow run in a session of its
+    own, and the flow run its torchrun, so once a parent is gone its children are no longer under it.
+    """
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.send_signal(first)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(30)
+    psutil.wait_procs(tree, timeout=30)
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real Prefect server on a free loopback port, its home and SQLite database under tmp_path."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"prefect server exited {proc.returncode}: {_tail(log)}"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"prefect server not healthy after 180 s: {_tail(log)}"
+            time.sleep(0.5)
+        yield {"url": url, "env": env}
+    finally:
+        _stop(proc, signal.SIGTERM, 30)
+
+
+@pytest.fixture
+def deployed(server, tmp_path):
+    """The cpu-local pool and its slot limit as infra/pools/create_pools.sh makes them, the ladder
+    deployments from deployments/prefect.yaml, and one worker on the pool."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.process import ProcessWorker
+
+    state = tmp_path / "worker-state"
+    env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT)}
+    # The deploying shell has no state dir of its own: where state lives is the worker's to say.
+    env.pop("TRAINGATE_STATE_DIR", None)
+    with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as c:
+        c.create_work_pool(WorkPoolCreate(name="cpu-local", type="process",
+                                          base_job_template=ProcessWorker.get_default_base_job_template()))
+        c.upsert_global_concurrency_limit_by_name("cpu-local", 2)
+    p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
+                        "--name", "ladder-cpu", "--name", "ladder-resume"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # Its flow runs inherit this environment; a 2 s poll instead of 10 s keeps the test short.
+    worker_env = {**env, "TRAINGATE_STATE_DIR": str(state), "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
+                                  env=worker_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server["url"]}):
+            yield {"state": state, "worker_log": log}
+    finally:
+        # A worker ignores its first SIGTERM; SIGINT stops it. Before the server, so it never
+        # polls a dead API.
+        _stop(worker, signal.SIGINT, 20)
+
+
+def _trigger(deployment: str, parameters: dict, worker_log: Path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(deployment, parameters=parameters, timeout=RUN_TIMEOUT_S, poll_interval=2)
+    if not run.state.is_completed():
+        with get_client(sync_client=True) as c:
+            logs = c.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        text = "\n".join(rec.message for rec in logs)[-4000:]
+        pytest.fail(f"{deployment} {parameters.get('until')}: flow run {run.state.type.value} "
+                    f"({run.state.message}); flow-run log: {text}; worker log: {_tail(worker_log)}")
+    return run
+
+
+def _pipeline_runs(client: MlflowClient) -> dict[str, object]:
+    exp = client.get_experiment_by_name("tests")
+    assert exp is not None, "no MLflow experiment 'tests' in the worker's state dir"
+    runs = client.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'")
+    return {r.info.run_id: r for r in runs}
+
+
+def _stages(client: MlflowClient, parent) -> set[str]:
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return {r.data.tags["traingate.stage"] for r in runs}
+
+
+@pytest.mark.timeout(1500)
+def test_ladder_deployment_runs_a_spec_mapping_and_a_resume_through_the_api(deployed):
+    from prefect import get_client
+
+    with get_client(sync_client=True) as c:
+        ladder = c.read_deployment_by_name("ladder/ladder-cpu")
+        names = {d.name for d in c.read_deployments()}
+    assert names == {"ladder-cpu", "ladder-resume"}
+    # The UI form: spec is a RunSpec with its sections, not a string for a path.
+    schema = ladder.parameter_openapi_schema
+    assert schema["properties"]["spec"]["anyOf"][0] == {"$ref": "#/definitions/RunSpec"}
+    runspec = schema["definitions"]["RunSpec"]
+    assert set(runspec["properties"]) == set(RunSpec.model_fields)
+    assert set(runspec["required"]) == {"identity", "recipe"}
+    assert schema["properties"]["resume_from"]["anyOf"][0] == {"$ref": "#/definitions/ResumeFrom"}
+
+    spec = yaml.safe_load(TINY_DIGITS)
+    _trigger("ladder/ladder-cpu", {"spec": spec, "until": "canary"}, deployed["worker_log"])
+    client = MlflowClient(Settings.from_env({"TRAINGATE_STATE_DIR": str(deployed["state"])}).tracking_uri)
+    (first,) = _pipeline_runs(client).values()
+    assert first.info.status == "FINISHED"
+    assert first.data.tags["traingate.reached_stage"] == "canary"
+    assert first.data.params["optim.lr"] == "0.05"  # the mapping's value, not the deployment's demo spec
+    assert _stages(client, first) == {"unit", "smoke", "canary"}
+
+    # A run stopped after smoke, continued at canary by the resume deployment: the same MLflow run.
+    _trigger("ladder/ladder-cpu", {"spec": spec, "until": "smoke"}, deployed["worker_log"])
+    stopped = next(r for rid, r in _pipeline_runs(client).items() if rid != first.info.run_id)
+    assert stopped.data.tags["traingate.reached_stage"] == "smoke"
+    assert _stages(client, stopped) == {"unit", "smoke"}
+    run_id = stopped.info.run_id
+    _trigger("ladder/ladder-resume", {"resume_from": {"run_id": run_id, "stage": "canary"}, "until": "canary"},
+             deployed["worker_log"])
+    runs = _pipeline_runs(client)
+    assert len(runs) == 2, "a resume continues the run; it opens no new one"
+    resumed = runs[run_id]
+    assert resumed.info.status == "FINISHED" and resumed.data.tags["traingate.reached_stage"] == "canary"
+    assert _stages(client, resumed) == {"unit", "smoke", "canary"}
