@@ -90,12 +90,10 @@ class MlflowTracker(NullTracker):
 
     def __init__(self, tracking_uri: str, run_id: str, journal_dir: str | Path, flush_every_s: float = 1.0,
                  drain_timeout_s: float | None = None):
-        from mlflow.tracking import MlflowClient
-
         _fail_fast_http()
-        # Builds a database store (engine, schema check) now, not on the writer thread in the middle of
-        # the first training steps (MLflow 3 does it in the constructor; tests/test_compat.py pins that).
-        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self._client: Any = None
+        self._client_lock = threading.Lock()
         self.run_id = run_id
         self.journal = Journal(Path(journal_dir) / "journal.jsonl")
         self.history: History = self.journal.history()
@@ -103,7 +101,7 @@ class MlflowTracker(NullTracker):
         self.flush_every_s = flush_every_s
         self.drain_timeout_s = envvars.tracking_drain_s() if drain_timeout_s is None \
             else drain_timeout_s
-        self._transient = _transient_errors()
+        self._transient: tuple[type[BaseException], ...] = (OSError,)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._error: BaseException | None = None
@@ -111,6 +109,19 @@ class MlflowTracker(NullTracker):
         self.dropped_duplicates = 0
         self._thread = threading.Thread(target=self._run, name="tracker", daemon=True)
         self._thread.start()
+
+    @property
+    def client(self) -> Any:
+        """The MLflow client, built on first use. The writer thread builds it as soon as it starts: importing
+        MLflow and opening its store (engine, schema check) then overlaps with the model build, data load,
+        rendezvous and checkpoint load instead of delaying the first step by seconds."""
+        with self._client_lock:
+            if self._client is None:
+                from mlflow.tracking import MlflowClient
+
+                self._transient = _transient_errors()
+                self._client = MlflowClient(self.tracking_uri)
+            return self._client
 
     # ------------------------------------------------------------ the training thread's side
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -197,6 +208,11 @@ class MlflowTracker(NullTracker):
     def _run(self) -> None:
         backoff = 0.0
         try:
+            try:
+                self.client  # noqa: B018 - build it now, off the training thread
+            except self._transient as e:
+                log.warning("tracking store unreachable at start (%s); buffering in %s",
+                            str(e).splitlines()[0][:200], self.journal.path)
             while not self._stop.is_set():
                 self._wake.wait(backoff or self.flush_every_s)
                 self._wake.clear()
