@@ -11,6 +11,7 @@ from prefect.cache_policies import NONE
 
 import traingate.recipes.checks as checks
 from traingate import outcomes, proc
+from traingate.job import envvars
 from traingate.spec import RunSpec
 from traingate.stage import StageResult
 
@@ -27,7 +28,7 @@ def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str) -> StageResult
         targets, cwd = list(s.tests), s.workdir
     else:
         targets, cwd = [str(Path(checks.__file__).with_name("test_recipe_contract.py"))], str(out)
-    env = {**os.environ, "TRAINGATE_SPEC": spec_path, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, envvars.UNIT_SPEC: spec_path, "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            f"--rootdir={cwd}", *targets]
     if not targets:

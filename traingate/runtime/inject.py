@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-ENV = "TRAINGATE_INJECT"
+from traingate.job import envvars
+
+ENV = envvars.INJECT
 KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow")
 SLOW_STEP_S = 0.1
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from traingate.job import envvars
 from traingate.recipes import get_recipe
 from traingate.runtime import rng
 from traingate.spec import parse_spec
@@ -21,9 +22,9 @@ BATCH = 4
 
 @pytest.fixture(scope="module")
 def recipe():
-    path = os.environ.get("TRAINGATE_SPEC")
+    path = os.environ.get(envvars.UNIT_SPEC)
     if not path:
-        pytest.fail("TRAINGATE_SPEC is not set: point it at a resolved spec file")
+        pytest.fail(f"{envvars.UNIT_SPEC} is not set: point it at a resolved spec file")
     with open(path) as f:
         spec = parse_spec(yaml.safe_load(f))
     return get_recipe(spec)
