@@ -23,6 +23,131 @@ def test_traingate_never_imports_prefect():
     assert p.returncode == 0, f"traingate imported prefect: {p.stdout} {p.stderr[-2000:]}"
 
 
+# ------------------------------------------------------------------ layering: who may import whom
+PACKAGES = ("traingate", "flows", "tasks")
+# Orchestrator-side code: it never runs inside a training process (the ranks torchrun starts).
+ORCHESTRATOR_SIDE = ("prefect", "flows", "tasks", "optuna", "traingate.supervision.supervisor",
+                     "traingate.supervision.drill", "traingate.launch", "traingate.plan", "traingate.outcomes",
+                     "traingate.validate", "traingate.tracking.runs", "traingate.tracking.registry",
+                     "traingate.tracking.browse", "traingate.sweep.driver", "traingate.sweep.study")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, *, import_time_only: bool = False) -> set[str]:
+    """Project modules ``name`` imports: anywhere in it, or only while it is being imported
+    (module and class bodies; not function bodies, not ``if TYPE_CHECKING:``)."""
+    import ast
+
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if import_time_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if import_time_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return visit_all(node.orelse)
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+        visit_all(ast.iter_child_nodes(node))
+
+    def visit_all(nodes) -> None:
+        for n in nodes:
+            visit(n)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def _importers(of: str, packages: tuple[str, ...]) -> list[str]:
+    return sorted(f"{name} imports {m}" for name, path in _modules().items() if name.split(".")[0] in packages
+                  for m in _imports(name, path) if m == of or m.startswith(of + "."))
+
+
+def test_the_core_library_imports_neither_flows_nor_tasks():
+    assert _importers("flows", ("traingate",)) + _importers("tasks", ("traingate",)) == []
+    assert _importers("tasks", ("flows",)), "the scan finds nothing, not even flows importing tasks"
+
+
+def test_tasks_never_import_flows():
+    assert _importers("flows", ("tasks",)) == []
+
+
+def _orchestrator_modules_imported_by(code: str) -> list[str]:
+    import json
+
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    p = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    loaded = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "traingate" in loaded
+    return sorted(m for m in loaded if any(m == o or m.startswith(o + ".") for o in ORCHESTRATOR_SIDE))
+
+
+def test_the_training_process_imports_no_orchestrator_module():
+    # What a rank imports: the runtime's entry point and every built-in recipe it can be asked to build.
+    assert _orchestrator_modules_imported_by(
+        "import traingate.runtime.train\nfrom traingate.recipes import recipe_names\nrecipe_names()") == []
+    # The probe can fail: the promotion code is orchestrator-side and pulls in the run records.
+    assert "traingate.tracking.runs" in _orchestrator_modules_imported_by("import traingate.tracking.registry")
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` as a path (first node repeated at the end), or [] if it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def dfs(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := dfs(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := dfs(start)):
+            return found
+    return []
+
+
+def test_packages_and_modules_import_each_other_without_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]  # the finder finds one
+    modules = _modules()
+    packages: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for m in _imports(name, path):
+            if m.split(".")[0] != name.split(".")[0]:
+                packages.setdefault(name.split(".")[0], set()).add(m.split(".")[0])
+    assert _cycle(packages) == [], "the packages import each other in a cycle"
+    # Module level: only imports that run while a module is imported can deadlock an import.
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for m in _imports(name, path, import_time_only=True):
+            parts = m.split(".")  # importing a.b.c imports the packages a and a.b first
+            targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in modules)
+        graph[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
+    assert _cycle(graph) == [], "modules import each other in a cycle at import time"
+
+
 def _deployments():
     return yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
 

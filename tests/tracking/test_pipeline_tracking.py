@@ -1,7 +1,9 @@
 """The tracking contract on a real ladder: identity on every run, artifacts, promotion, ranks, secrets, CLI.
 
 One ladder (real Prefect test harness, real torchrun with 2 ranks, MLflow on SQLite, checkpoints
-on a real S3 endpoint on loopback) runs once for the module; each test reads what it left.
+on a real S3 endpoint on loopback) runs once for the module; each test marked slow reads what it left.
+The request-key tests check that a retried create never leaves an orphan run or a duplicate
+model version, with faults injected around (or inside) a real SQLite store.
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from traingate.spec import load_spec
 from traingate.tracking import runs
 from traingate.tracking.registry import CANDIDATE, register_candidate
 
-pytestmark = pytest.mark.slow
 
 ACCESS_KEY = "tgtest-access-key-id-AKIA0001"
 SECRET_KEY = "tgtest-secret-key-do-not-leak-0123456789"
@@ -67,10 +68,12 @@ def _stages(ladder) -> dict:
     return {r.data.tags["traingate.stage"]: r for r in runs.stage_runs(ladder["client"], ladder["summary"]["run_id"])}
 
 
+@pytest.mark.slow
 def test_ladder_passes_with_tracking_on(ladder):
     assert ladder["state"].is_completed(), ladder["state"].message
 
 
+@pytest.mark.slow
 def test_every_pipeline_and_stage_run_carries_the_full_identity(ladder):
     c: MlflowClient = ladder["client"]
     parent_id = ladder["summary"]["run_id"]
@@ -104,12 +107,13 @@ def test_every_pipeline_and_stage_run_carries_the_full_identity(ladder):
             assert t["mlflow.parentRunId"] == parent_id and t["traingate.stage"] in ("unit", "smoke", "canary", "full")
 
 
+@pytest.mark.slow
 def test_a_run_missing_part_of_its_identity_is_tagged_invalid_and_cannot_be_promoted(ladder):
     c: MlflowClient = ladder["client"]
     full = _stages(ladder)["full"]
     assert runs.can_promote(c, full.info.run_id) == (True, [])
     # A copy of the full stage's run that lost its purpose and its environment snapshot.
-    broken = runs.open_stage_run(c, ladder["summary"]["run_id"], "full")
+    broken = runs.open_stage_run(c, ladder["summary"]["run_id"], "full", request_key="broken-copy-of-full")
     c.delete_tag(broken, "traingate.purpose")
     for k in ("traingate.stage_status", "traingate.gate_passed"):
         c.set_tag(broken, k, full.data.tags[k])
@@ -125,6 +129,7 @@ def test_a_run_missing_part_of_its_identity_is_tagged_invalid_and_cannot_be_prom
     c.delete_run(broken)
 
 
+@pytest.mark.slow
 def test_full_stage_model_is_logged_and_registered_with_the_candidate_alias(ladder):
     import mlflow.pytorch
     import torch
@@ -145,6 +150,7 @@ def _artifact_files(c: MlflowClient, run_id: str, dest: Path) -> list[Path]:
     return [p for p in local.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_stage_runs_hold_gate_reports_plots_eval_outputs_and_checkpoint_uris_not_copies(ladder):
     c: MlflowClient = ladder["client"]
     stages = _stages(ladder)
@@ -166,6 +172,7 @@ def test_stage_runs_hold_gate_reports_plots_eval_outputs_and_checkpoint_uris_not
         assert "gate/report.md" in [a.path for a in c.list_artifacts(stages[name].info.run_id, "gate")]
 
 
+@pytest.mark.slow
 def test_rank_zero_logs_every_ranks_system_signals_once_per_logged_step(ladder):
     c: MlflowClient = ladder["client"]
     full = _stages(ladder)["full"]
@@ -182,6 +189,7 @@ def test_rank_zero_logs_every_ranks_system_signals_once_per_logged_step(ladder):
     assert [p.name for p in (stage_dir / "tracking").iterdir() if p.suffix == ".jsonl"] == ["journal.jsonl"]
 
 
+@pytest.mark.slow
 def test_smoke_stages_planned_stop_and_resume_is_one_run_with_one_restart(ladder):
     smoke = _stages(ladder)["smoke"]
     t = smoke.data.tags
@@ -191,6 +199,7 @@ def test_smoke_stages_planned_stop_and_resume_is_one_run_with_one_restart(ladder
     assert [m.step for m in c.get_metric_history(smoke.info.run_id, "train_loss")] == [2, 4]
 
 
+@pytest.mark.slow
 def test_no_secret_appears_in_params_tags_artifacts_or_logs(ladder, capsys):
     from flows.cli import main
 
@@ -218,6 +227,7 @@ def test_no_secret_appears_in_params_tags_artifacts_or_logs(ladder, capsys):
             assert s not in p.read_text(errors="replace"), p
 
 
+@pytest.mark.slow
 def test_note_show_and_runs_commands_read_the_run_back(ladder, capsys):
     from flows.cli import main
 
@@ -241,3 +251,179 @@ def test_note_show_and_runs_commands_read_the_run_back(ladder, capsys):
     assert main(["runs", "--team", "nobody"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1  # the header only
     assert main(["show", "0" * 32]) == 2
+
+
+# ------------------------------------------------------------------ retried creates: one run, one version
+
+class _Flaky:
+    """A real MlflowClient whose ``method`` fails once: after doing its work (the reply was lost) or before."""
+
+    def __init__(self, client: MlflowClient, method: str, *, reply_lost: bool = True):
+        self.client, self.method, self.reply_lost, self.failed = client, method, reply_lost, 0
+
+    def __getattr__(self, name):
+        real = getattr(self.client, name)
+        if name != self.method or self.failed:
+            return real
+
+        def once(*args, **kwargs):
+            self.failed += 1
+            if self.reply_lost:
+                real(*args, **kwargs)
+                raise ConnectionError(f"injected: the reply to {name} was lost")
+            raise ConnectionError(f"injected: {name} never reached the store")
+        return once
+
+
+def _spec(tmp_path: Path, experiment: str):
+    path = tmp_path / f"{experiment}.yaml"
+    path.write_text(TINY_DIGITS.replace("experiment: tests,", f"experiment: {experiment},"))
+    return load_spec(path)
+
+
+IDENTITY = {"code": {"sha": "0" * 40, "dirty": "false"}, "data_snapshot": "d" * 64,
+            "data_uri": "sklearn://load_digits", "environment": {"python": "3.11"}}
+
+
+def _runs_with(c: MlflowClient, spec, **tags: str) -> list:
+    exp = c.get_experiment_by_name(spec.identity.experiment)
+    where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    return c.search_runs([exp.experiment_id], where)
+
+
+def test_opening_a_run_again_with_the_same_request_key_returns_the_same_run(tmp_path):
+    c = MlflowClient(fresh_store(tmp_path / "mlflow.db"))
+    spec, art = _spec(tmp_path, "keys"), (tmp_path / "art").as_uri()
+    parent = runs.open_pipeline_run(c, spec, art, IDENTITY, request_key="pipeline-1")
+    assert runs.open_pipeline_run(c, spec, art, IDENTITY, request_key="pipeline-1") == parent
+    stage = runs.open_stage_run(c, parent, "canary", request_key="stage-1")
+    assert runs.open_stage_run(c, parent, "canary", request_key="stage-1") == stage
+    assert [r.info.run_id for r in _runs_with(c, spec, **{"traingate.kind": "pipeline"})] == [parent]
+    assert [r.info.run_id for r in runs.stage_runs(c, parent)] == [stage]
+    # A new request is a new run; the stage does not inherit its parent's key.
+    other = runs.open_stage_run(c, parent, "canary", request_key="stage-2")
+    assert other != stage and len(runs.stage_runs(c, parent)) == 2
+    assert c.get_run(stage).data.tags[runs.REQUEST_KEY_TAG] == "stage-1"
+
+
+def test_a_create_whose_reply_was_lost_is_retried_into_the_run_it_created(tmp_path):
+    c = MlflowClient(fresh_store(tmp_path / "mlflow.db"))
+    spec, art = _spec(tmp_path, "lost-replies"), (tmp_path / "art").as_uri()
+    flaky = _Flaky(c, "create_run")
+    with pytest.raises(ConnectionError, match="reply to create_run was lost"):
+        runs.open_pipeline_run(flaky, spec, art, IDENTITY, request_key="pipeline-1")
+    assert len(_runs_with(c, spec, **{"traingate.kind": "pipeline"})) == 1  # created, then the reply was lost
+    parent = runs.open_pipeline_run(flaky, spec, art, IDENTITY, request_key="pipeline-1")
+    assert [r.info.run_id for r in _runs_with(c, spec, **{"traingate.kind": "pipeline"})] == [parent]
+    assert runs.identity_problems(c, c.get_run(parent)) == []  # the retry finished what the first attempt began
+
+    flaky = _Flaky(c, "create_run")
+    with pytest.raises(ConnectionError):
+        runs.open_stage_run(flaky, parent, "full", request_key="stage-1")
+    stage = runs.open_stage_run(flaky, parent, "full", request_key="stage-1")
+    assert [r.info.run_id for r in runs.stage_runs(c, parent)] == [stage]
+    assert c.get_run(stage).data.tags["traingate.identity_valid"] == "true"
+
+
+def test_a_request_key_reused_for_a_different_run_is_refused(tmp_path):
+    c = MlflowClient(fresh_store(tmp_path / "mlflow.db"))
+    spec, art = _spec(tmp_path, "reused-keys"), (tmp_path / "art").as_uri()
+    parent = runs.open_pipeline_run(c, spec, art, IDENTITY, request_key="pipeline-1")
+    runs.open_stage_run(c, parent, "smoke", request_key="stage-1")
+    with pytest.raises(ValueError, match="request_key = 'stage-1' already names run"):
+        runs.open_stage_run(c, parent, "canary", request_key="stage-1")
+    with pytest.raises(ValueError, match="request_key = \"it's\""):
+        runs.open_stage_run(c, parent, "canary", request_key="it's")
+    assert len(runs.stage_runs(c, parent)) == 1
+
+
+def test_the_open_stage_run_task_retried_after_a_lost_reply_leaves_one_stage_run(prefect_harness, tmp_path,
+                                                                                 monkeypatch):
+    from tasks.tracking import open_stage_run
+
+    uri = fresh_store(tmp_path / "mlflow.db")
+    monkeypatch.setenv("TRAINGATE_TRACKING_URI", uri)
+    c = MlflowClient(uri)
+    parent = runs.open_pipeline_run(c, _spec(tmp_path, "task-retries"), (tmp_path / "art").as_uri(), IDENTITY,
+                                    request_key="pipeline-1")
+    flaky = _Flaky(c, "create_run")
+    monkeypatch.setattr(runs, "client", lambda _uri: flaky)
+    stage = open_stage_run(parent, "canary")  # the real task: Prefect retries it after 1 s
+    assert flaky.failed == 1
+    assert [r.info.run_id for r in runs.stage_runs(c, parent)] == [stage]
+    assert c.get_run(stage).data.tags[runs.REQUEST_KEY_TAG].startswith("stage-canary-")
+
+
+def _promotable_full_run(ladder, tmp_path: Path, key: str):
+    """A completed, gate-passed full stage run with a complete identity, in its own experiment and model."""
+    from mlflow.entities import Metric, RunTag
+
+    from traingate.settings import Settings
+
+    c: MlflowClient = ladder["client"]
+    spec = _spec(tmp_path, f"retries-{key}")  # its own model name: the alias is compared per model
+    parent = runs.open_pipeline_run(c, spec, Settings.from_env().artifact_uri, IDENTITY, request_key=f"{key}-pipeline")
+    stage = runs.open_stage_run(c, parent, "full", request_key=f"{key}-full")
+    c.log_batch(stage, metrics=[Metric("stage.val_loss", 0.5, 0, 0)],
+                tags=[RunTag("traingate.stage_status", "completed"), RunTag("traingate.gate_passed", "true")])
+    assert runs.can_promote(c, stage) == (True, [])
+    return c, spec, stage
+
+
+def _logged_models(c: MlflowClient, run_id: str) -> list:
+    return c.search_logged_models([c.get_run(run_id).info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+
+
+def _versions(c: MlflowClient, run_id: str) -> list[str]:
+    return [str(v.version) for v in c.search_model_versions(f"run_id = '{run_id}'")]  # str or int by call
+
+
+@pytest.mark.slow
+def test_registering_a_full_stage_again_keeps_its_one_model_version(ladder, tmp_path):
+    c, spec, stage = _promotable_full_run(ladder, tmp_path, "twice")
+    first = register_candidate(c, spec, stage, ladder["summary"]["checkpoint_uri"])
+    again = register_candidate(c, spec, stage, ladder["summary"]["checkpoint_uri"])
+    assert first["registered"] and str(again["version"]) == str(first["version"])
+    assert _versions(c, stage) == [str(first["version"])]
+    assert len(_logged_models(c, stage)) == 1
+    assert c.get_model_version_by_alias(first["name"], CANDIDATE).run_id == stage
+    assert again["registered"], f"a repeated call for the alias holder reports it as not promoted: {again}"
+
+
+@pytest.mark.slow
+def test_a_registration_that_failed_after_logging_the_model_registers_that_model_on_retry(ladder, tmp_path):
+    import sqlite3
+
+    from mlflow.exceptions import MlflowException
+
+    c, spec, stage = _promotable_full_run(ladder, tmp_path, "registry-down")
+    db = ladder["uri"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:  # the registry refuses new versions: a fault inside the real store
+        con.execute("CREATE TRIGGER registry_down BEFORE INSERT ON model_versions "
+                    "BEGIN SELECT RAISE(ABORT, 'injected: registry down'); END")
+    try:
+        with pytest.raises(MlflowException, match="Model Version creation error"):
+            register_candidate(c, spec, stage, ladder["summary"]["checkpoint_uri"])
+    finally:
+        with sqlite3.connect(db) as con:
+            con.execute("DROP TRIGGER IF EXISTS registry_down")
+    [logged] = _logged_models(c, stage)
+    assert _versions(c, stage) == []
+    out = register_candidate(c, spec, stage, ladder["summary"]["checkpoint_uri"])
+    assert out["registered"]
+    assert [m.model_id for m in _logged_models(c, stage)] == [logged.model_id]  # not logged a second time
+    assert _versions(c, stage) == [str(out["version"])]
+    assert c.get_model_version(out["name"], out["version"]).source == f"models:/{logged.model_id}"
+
+
+@pytest.mark.slow
+def test_a_registration_that_failed_before_moving_the_alias_is_retried_into_the_same_version(ladder, tmp_path):
+    c, spec, stage = _promotable_full_run(ladder, tmp_path, "alias-fails")
+    flaky = _Flaky(c, "set_registered_model_alias", reply_lost=False)
+    with pytest.raises(ConnectionError, match="never reached the store"):
+        register_candidate(flaky, spec, stage, ladder["summary"]["checkpoint_uri"])
+    [created] = _versions(c, stage)
+    out = register_candidate(flaky, spec, stage, ladder["summary"]["checkpoint_uri"])
+    assert out["registered"] and str(out["version"]) == created
+    assert _versions(c, stage) == [created]
+    assert c.get_model_version_by_alias(out["name"], CANDIDATE).run_id == stage

@@ -4,10 +4,15 @@ Only the orchestrator creates and closes runs; training processes write into the
 stage run they are handed (MLFLOW_RUN_ID). Each run carries the full identity
 (:func:`identity_problems` says what is missing); a run without it is tagged
 ``traingate.identity_valid=false`` and :func:`can_promote` refuses it.
+
+Creating a run is idempotent per request key (:func:`create_run_once`): the tasks that call
+these functions are retried, and a retry must find the run its first attempt created rather
+than leave it behind as an orphan beside a second one.
 """
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +30,8 @@ _MAX_PARAM = 6000  # MLflow's param value limit
 SPEC_ARTIFACT = "spec/resolved_spec.json"
 ENVIRONMENT_ARTIFACT = "identity/environment.json"
 NOTE_PREFIX = "traingate.note."
+REQUEST_KEY_TAG = "traingate.request_key"
+_REQUEST_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,200}")  # it is quoted into a search filter
 
 
 def client(tracking_uri: str) -> MlflowClient:
@@ -38,11 +45,37 @@ def experiment_id(c: MlflowClient, name: str, artifact_uri: str | None) -> str:
     return c.create_experiment(name, artifact_location=f"{artifact_uri.rstrip('/')}/{name}" if artifact_uri else None)
 
 
-def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, identity: dict[str, Any]) -> str:
-    """Create the parent run with the full identity; returns its id (the traingate run id)."""
+def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name: str, tags: dict[str, str]) -> Run:
+    """Create a run for one request, or return the run an earlier attempt of the same request created.
+
+    The key is a tag written by the same call that creates the run, so no run exists without it:
+    a retry whose first attempt created the run and then failed (or lost the reply) finds that run
+    instead of creating a second one. Everything the callers write after creation is safe to
+    write again (same params, tags and artifacts overwritten with the same values).
+    """
+    if not _REQUEST_KEY.fullmatch(request_key):
+        raise ValueError(f"request_key = {request_key!r}: use 1-200 letters, digits or '_.:-' (it names one "
+                         "create request; its retries pass the same key)")
+    found = c.search_runs([experiment], f"tags.`{REQUEST_KEY_TAG}` = '{request_key}'", max_results=2)
+    if not found:
+        return c.create_run(experiment, run_name=run_name, tags={**tags, REQUEST_KEY_TAG: request_key})
+    run = found[0]
+    if len(found) > 1 or run.info.run_name != run_name:
+        names = ", ".join(f"{r.info.run_id} ({r.info.run_name!r})" for r in found)
+        raise ValueError(f"request_key = {request_key!r} already names run(s) {names}, not a run {run_name!r}; "
+                         "a key names one create request: pass a new key for a new run")
+    return run
+
+
+def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, identity: dict[str, Any], *,
+                      request_key: str) -> str:
+    """Create the parent run with the full identity; returns its id (the traingate run id).
+
+    Idempotent per ``request_key`` (see :func:`create_run_once`).
+    """
     exp = experiment_id(c, spec.identity.experiment, artifact_uri)
     name = spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
-    run = c.create_run(exp, run_name=name, tags={"traingate.kind": "pipeline"})
+    run = create_run_once(c, exp, request_key, name, {"traingate.kind": "pipeline"})
     rid = run.info.run_id
     tags = {
         "traingate.run_id": rid, "traingate.experiment": spec.identity.experiment,
@@ -120,17 +153,20 @@ def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
 
 # ------------------------------------------------------------------ stages
 
-def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str) -> str:
-    """A child run for one stage, carrying the parent's identity: tags, spec params and identity artifacts."""
+def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_key: str) -> str:
+    """A child run for one stage, carrying the parent's identity: tags, spec params and identity artifacts.
+
+    Idempotent per ``request_key`` (see :func:`create_run_once`).
+    """
     parent = c.get_run(parent_run_id)
     inherited = {k: v for k, v in parent.data.tags.items()
                  if k.startswith("traingate.") and k not in ("traingate.kind", "traingate.identity_valid",
-                                                             "traingate.identity_missing")
+                                                             "traingate.identity_missing", REQUEST_KEY_TAG)
                  and not k.startswith(NOTE_PREFIX)}
-    run = c.create_run(parent.info.experiment_id, run_name=f"{parent.info.run_name}/{stage}",
-                       tags={**inherited, "mlflow.parentRunId": parent_run_id, "traingate.kind": "stage",
-                             "traingate.stage": stage, "traingate.pipeline_run_id": parent_run_id,
-                             "mlflow.user": parent.data.tags.get("mlflow.user", "")})
+    run = create_run_once(c, parent.info.experiment_id, request_key, f"{parent.info.run_name}/{stage}",
+                          {**inherited, "mlflow.parentRunId": parent_run_id, "traingate.kind": "stage",
+                           "traingate.stage": stage, "traingate.pipeline_run_id": parent_run_id,
+                           "mlflow.user": parent.data.tags.get("mlflow.user", "")})
     rid = run.info.run_id
     params = [Param(k, v) for k, v in sorted(parent.data.params.items())]
     for i in range(0, len(params), 100):
