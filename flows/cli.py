@@ -46,7 +46,9 @@ def _embedded_defaults(settings: Settings) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser. Only ``command``'s module is imported to add its arguments (several
+    import Prefect or MLflow: seconds a `traingate simulate` or a refused spec should not pay)."""
     p = argparse.ArgumentParser(prog="traingate", description="staged model training on Prefect")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -63,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="print the plan and estimated cost; run nothing")
     for name, (module, help_text) in EXTRA_COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
-        __import__(module, fromlist=["add_arguments"]).add_arguments(sp)
+        if command in (name, None):
+            __import__(module, fromlist=["add_arguments"]).add_arguments(sp)
     return p
 
 
@@ -102,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     settings.ensure()
+    guard_this_process(spec.supervision.preempt_grace_s)
     from flows.pipeline import ladder
 
     state = ladder(spec, args.until, return_state=True)
@@ -127,6 +131,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if state.is_completed() else 1
 
 
+def guard_this_process(grace_s: float) -> None:
+    """Nothing this process starts outlives it, and Ctrl-C preempts the running stage at a checkpoint.
+
+    A guardian process stops the temporary Prefect server and any process tree if this process is
+    killed (traingate.supervision.guardian). The first Ctrl-C asks every supervised tree to write its
+    emergency checkpoint and stop, so the flow ends Cancelled with the resume command; a second one aborts.
+    """
+    import signal
+
+    from traingate.supervision import guardian, supervisor
+
+    guardian.start(grace_s + 10.0)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if supervisor.stop_request():
+            raise KeyboardInterrupt
+        supervisor.request_stop("interrupted (Ctrl-C)")
+        print("traingate: Ctrl-C: preempting the running stage at a checkpoint (Ctrl-C again to abort now)",
+              file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
 def _summary(state: Any) -> dict[str, Any] | None:
     data = state.result(raise_on_failure=False)
     return data if isinstance(data, dict) else None
@@ -135,7 +162,9 @@ def _summary(state: Any) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     _embedded_defaults(Settings.from_env())  # before anything imports prefect
     logsafety.install()  # before anything logs: Prefect's API log handler stores what it is given
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = next((a for a in given if not a.startswith("-")), None)
+    args = _parser(command if command in EXTRA_COMMANDS else "").parse_args(argv)
     try:
         move_tracking_credentials()  # the tracking URI is written everywhere; MLflow's credential variables are not
         if args.cmd in EXTRA_COMMANDS:

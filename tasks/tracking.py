@@ -64,3 +64,10 @@ def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | N
     from traingate.tracking.registry import register_candidate as register
 
     return register(runs.client(Settings.from_env().tracking_uri), spec, stage_run_id, checkpoint_uri)
+
+
+@task(name="read-gate", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5])
+def gate_passed(stage_run_id: str) -> bool:
+    """Whether a recorded stage passed its gate (a resume that finds every stage done promotes only then)."""
+    tags = runs.client(Settings.from_env().tracking_uri).get_run(stage_run_id).data.tags
+    return tags.get("traingate.gate_passed") == "true"
