@@ -27,26 +27,35 @@ LOG_EVERY = 10
 def _run(work: Path, tracking: bool, i: int, tracking_uri: str) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
-    from traingate.spec import load_spec, write_resolved
+    import dataclasses
+    import time
+
+    from traingate.job.stagejob import derive
+    from traingate.settings import Settings
+    from traingate.spec import load_spec
 
     name = f"{'on' if tracking else 'off'}-{i}"
     spec = load_spec(SPEC, [f"stages.full.max_steps={STEPS}", f"tracking.enabled={str(tracking).lower()}",
-                            f"tracking.log_every={LOG_EVERY}", "checkpoint.every_steps=1000000"])
-    spec_path = write_resolved(spec, work / name / "spec.yaml")
-    env = {**os.environ, "TRAINGATE_STAGE_DIR": str(work / name), "OMP_NUM_THREADS": "1",
-           "MLFLOW_TRACKING_URI": tracking_uri}
-    env.pop("MLFLOW_RUN_ID", None)
+                            f"tracking.log_every={LOG_EVERY}", "checkpoint.every_steps=1000000",
+                            "resources.procs_per_node=1"])
+    run_id = None
     if tracking:
         c = MlflowClient(tracking_uri)
         exp = c.get_experiment_by_name("bench-tracking") or c.get_experiment(
             c.create_experiment("bench-tracking", artifact_location=(work / "mlartifacts").as_uri()))
-        env["MLFLOW_RUN_ID"] = c.create_run(exp.experiment_id, run_name=name).info.run_id
-    subprocess.run([sys.executable, "-m", "traingate.runtime.train", "--spec", str(spec_path), "--stage", "full"],
+        run_id = c.create_run(exp.experiment_id, run_name=name).info.run_id
+    job = derive(spec, "full", run_id=name, run_dir=work, settings=Settings.from_env(),
+                 checkpoint_uri=(work / name / "checkpoints").as_uri())
+    job = dataclasses.replace(job.launch(time.time()), tracking_uri=tracking_uri if tracking else None,
+                              mlflow_run_id=run_id)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_RUN_ID", None)
+    subprocess.run([sys.executable, "-m", "traingate.runtime.train", "--job", str(job.write())],
                    env=env, cwd=work, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     prof = json.loads((work / name / "result.json").read_text())["metrics"]["profile"]
     out = {"mean": prof["step_time_mean_s"], "p50": prof["step_time_p50_s"]}
     if tracking:
-        hist = MlflowClient(tracking_uri).get_metric_history(env["MLFLOW_RUN_ID"], "train_loss")
+        hist = MlflowClient(tracking_uri).get_metric_history(run_id, "train_loss")
         assert len(hist) == STEPS // LOG_EVERY, "tracking lost metrics"
     return out
 

@@ -9,7 +9,6 @@ and starts nothing: validation runs before Prefect or MLflow is touched.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
