@@ -74,6 +74,14 @@ def test_a_full_checkpoint_store_stops_the_stage_at_once_with_one_line_naming_it
     assert len(sup.attempts) == 1  # not retried: a full disk stays full
     _one_line_disk_full(sup.error, small_disk)
     assert sum("Traceback" in line for line in lines) <= 2, "\n".join(lines)[-3000:]
+    # The checkpointer's own line (rank 0's last words): the space this checkpoint needs and what is free.
+    words = [w for w in sup.attempts[0].last_words if w["rank"] == 0]
+    assert words and words[0]["cause"] == "disk_full", sup.attempts[0].last_words
+    error = words[0]["error"]
+    assert "\n" not in error and str(small_disk / "ckpt") in error, error
+    free = float(re.search(r"([\d.]+) MiB free at ", error).group(1))
+    need = float(re.search(r"needs about ([\d.]+) MiB", error).group(1))
+    assert 0 < free < LEFT_FREE / 2**20 + 0.01 and need > free, error
 
 
 def test_a_full_state_directory_stops_the_stage_at_once_with_one_line_naming_it(tiny_spec, tmp_path, state_dir,

@@ -205,6 +205,33 @@ class RetentionPolicy:
         return kept
 
 
+def _state_bytes(obj: Any) -> int:
+    """Bytes of tensor data in a state tree: what torch.save writes, give or take its small header."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nelement() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    return 0
+
+
+def _free_bytes(path: str) -> int:
+    # The step directory was just removed and the root may never have been created: ask its nearest parent.
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return shutil.disk_usage(path or "/").free
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 class _HashingWriter:
     """A file object torch.save streams into: hashes and counts bytes as they go to disk."""
 
@@ -439,9 +466,13 @@ class Checkpointer:
                 if local:
                     shutil.rmtree(os.path.join(self.storage._path(), name), ignore_errors=True)
                 prev = self.last_saved_step
+                # A remote root fills its local staging directory, not the bucket.
+                where = self.storage._path() if local else self._staging_root
                 raise CheckpointError(
-                    f"checkpoint step {step} not written: {os.strerror(e.errno)} at {self.uri}; "
-                    f"previous checkpoint {step_dir(prev) if prev is not None else '(none)'} kept. "
+                    f"checkpoint step {step} not written: {os.strerror(e.errno)} at {self.uri}: "
+                    f"{_mib(_free_bytes(where))} free at {where}, this checkpoint needs about "
+                    f"{_mib(_state_bytes(state))}; previous checkpoint "
+                    f"{step_dir(prev) if prev is not None else '(none)'} kept. "
                     "Free space or point checkpoint.uri elsewhere") from e
             raise
         except Exception as e:
