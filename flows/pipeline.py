@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, get_client, get_run_logger
 from prefect.exceptions import ObjectNotFound
 from prefect.flow_runs import pause_flow_run
+from prefect.futures import PrefectFuture
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed, Crashed, Failed, State
@@ -77,10 +78,12 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                 and gate_passed(point.mlflow_run_ids["full"]):
             # Every stage ran but the orchestrator died before the end: promote and close, as it would have.
             full = read_result(run_dir / "full")
-            summary["model"] = register_candidate(spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None)
+            summary["model"] = register_candidate(spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None,
+                                                  run_id=run_id)
             close_pipeline_run(run_id, True, "full")
             return Completed(message=f"run {run_id}: every stage had passed; promotion and close finished", data=summary)
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
+    pending: list[PrefectFuture] = []
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
         stage_run = (point.mlflow_run_ids.get(stage) if resuming else None) or open_stage_run(run_id, stage)
@@ -91,18 +94,21 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             result = run_stage_job(job, resume=resuming)
         gate = spec.gate(stage)
         decision = decide(result, gate, spec.budget.max_cost_usd)
-        record_stage(stage_run, result, decision)
-        publish_stage_report(run_id, result, decision)
+        # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
+        pending += [record_stage.submit(stage_run, result, decision, run_id=run_id),
+                    publish_stage_report.submit(run_id, result, decision)]
         summary["stages"][stage] = {"status": str(result.status), "gate": decision.passed,
                                     "mlflow_run_id": stage_run, "checkpoint_uri": result.checkpoint_uri,
                                     "cost_usd": result.cost_usd, "restarts": result.metrics.get("restarts", 0),
                                     "resumed_from_step": result.metrics.get("resumed_from_step", 0)}
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
         if result.status == Status.PREEMPTED:  # cancelled from the UI/API: checkpointed, resumable
+            _settle(pending)
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
             return Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}",
                              data=summary)
         if not decision.passed:
+            _settle(pending)
             close_pipeline_run(run_id, False, stage, decision.summary())
             return Failed(message=decision.summary(), data=summary)
         log.info(decision.summary())
@@ -111,12 +117,14 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                                     key=f"approve-{stages[i + 1]}")
             if not answer.approve:
                 reason = f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
+                _settle(pending)
                 close_pipeline_run(run_id, False, stage, reason)
                 return Failed(message=reason, data=summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
+    _settle(pending)
     if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
         summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
-                                              summary.get("checkpoint_uri"))
+                                              summary.get("checkpoint_uri"), run_id=run_id)
     close_pipeline_run(run_id, True, stages[-1])
     verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
     return Completed(message=verb, data=summary)
@@ -140,6 +148,13 @@ def _close_stale_runs(settings: Settings) -> None:
         for flow_run_id, cause in {s.flow_run_id: s.cause for s in closed if s.flow_run_id}.items():
             if state_of(flow_run_id) in stale.LIVE_FLOW_STATES:
                 client.set_flow_run_state(flow_run_id, Crashed(message=f"orchestrator lost: {cause}"), force=True)
+
+
+def _settle(pending: list[PrefectFuture]) -> None:
+    """Wait for the stages' recording tasks (a failure among them fails the flow, as if awaited inline)."""
+    for f in pending:
+        f.result()
+    pending.clear()
 
 
 @flow(name="pipeline", log_prints=True)

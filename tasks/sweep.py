@@ -16,9 +16,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound
 from optuna.trial import FrozenTrial
 
+from tasks.tracking import request_key
 from tasks.train import run_stage_job
 from traingate.job.stagejob import JobKind, derive
 from traingate.job.vocab import Status
@@ -52,10 +52,8 @@ def release_leases(trial: FrozenTrial) -> None:
     from tasks.compat_prefect import release_concurrency_slots_with_lease
 
     for lease in trial.user_attrs.get("prefect_leases", []):
-        try:
-            release_concurrency_slots_with_lease(lease)
-        except ObjectNotFound:
-            pass  # the lease had already expired: the server took the slots back itself
+        # A lease that already expired is gone on the server; releasing it does nothing (tests/test_compat.py).
+        release_concurrency_slots_with_lease(lease)
 
 
 @contextlib.contextmanager
@@ -140,7 +138,7 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
     metrics = dict(result.numeric_metrics())
     metrics.update(cost_usd=result.cost_usd, duration_s=result.duration_s, steps=float(steps))
     oc = TrialOutcome(state=Status.FAILED, steps=steps, cost_usd=result.cost_usd, start_ts=start, end_ts=end,
-                      metrics=metrics, resumed_from_step=int(result.metrics.get("resumed_from_step") or 0),
+                      pid=result.details.get("pid"), metrics=metrics, resumed_from_step=int(result.metrics.get("resumed_from_step") or 0),
                       restarts=int(result.metrics.get("restarts", 0)))
     reporter = pruner.reporter
     if reporter is not None and reporter.pruned_at is not None and result.status == Status.PREEMPTED:
@@ -161,13 +159,13 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
 def open_sweep_run(spec: RunSpec, storage_url: str) -> str:
     s = Settings.from_env()
     return sweep_tracking.open_sweep_run(runs.client(s.tracking_uri), spec, open_study(spec, storage_url),
-                                         s.artifact_uri)
+                                         s.artifact_uri, request_key=request_key("sweep"))
 
 
 @task(name="open-trial-run", **_MLFLOW)
 def open_trial_run(parent_run_id: str, label: str, params: dict[str, Any], tags: dict[str, str]) -> str:
     c = runs.client(Settings.from_env().tracking_uri)
-    return sweep_tracking.open_trial_run(c, parent_run_id, label, params, tags)
+    return sweep_tracking.open_trial_run(c, parent_run_id, label, params, tags, request_key=request_key("trial"))
 
 
 @task(name="record-trial", **_MLFLOW)

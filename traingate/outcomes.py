@@ -36,7 +36,7 @@ def from_supervision(job: StageJob, sup: Supervision, duration_s: float) -> Stag
     the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for."""
     stage_dir = Path(job.stage_dir)
     cost = sizing.cost_usd(duration_s, job.slots, job.price_per_slot_hour)
-    details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict()}
+    details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict(), "pid": sup.proc.pid}
     if job.is_script:
         s = job.spec.recipe.script
         assert s is not None

@@ -29,6 +29,7 @@ class ProcResult:
     timed_out: bool = False
     stopped: bool = False  # stopped on request (cancel/preempt)
     log_error: OSError | None = None  # the output log could not be written (the output was still read)
+    pid: int | None = None            # the tree's leader
 
     @property
     def signal(self) -> int | None:
@@ -134,7 +135,7 @@ class ProcessTree:
         self.signal_group(signal.SIGKILL)  # orphans of a dead leader must not outlive the stage
         self._reader.join(timeout=10)
         return ProcResult(rc, time.monotonic() - self.started, list(self._tail), timed_out, self.stop_requested,
-                          self.log_error)
+                          self.log_error, self.popen.pid)
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path, timeout_s: float | None = None,

@@ -17,12 +17,13 @@ from mlflow.tracking import MlflowClient
 from traingate.job.vocab import Status
 from traingate.spec import RunSpec
 from traingate.sweep.report import TrialOutcome
-from traingate.tracking.runs import experiment_id
+from traingate.tracking.runs import create_run_once, experiment_id
 
 _STATUS = {Status.COMPLETED: "FINISHED", Status.PRUNED: "KILLED", Status.FAILED: "FAILED"}
 
 
-def open_sweep_run(c: MlflowClient, spec: RunSpec, study: optuna.Study, artifact_uri: str | None) -> str:
+def open_sweep_run(c: MlflowClient, spec: RunSpec, study: optuna.Study, artifact_uri: str | None,
+                   request_key: str) -> str:
     rid = study.user_attrs.get("mlflow_parent_run_id")
     if rid:
         c.update_run(rid, status="RUNNING")
@@ -30,7 +31,7 @@ def open_sweep_run(c: MlflowClient, spec: RunSpec, study: optuna.Study, artifact
     sw = spec.sweep
     assert sw is not None
     exp = experiment_id(c, spec.identity.experiment, artifact_uri)
-    run = c.create_run(exp, run_name=f"sweep/{study.study_name}", tags={
+    run = create_run_once(c, exp, request_key, f"sweep/{study.study_name}", {
         "traingate.kind": "sweep", "traingate.study": study.study_name,
         "traingate.sampler": sw.sampler, "traingate.scheduler": sw.scheduler.name,
         "traingate.owner": spec.identity.owner, "traingate.team": spec.identity.team,
@@ -47,9 +48,9 @@ def open_sweep_run(c: MlflowClient, spec: RunSpec, study: optuna.Study, artifact
 
 
 def open_trial_run(c: MlflowClient, parent_run_id: str, label: str, params: dict[str, Any],
-                   tags: dict[str, str]) -> str:
+                   tags: dict[str, str], request_key: str) -> str:
     parent = c.get_run(parent_run_id)
-    run = c.create_run(parent.info.experiment_id, run_name=f"{parent.info.run_name}/{label}", tags={
+    run = create_run_once(c, parent.info.experiment_id, request_key, f"{parent.info.run_name}/{label}", {
         "mlflow.parentRunId": parent_run_id, "traingate.kind": "trial", "traingate.trial_state": "RUNNING", **tags})
     c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
     return run.info.run_id

@@ -153,7 +153,7 @@ def take_alias_if_better(c: MlflowClient, name: str, version: str, stage_run_id:
         theirs = holder.tags.get(_METRIC_TAG) if holder is not None else None
         if holder is None:
             won, why = True, f"took @{alias}: no model held it"
-        elif holder.version == str(version):  # a retried registration
+        elif str(holder.version) == str(version):  # a retried registration
             won, why = True, f"holds @{alias} already"
         elif mine is None:
             won, why = False, f"@{alias} stays at v{holder.version}: this run logged no {EVAL_METRIC}"
