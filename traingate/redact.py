@@ -20,6 +20,7 @@ left as it is.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -44,6 +45,9 @@ _FLAG = re.compile(rf"--?[\w-]*{_WORD}", re.I)
 _BARE = r"""[^\s&"',;}\]]+"""
 _VALUE = rf"""(?P<q>["'])?(?P<v>(?(q)(?:(?!(?P=q))[^\n])+|(?:{_REF}|{_BARE})))"""
 
+# Patterns 2-3 (keys and flags) scan every position of a line: most lines hold none of the words, so
+# one cheap search decides whether they run at all.
+_HINT = re.compile(r"secret|passw|passphrase|token|key|credential|signature", re.I)
 _PATTERNS = [
     # scheme://user:password@host (a password may hold `/`: users paste AWS keys unescaped)
     re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s\"']+:(?P<v>[^@\s\"']+?)@"),
@@ -62,6 +66,8 @@ _PATTERNS = [
     re.compile(r"\b(?P<v>(?:AKIA|ASIA)[A-Z0-9]{16})\b"),
 ]
 
+_WORD_PATTERNS = (_PATTERNS[2], _PATTERNS[3])
+
 # Environment variables whose values are secrets wherever they are printed.
 _SECRET_ENV_EXPLICIT = re.compile(
     r"AWS_.*|MLFLOW_TRACKING_(?:PASSWORD|TOKEN)|PREFECT_API_KEY|TRAINGATE_SECRET_.*")
@@ -76,17 +82,26 @@ _LONG = 8
 _SHORT = 4
 
 
+@functools.lru_cache(maxsize=4096)
+def _env_kind(name: str) -> tuple[bool, bool]:
+    """(certainly a secret, named like one) for an environment variable's name."""
+    upper = name.upper()
+    explicit = bool(_SECRET_ENV_EXPLICIT.fullmatch(upper)) and not _AWS_NOT_SECRET.fullmatch(upper)
+    return explicit, bool(_SECRET_ENV_NAMED.fullmatch(name))
+
+
 def _env_secrets() -> tuple[list[str], list[str]]:
     """(values masked anywhere, short values masked as whole words), from the current environment."""
     long_, short = set(), set()
     for name, value in os.environ.items():
-        upper = name.upper()
-        explicit = bool(_SECRET_ENV_EXPLICIT.fullmatch(upper)) and not _AWS_NOT_SECRET.fullmatch(upper)
-        if len(value) >= _LONG and (explicit or _SECRET_ENV_NAMED.fullmatch(name)):
+        if len(value) < _SHORT:
+            continue
+        explicit, named = _env_kind(name)
+        if len(value) >= _LONG and (explicit or named):
             long_.add(value)
             if (q := quote(value, safe="")) != value:  # the same secret inside a URL
                 long_.add(q)
-        elif explicit and len(value) >= _SHORT:
+        elif explicit:
             short.add(value)
     return sorted(long_, key=len, reverse=True), sorted(short, key=len, reverse=True)
 
@@ -94,7 +109,10 @@ def _env_secrets() -> tuple[list[str], list[str]]:
 def secret_spans(text: str) -> list[tuple[int, int]]:
     """The (start, end) spans of ``text`` that hold secrets, merged and sorted."""
     spans: list[tuple[int, int]] = []
+    hinted = _HINT.search(text) is not None
     for rx in _PATTERNS:
+        if rx in _WORD_PATTERNS and not hinted:
+            continue
         for m in rx.finditer(text):
             s, e = m.span("v")
             if e > s and not REF.fullmatch(text[s:e]):
