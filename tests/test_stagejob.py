@@ -117,3 +117,20 @@ def test_stage_files_are_written_atomically_and_read_back_typed(tmp_path):
     files.append_progress(tmp_path, {"step": 5, "val_loss": 1.0})
     follower = files.ProgressFollower(tmp_path)
     assert follower.new() == [{"step": 5, "val_loss": 1.0}] and follower.new() == []
+
+
+def test_the_digits_recipe_reads_the_same_data_as_scikit_learn_without_importing_it():
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from traingate.recipes.digits import _read_digits
+
+    images, target = _read_digits()
+    d = load_digits()
+    assert np.array_equal(images, d.images) and np.array_equal(target, d.target)
+    code = ("import sys; from traingate.recipes.digits import _read_digits; _read_digits(); "
+            "sys.exit(1 if 'sklearn' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "reading digits imported scikit-learn"

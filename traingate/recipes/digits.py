@@ -52,11 +52,9 @@ class DigitsCNN(Recipe):
         return n - max(1, int(round(n * self.spec.data.val_fraction)))
 
     def load_data(self) -> tuple[TensorData, TensorData]:
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        y = torch.tensor(d.target, dtype=torch.long)
+        images, target = _read_digits()
+        x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+        y = torch.tensor(target, dtype=torch.long)
         # A fixed split (not the run seed): the data snapshot must not depend on the seed.
         perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
         x, y = x[perm], y[perm]
@@ -83,3 +81,23 @@ class DigitsCNN(Recipe):
             confusion.index_put_((y.cpu(), pred.cpu()), torch.ones_like(y.cpu()), accumulate=True)
         return {"val_loss": total_loss / len(data), "val_accuracy": correct / len(data),
                 "confusion": confusion.tolist()}
+
+
+def _read_digits() -> tuple[Any, Any]:
+    """scikit-learn's bundled digits (8x8 images, labels), read from its CSV without importing scikit-learn.
+
+    Same values as ``sklearn.datasets.load_digits()`` (tests/test_recipes check it), without the
+    1-2 s import of scikit-learn and SciPy that every training process, and every restart, paid.
+    """
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without running its __init__
+    if spec is None or spec.origin is None:
+        raise RuntimeError("digits-cnn needs scikit-learn's bundled digits data: pip install scikit-learn")
+    with gzip.open(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", "rt") as f:
+        rows = np.loadtxt(f, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)

@@ -42,8 +42,25 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None)
+                                device_id=device if backend == "nccl" else None,
+                                **_attempt_store(world, rank, timeout_s))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def _attempt_store(world: int, rank: int, timeout_s: float) -> dict:
+    """Under torchrun with the agent's store, a store namespace of this group incarnation's own.
+
+    The agent keeps one TCPStore across in-place restarts of the group, and the process group's keys
+    (each rank's gloo/NCCL address) are not namespaced by restart: a restarted rank read its dead
+    predecessor's address and gave up after gloo's connect retries ("connection refused"). Prefixing by
+    TORCHELASTIC_RESTART_COUNT gives every incarnation fresh keys.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"traingate/attempt_{attempt}", store), "rank": rank, "world_size": world}
 
 
 def close_distributed() -> None:
