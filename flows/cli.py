@@ -32,6 +32,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("flows.commands.runs", "list and compare runs (by experiment, team, metric)"),
     "show": ("flows.commands.show", "identity, stages, gates, restarts, notes and cost of a run"),
     "note": ("flows.commands.note", "add a timestamped note to a run's logbook"),
+    "replay": ("flows.commands.replay", "deliver a run's journals to the tracking store after it was lost"),
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
 }
 

@@ -3,22 +3,32 @@
 Every task here is retried, so every one is idempotent: re-recording writes the same values,
 and the tasks that create (a run, a model version) pass a request key that a retry repeats,
 so a retry finds what its failed attempt created instead of creating it twice.
+
+A lost tracking store never fails the flow at the writes after a stage (record-stage,
+close-pipeline-run, register-candidate): when the store stays unreachable through the retries,
+the write is kept in the run's journal (``<run dir>/tracking/journal.jsonl``), one line says so,
+and ``traingate replay RUN_ID`` makes it later (:mod:`traingate.tracking.runs`).
 """
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from typing import Any, Callable
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 from traingate.stage import GateDecision, StageResult
-from traingate.tracking import runs
+from traingate.tracking import journal, runs
 from traingate.tracking.identity import code_version, environment_snapshot
 
-_MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=[1, 5, 15])
+_DELAYS_S = [1, 5, 15]
+_MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=_DELAYS_S)
+_journal_lock = threading.Lock()  # recording tasks run in threads beside each other; a journal has one writer
 
 
 def request_key(kind: str) -> str:
@@ -46,24 +56,86 @@ def open_stage_run(parent_run_id: str, stage: str) -> str:
 
 
 @task(name="record-stage", **_MLFLOW)
-def record_stage(stage_run_id: str, result: StageResult, decision: GateDecision | None) -> None:
-    runs.record_stage(runs.client(Settings.from_env().tracking_uri), stage_run_id, result, decision)
+def record_stage(stage_run_id: str, result: StageResult, decision: GateDecision | None,
+                 run_id: str | None = None) -> None:
+    """``run_id``: the pipeline's, whose journal keeps the write if the store is gone (None: it fails instead)."""
+    c = runs.client(Settings.from_env().tracking_uri)
+    _write_or_keep(run_id, f"record-stage of {result.stage}", "record_stage",
+                   {"stage_run_id": stage_run_id, "result": result.to_dict(),
+                    "decision": decision.__dict__ if decision is not None else None},
+                   lambda: runs.record_stage(c, stage_run_id, result, decision))
 
 
 @task(name="close-pipeline-run", **_MLFLOW)
 def close_pipeline_run(run_id: str, passed: bool, reached: str, reason: str = "") -> None:
-    runs.close_pipeline_run(runs.client(Settings.from_env().tracking_uri), run_id, passed, reached, reason)
+    c = runs.client(Settings.from_env().tracking_uri)
+    _write_or_keep(run_id, "close-pipeline-run", "close_pipeline_run",
+                   {"run_id": run_id, "passed": passed, "reached": reached, "reason": reason},
+                   lambda: runs.close_pipeline_run(c, run_id, passed, reached, reason))
+    # The pipeline's last write: say once what the store still lacks and how to deliver it.
+    left = sum(journal.pending_bytes(p) for p in journal.journals_of(_run_dir(run_id)))
+    if left:
+        get_run_logger().warning(
+            "tracking store is missing %.1f KiB of run %s's records (kept in its journals under %s); deliver them "
+            "when the store is back: traingate replay %s", left / 1024, run_id, _run_dir(run_id), run_id)
 
 
 @task(name="register-candidate", **_MLFLOW)
-def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None) -> dict:
+def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None, run_id: str | None = None) -> dict:
     """Promotion of the full stage: log and register its final model with alias `candidate` (if it may be).
 
     Idempotent without a key: a stage run has at most one version (see traingate.tracking.registry).
+    ``run_id``: as for :func:`record_stage` (a kept registration is made by `traingate replay`).
     """
     from traingate.tracking.registry import register_candidate as register
 
-    return register(runs.client(Settings.from_env().tracking_uri), spec, stage_run_id, checkpoint_uri)
+    c = runs.client(Settings.from_env().tracking_uri)
+    out = _write_or_keep(run_id, "register-candidate", "register_candidate",
+                         {"stage_run_id": stage_run_id, "checkpoint_uri": checkpoint_uri},
+                         lambda: register(c, spec, stage_run_id, checkpoint_uri))
+    if out is None:
+        return {"registered": False, "reasons": [f"tracking store unreachable: the registration waits in the run's "
+                                                 f"journal; make it with `traingate replay {run_id}`"]}
+    return out
+
+
+def _run_dir(run_id: str):
+    return Settings.from_env().state_dir / "runs" / run_id
+
+
+def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any],
+                   write: Callable[[], Any]) -> Any:
+    """Make one write, retrying while the store is unreachable; after the last retry keep it for replay (None).
+
+    The retries are here rather than Prefect's for this one failure, so a lost store costs one log line
+    instead of a traceback per attempt. Writes kept earlier are made first, so the store gets them in order.
+    """
+    if run_id is None:  # nowhere to keep it: Prefect's retries, then the flow fails, as before
+        return write()
+    run_dir = _run_dir(run_id)
+    error: BaseException | None = None
+    with _journal_lock:
+        if journal.pending_bytes(journal.journal_path(run_dir)):
+            try:
+                runs.replay_calls(runs.client(Settings.from_env().tracking_uri), run_dir)
+            except Exception as e:  # noqa: BLE001 - re-raised unless the store is unreachable
+                if not runs.store_unreachable(e):
+                    raise
+                error = e
+        if error is None:
+            for delay in [*_DELAYS_S, None]:
+                try:
+                    return write()
+                except Exception as e:  # noqa: BLE001 - re-raised unless the store is unreachable
+                    if not runs.store_unreachable(e):
+                        raise
+                    error = e
+                if delay is not None:
+                    time.sleep(delay)
+        path = runs.keep_for_replay(run_dir, call, **args)
+    get_run_logger().warning("tracking store unreachable (%s): %s kept in %s; deliver it later with: "
+                             "traingate replay %s", str(error).splitlines()[0][:160], what, path, run_id)
+    return None
 
 
 @task(name="read-gate", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5])

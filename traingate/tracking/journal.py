@@ -11,6 +11,11 @@ Record kinds: ``{"m": key, "v": value, "s": step, "t": ms}`` (metric),
 ``{"tag": key, "v": value}`` (tag), ``{"session": n, ...}`` and ``{"end": status, ...}``
 (process lifetimes; kept local, never delivered).
 
+A run has journals in two places (:func:`journals_of`): each stage's, written by its rank 0,
+and the run's own (``<run dir>/tracking/journal.jsonl``), where the orchestrator keeps the
+MLflow writes it could not make while the tracking store was gone (``{"call": name,
+"args": {...}}`` records, see :mod:`traingate.tracking.runs`). ``traingate replay`` delivers both.
+
 >>> import tempfile, pathlib
 >>> j = Journal(pathlib.Path(tempfile.mkdtemp()) / "journal.jsonl")
 >>> j.append([{"m": "loss", "v": 1.0, "s": 1, "t": 0}])
@@ -37,6 +42,35 @@ class History:
     ended: dict[str, Any] | None = None  # the last session's end record, if it ended cleanly
     last_time_ms: int | None = None  # the newest record's timestamp: the previous process's last sign of life
     step_times_ms: dict[int, int] = field(default_factory=dict)  # step -> when it was first logged
+
+
+JOURNAL = "journal.jsonl"
+TRACKING_DIR = "tracking"
+
+
+def journal_path(run_or_stage_dir: Path) -> Path:
+    """Where a stage's (or, for a run directory, the orchestrator's) journal lives."""
+    return Path(run_or_stage_dir) / TRACKING_DIR / JOURNAL
+
+
+def pending_bytes(path: Path) -> int:
+    """Bytes of a journal not delivered yet (0 when there is no journal), without opening it for writing."""
+    try:
+        size = Path(path).stat().st_size
+    except FileNotFoundError:
+        return 0
+    try:
+        delivered = int(Path(str(path) + ".delivered").read_text().strip() or 0)
+    except FileNotFoundError:
+        delivered = 0
+    return max(0, size - delivered)
+
+
+def journals_of(run_dir: Path) -> list[Path]:
+    """A run's stage journals (sorted by stage directory), then its orchestrator journal: existing ones only."""
+    stages = sorted(p for p in Path(run_dir).glob(f"*/{TRACKING_DIR}/{JOURNAL}"))
+    own = journal_path(run_dir)
+    return [*stages, *([own] if own.exists() else [])]
 
 
 class Journal:
@@ -92,6 +126,12 @@ class Journal:
 
     def pending_bytes(self) -> int:
         return self.path.stat().st_size - self.delivered_offset()
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def history(self) -> History:
         h = History()
