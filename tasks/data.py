@@ -5,6 +5,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from traingate.recipes import get_recipe
+from traingate.secrets import resolve
 from traingate.spec import RunSpec
 from traingate.tracking.identity import hash_file_uri
 
@@ -15,6 +16,6 @@ def data_snapshot(spec: RunSpec) -> tuple[str, str]:
     if spec.recipe.name == "script":
         if spec.data.uri is None:
             return "undeclared", "undeclared"
-        return hash_file_uri(spec.data.uri), spec.data.uri
+        return hash_file_uri(resolve(spec.data.uri, field="data.uri")), spec.data.uri
     recipe = get_recipe(spec)
     return recipe.data_snapshot(), recipe.data_uri()

@@ -22,6 +22,7 @@ from prefect.runtime import flow_run
 from traingate import outcomes
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
+from traingate.redact import redact_tree
 from traingate.stage import StageResult
 from traingate.supervision.supervisor import Hooks, read_state, stop_request, supervise
 
@@ -76,7 +77,7 @@ def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None
 def _emit(event: str, job: StageJob, payload: dict[str, Any]) -> None:
     emit_event(event=event, resource={"prefect.resource.id": f"traingate.run.{job.run_id}",
                                       "traingate.stage": job.stage, "traingate.kind": str(job.kind)},
-               payload=payload)
+               payload=redact_tree(payload))
 
 
 def _cancel_watch(client: Any) -> Callable[[], str | None]:

@@ -200,11 +200,6 @@ def test_a_digits_ladder_writes_no_byte_of_the_secrets_in_its_environment_tracki
     _assert_nothing_leaked(scanned, server_home)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "waits for two wiring lines outside H3's files (see the H3 report): traingate/proc.py must resolve "
-    "${env:} references in the command and redact lines as it writes stdout.log; tasks/data.py must resolve "
-    "data.uri before hashing it. Until then the data snapshot is refused by the presigned URL's server (403) "
-    "and the script would get its --api-token unresolved (it exits 3)."))
 @pytest.mark.timeout(1800)
 def test_a_script_ladder_writes_no_byte_of_the_secrets_in_its_arguments_data_uri_and_output(
         tmp_path, mlflow_server, data_server):

@@ -20,6 +20,9 @@ from typing import Callable
 
 import psutil
 
+from traingate.redact import redact
+from traingate.secrets import resolve_tree
+
 
 @dataclass
 class ProcResult:
@@ -44,7 +47,10 @@ class ProcessTree:
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._on_line = on_line
         self.started = time.monotonic()
-        self.popen = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE,
+        # ${env:NAME} references in a command (a script's --api-token) are resolved here, at the last moment,
+        # from the child's environment; everything printed is redacted before it is written or passed on.
+        self.popen = subprocess.Popen(resolve_tree(cmd, env=env, field="command"), env=env, cwd=str(cwd),
+                                      stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, text=True, errors="replace", bufsize=1)
         self.stop_requested = False
@@ -61,6 +67,7 @@ class ProcessTree:
         except OSError as e:
             self.log_error = e
         for line in self.popen.stdout:
+            line = redact(line)
             if log is not None:
                 try:
                     log.write(line)

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Mapping
 
 
+TRACKING_URI_VAR = "TRAINGATE_TRACKING_URI"
+
+
 @dataclass(frozen=True)
 class Settings:
     state_dir: Path
@@ -31,7 +34,7 @@ class Settings:
         state = Path(env.get("TRAINGATE_STATE_DIR", ".traingate")).expanduser().resolve()
         return cls(
             state_dir=state,
-            tracking_uri=env.get("TRAINGATE_TRACKING_URI", f"sqlite:///{state}/mlflow.db"),
+            tracking_uri=env.get(TRACKING_URI_VAR, f"sqlite:///{state}/mlflow.db"),
             artifact_uri=env.get("TRAINGATE_ARTIFACT_URI", (state / "mlartifacts").as_uri()),
             checkpoint_uri=env.get("TRAINGATE_CHECKPOINT_URI", (state / "checkpoints").as_uri()),
             optuna_storage=env.get("TRAINGATE_OPTUNA_STORAGE", f"sqlite:///{state}/optuna.db"),

@@ -22,9 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from flows.pipeline import ResumeFrom, ladder
     from traingate.plan import resume_point
+    from traingate.secrets import check_refs
     from traingate.settings import Settings
 
     point = resume_point(Settings.from_env(), args.run_id, args.stage)  # a bad run id: one line, exit 2
+    check_refs(point.spec.to_dict())  # its ${env:} secrets must be exported again here: one line if not
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2

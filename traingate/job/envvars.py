@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from traingate.secrets import resolve
+
 if TYPE_CHECKING:
     from traingate.job.stagejob import StageJob
 
@@ -52,7 +54,8 @@ def job_environment(job: "StageJob", base: Mapping[str, str] | None = None,
     if job.restart_cause:
         env.update({RESTART_CAUSE: str(job.restart_cause), RESTART_COUNT: str(job.attempt)})
     if job.tracking_uri:
-        env[MLFLOW_TRACKING_URI] = job.tracking_uri
+        # A script's MLflow reads the real URI: the environment is handed over, never written to a file.
+        env[MLFLOW_TRACKING_URI] = resolve(job.tracking_uri, env=env, field="tracking URI")
         if job.mlflow_run_id:
             env[MLFLOW_RUN_ID] = job.mlflow_run_id
     if job.faults:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 from traingate.job import files
 from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
-from traingate.settings import Settings
+from traingate.settings import TRACKING_URI_VAR, Settings
 from traingate.spec import RunSpec, parse_spec
 
 
@@ -134,6 +135,16 @@ class StageJob:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+def _without_secrets(tracking_uri: str) -> str:
+    """The tracking URI as the job file may hold it: a URI with a password (``postgresql://u:pw@db``)
+    is written as a reference to the variable it came from, resolved by the process that uses it."""
+    from traingate.redact import redact
+
+    if redact(tracking_uri) != tracking_uri and os.environ.get(TRACKING_URI_VAR) == tracking_uri:
+        return "${env:" + TRACKING_URI_VAR + "}"
+    return tracking_uri
+
+
 def derive(spec: RunSpec, stage: str, *, run_id: str, run_dir: str | Path, settings: Settings,
            mlflow_run_id: str | None = None, kind: JobKind = JobKind.LADDER, stage_dir: str | Path | None = None,
            checkpoint_uri: str | None = None, eval_every: int = 0, stop_at_step: int | None = None,
@@ -156,6 +167,6 @@ def derive(spec: RunSpec, stage: str, *, run_id: str, run_dir: str | Path, setti
         priority=spec.resources.priority, max_steps=limits.max_steps, timeout_s=timeout_s,
         run_dir=str(run_dir), stage_dir=str(stage_dir),
         checkpoint_uri=checkpoint_uri or join(spec.checkpoint.uri or settings.checkpoint_uri, run_id, stage),
-        tracking_uri=settings.tracking_uri if tracked else None,
+        tracking_uri=_without_secrets(settings.tracking_uri) if tracked else None,
         mlflow_run_id=mlflow_run_id if tracked else None,
         eval_every=eval_every, stop_at_step=stop_at_step, faults=faults)

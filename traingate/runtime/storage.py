@@ -23,6 +23,8 @@ from typing import BinaryIO, Callable, Iterator, TypeVar
 
 import fsspec
 
+from traingate.secrets import resolve
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -125,11 +127,14 @@ class Storage:
 
     def __init__(self, root_uri: str, retries: int = 6, base_delay_s: float = 0.5):
         self.root = root_uri.rstrip("/")
+        # A location may hold ${env:NAME} references (secrets stay out of spec and job files): the
+        # filesystem gets them resolved; self.root, which is shown and recorded, keeps the reference.
+        resolved = resolve(self.root, field="checkpoint location")
         # Importing a backend can draw from the global Python RNG (aiobotocore does); a training
         # process has seeded it already, and exact resume needs it untouched.
         rng_state = random.getstate()
         try:
-            self.fs, self._root_path = fsspec.core.url_to_fs(self.root, **storage_options(self.root))
+            self.fs, self._root_path = fsspec.core.url_to_fs(resolved, **storage_options(resolved))
         finally:
             random.setstate(rng_state)
         self._jitter = random.Random()  # backoff jitter must not advance the global RNG either

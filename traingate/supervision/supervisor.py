@@ -149,7 +149,14 @@ class _Record:
     def write(self, attempts: list[Attempt], final: dict[str, Any] | None = None) -> None:
         self.state.attempts = [*self.earlier, *[asdict(a) for a in attempts]]
         self.state.final = final
-        files.write_supervisor_state(self.dir, self.state)
+        try:
+            files.write_supervisor_state(self.dir, self.state)
+        except OSError as e:
+            if not _disk_full(e):
+                raise
+            # A full state directory is the verdict this supervision reports (disk_full), not a second
+            # failure: the attempts stay in the returned Supervision, and the next write tries again.
+            log.warning("supervisor.json not updated: %s", e)
 
 
 def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.executable, seed: int | None = None,
@@ -313,6 +320,13 @@ class _Watch:
             tree.stop_requested = True
             tree.signal_group(signal.SIGKILL)
             return False
+        if _disk_full(tree.log_error):
+            # The state directory is full: ranks cannot leave last words there for the check above,
+            # and torchrun would restart them in place until the start-up timeout.
+            self.hooks.info(f"{stage}: {tree.log_error}: stopping the tree (no in-place restart)")
+            tree.stop_requested = True
+            tree.signal_group(signal.SIGKILL)
+            return False
         self._notice_inplace_restart(beats, words, now)
         beats = {r: b for r, b in beats.items() if b.restart_count == self.restart_count}
         self._track(beats)
@@ -420,10 +434,12 @@ def disk_full_detail(job: StageJob) -> str:
     # A checkpoint is written beside the previous one before retention removes it: about one more of its size.
     step = Checkpointer(job.checkpoint_uri, async_save=False).find_latest(verify=False) if ckpt_dir else None
     need = _tree_bytes(Path(ckpt_dir) / step_dir(step)) if step is not None and ckpt_dir else 0
-    need = max(need, 64 << 20)
     name, where, free = min(((n, p, _free(p)) for n, p in places), key=lambda x: x[2])
-    return (f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, needs about "
-            f"{need / 2**20:.0f} MiB more; free space there or point it at a larger disk")
+    # Sized by the newest checkpoint (the next one is written beside it); before the first checkpoint
+    # there is nothing to size it by, and only a lower bound is honest.
+    needs = f"needs about {need / 2**20:.1f} MiB more (one checkpoint)" if need else "needs at least 1.0 MiB more"
+    return (f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, {needs}; "
+            "free space there or point it at a larger disk")
 
 
 def _free(path: Path) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 from traingate.job import envvars
 from traingate.redact import redact
+from traingate.secrets import resolve
 from traingate.tracking.compat_mlflow import latest_metrics
 from traingate.tracking.journal import History, Journal
 
@@ -325,4 +326,5 @@ def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str
     """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one."""
     if rank != 0 or not enabled or not tracking_uri or not run_id:
         return NullTracker()
-    return MlflowTracker(tracking_uri, run_id, journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"))
+    return MlflowTracker(resolve(tracking_uri, field="tracking URI"), run_id,
+                         journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"))
