@@ -5,7 +5,7 @@ from traingate.job.stagejob import StageJob
 from traingate.recipes.script import build_command, torchrun_args
 
 
-def stage_command(job: StageJob, python: str) -> list[str]:
+def stage_command(job: StageJob, python: str, zygote_socket: str | None = None) -> list[str]:
     """The command of one launch of ``job``: a user's script, one process, or a torchrun group.
 
     A torchrun group may restart in place ``job.inplace_restarts`` times: faster than a relaunch
@@ -15,6 +15,11 @@ def stage_command(job: StageJob, python: str) -> list[str]:
         return build_command(job.spec, job.stage, python, job.procs_per_node, job.nodes,
                              job.spec.resources.rdzv_endpoint)
     tail = ["-m", "traingate.runtime.train", "--job", str(job.job_path)]
+    if zygote_socket is not None:
+        # Warm restarts (supervision.warm_restarts): a thin entry that has the stage's zygote fork the
+        # worker. The socket is an argument, not a TRAINGATE_* variable: reading envvars would import
+        # traingate.secrets and pydantic (~0.3 s), ten times the entry's whole budget.
+        tail = ["-m", "traingate.runtime.warm", zygote_socket, "--job", str(job.job_path)]
     if job.world_size == 1:
         return [python, *tail]
     return [python, "-m", "torch.distributed.run",

@@ -255,6 +255,8 @@ class SupervisionSpec(_Section):
     preempt_grace_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, description="SIGTERM -> SIGKILL, for the emergency checkpoint")
     oom_halve_batch: bool = Field(default=False, description="on OOM retry with half the micro-batch, 2x grad_accum")
     checkpoint_check_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS, description="how often to look for a stale checkpoint")
+    warm_restarts: bool = Field(default=False, description="fork restarted workers from a pre-imported zygote "
+                                "(traingate.runtime.warm): skips ~3 s of imports per worker start")
 
 
 class TrackingSpec(_Section):

@@ -35,6 +35,7 @@ from traingate import launch, proc
 from traingate.job import envvars, files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status, status_for
+from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision import causes, heartbeat, oom
@@ -166,6 +167,21 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
     ``resumed``: the state of an earlier, interrupted supervision of this stage; its attempts
     count, and the first launch here is a restart after its last one.
     """
+    # supervision.warm_restarts: one pre-imported zygote forks every worker of this stage's launches
+    # (traingate.runtime.warm); it is this process's child, so it dies with the stage.
+    zygote = None
+    if job.spec.supervision.warm_restarts and not job.is_script:
+        Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
+        zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+    try:
+        return _supervise(job, hooks, python, seed, resumed, zygote.socket if zygote else None)
+    finally:
+        if zygote is not None:
+            zygote.stop()
+
+
+def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None,
+               resumed: files.SupervisorState | None, zygote_socket: str | None) -> Supervision:
     hooks = hooks or Hooks()
     sup = job.spec.supervision
     stage, stage_dir = job.stage, Path(job.stage_dir)
@@ -198,7 +214,7 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
         job = job.launch(time.time(), inplace_restarts=left if job.writes_heartbeats and job.world_size > 1 else 0)
         job.write()
         env = envvars.job_environment(job)
-        cmd = launch.stage_command(job, python)
+        cmd = launch.stage_command(job, python, zygote_socket)
         attempt = Attempt(len(attempts), job.launched_at or time.time(), overrides=list(overrides))
         attempts.append(attempt)
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")

@@ -1,0 +1,372 @@
+"""Warm restarts: training processes forked from a pre-imported "zygote" instead of started cold.
+
+A cold training process spends ~3 s importing torch, TorchDynamo and traingate before it can
+rejoin its group; after a lost worker that is most of the time to recovery. With
+``supervision.warm_restarts`` the supervisor starts one zygote per stage (:class:`Zygote`), which
+imports all of that once and forks a ready worker per request. What torchrun launches is the thin
+entry ``python -m traingate.runtime.warm SOCKET --job JOB`` (this module's top level imports only
+the standard library's cheapest modules): it hands the zygote its argv, environment, cwd and
+stdin/stdout/stderr (SCM_RIGHTS); the forked child becomes the worker (its own session, the entry's
+fds and environment) and runs :func:`traingate.runtime.train.main`. The entry relays SIGTERM and
+SIGINT to it and ends as it ended, a death by a signal re-raised as the same signal, so torchrun and
+the supervisor classify the thin entry exactly as they would the worker. The child reports its own
+pid (heartbeats, the fault injector and a hang kill all reach the real worker) and exit code; the
+zygote reports deaths by a signal. A child whose thin entry is gone (torchrun SIGKILLed it) kills
+itself. Without a zygote (not started yet, dead, refusing) the entry runs ``train.main`` itself.
+
+Wire format, entry -> zygote: one request, ``!I`` length + JSON ``{argv, env, cwd, agent}``, fds 0-2
+attached. Zygote/child -> entry: ``!ci`` records: ``P`` pid, ``X`` exit code, ``S`` signal number.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+_LEN = struct.Struct("!I")
+_REC = struct.Struct("!ci")
+_RELAYED = (signal.SIGTERM, signal.SIGINT)
+_wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read end, write end)
+
+
+# ---------------------------------------------------------------- thin entry (runs under torchrun)
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m traingate.runtime.warm SOCKET [train args]``: run one worker, warm if a zygote answers."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--serve":
+        return serve(argv[1])
+    if not argv or argv[0].startswith("-"):
+        print("python -m traingate.runtime.warm: usage: SOCKET [--job PATH] (or --serve SOCKET)", file=sys.stderr)
+        return 64
+    path, train_argv = argv[0], argv[1:]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return _cold(train_argv)
+    pid: list[int] = []
+    pending: list[int] = []
+
+    def relay(signum: int, frame: object) -> None:
+        if not pid:
+            pending.append(signum)  # delivered once the worker exists
+            return
+        try:
+            os.kill(pid[0], signum)
+        except ProcessLookupError:
+            pass  # it exited already; its status is on its way
+
+    for sig in _RELAYED:
+        signal.signal(sig, relay)
+    request = json.dumps({"argv": train_argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                          "agent": os.getppid()}).encode()
+    try:
+        conn.sendmsg([_LEN.pack(len(request)) + request],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+    except OSError:
+        conn.close()
+        return _cold(train_argv)
+    reader = conn.makefile("rb")
+    while True:
+        record = reader.read(_REC.size)
+        if len(record) < _REC.size:
+            if not pid:
+                # The zygote went away before a worker existed: start one here, slowly but correctly.
+                conn.close()
+                for sig in _RELAYED:
+                    signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
+                if pending:
+                    return 128 + pending[0]
+                return _cold(train_argv)
+            # The worker and the zygote are both gone without a word: the worker was killed, and
+            # the zygote with it (or before it) — report it the way a killed worker shows.
+            return _die(signal.SIGKILL)
+        kind, value = _REC.unpack(record)
+        if kind == b"P":
+            pid.append(value)
+            for sig in pending:
+                relay(sig, None)
+        elif kind == b"X":
+            return value
+        elif kind == b"S":
+            return _die(value)
+
+
+def _cold(train_argv: list[str]) -> int:
+    from traingate.runtime import train
+
+    return train.main(train_argv)
+
+
+def _die(signum: int) -> int:
+    """End this process by ``signum``, as the worker did: torchrun's "exitcode: -9" stays true."""
+    if signum != signal.SIGKILL:
+        signal.signal(signum, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    return 128 + signum  # not reached for a fatal signal
+
+
+# ---------------------------------------------------------------- zygote (started by the supervisor)
+
+def serve(path: str) -> int:
+    """Bind ``path``, import the training stack once, then fork a worker per request until SIGTERM.
+
+    The socket is bound before the imports, so entries that arrive meanwhile wait in the backlog
+    instead of starting cold beside the importing zygote. Forking needs a single-threaded parent
+    (a thread pool's locks would be copied held): a zygote that finds other threads refuses to serve,
+    and its waiting entries fall back to the cold path.
+
+    SIGTERM is taken synchronously (``sigtimedwait``) to see who sent it: the zygote is its workers'
+    parent, so a worker preempting "its parent and siblings" (the ``term`` fault of drills, as a
+    scheduler would) reaches the zygote instead of torchrun's agent; that one is passed on to the
+    agent. A SIGTERM from anyone else ends the zygote.
+    """
+    import select
+
+    supervisor = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    # A worker's death must reach its entry at once: torchrun classifies a group by the first failure
+    # it sees, and a peer's "connection reset" must not beat the killed rank's -9 to it.
+    _wake.extend(os.pipe())
+    for fd in _wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(_wake[1])
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (the optimizer's first step would import it: 1.3 s)
+
+    from traingate.runtime import train  # noqa: F401
+
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads != 1:
+        print(f"zygote: {threads} threads after the imports (a BLAS/OpenMP pool? OMP_NUM_THREADS="
+              f"{os.environ.get('OMP_NUM_THREADS')}); forking would copy their locks; not serving, "
+              "workers start cold", file=sys.stderr, flush=True)
+        return 3
+    print(f"zygote: ready on {path} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    children: dict[int, tuple[socket.socket, int | None]] = {}  # pid -> (its entry's connection, its agent)
+    stopping = False
+    while not stopping and os.getppid() == supervisor:
+        ready, _, _ = select.select([listener, _wake[0]], [], [], 0.1)
+        if _wake[0] in ready:
+            while True:
+                try:
+                    if not os.read(_wake[0], 512):
+                        break
+                except BlockingIOError:
+                    break
+        if listener in ready:
+            conn, _ = listener.accept()
+            child = _fork_worker(conn, listener, children)
+            if child is None:
+                conn.close()
+            else:
+                children[child[0]] = (conn, child[1])
+        while (info := signal.sigtimedwait([signal.SIGTERM], 0)) is not None:
+            agent = children[info.si_pid][1] if info.si_pid in children else None
+            if info.si_pid not in children:
+                stopping = True
+            elif agent is not None:
+                with _suppress_gone():
+                    os.kill(agent, signal.SIGTERM)
+        _reap(children, block=False)
+    if stopping:
+        # The stage is over: whatever is left was abandoned by its entry; do not leave it behind.
+        # (On the supervisor's death the workers stay: they checkpoint and exit on their own.)
+        for child in children:
+            with _suppress_gone():
+                os.kill(child, signal.SIGKILL)
+        while children:
+            _reap(children, block=True)
+    listener.close()
+    return 0
+
+
+def _fork_worker(conn: socket.socket, listener: socket.socket,
+                 children: dict[int, tuple[socket.socket, int | None]]) -> tuple[int, int | None] | None:
+    """Fork a worker for the request on ``conn``: (its pid, its torchrun agent or None), None for a bad request."""
+    conn.settimeout(10.0)
+    try:
+        request, fds = _read_request(conn)
+    except (OSError, ValueError) as e:
+        print(f"zygote: bad request: {e}", file=sys.stderr, flush=True)
+        return None
+    conn.settimeout(None)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_worker(conn, listener, children, request, fds)  # ends in os._exit
+        finally:
+            os._exit(70)  # an exception escaped the worker's own handling (EX_SOFTWARE)
+    for fd in fds:
+        os.close(fd)
+    env = request["env"]
+    print(f"zygote: forked worker {pid} (rank {env.get('RANK', '0')}, torchrun restart "
+          f"{env.get('TORCHELASTIC_RESTART_COUNT', '-')})", file=sys.stderr, flush=True)
+    return pid, (int(request["agent"]) if "TORCHELASTIC_RUN_ID" in env else None)
+
+
+def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4]))
+    if len(data) < _LEN.size or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"expected a length and 3 fds, got {len(data)} bytes and {len(fds)} fds")
+    (size,) = _LEN.unpack(data[:_LEN.size])
+    body = data[_LEN.size:]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ValueError("request cut short")
+        body += more
+    return json.loads(body), fds
+
+
+def _become_worker(conn: socket.socket, listener: socket.socket,
+                   children: dict[int, tuple[socket.socket, int | None]], request: dict, fds: list[int]) -> None:
+    """In the forked child: take the entry's place (session, fds, environment, cwd) and train."""
+    import threading
+
+    listener.close()
+    for other, _ in children.values():
+        other.close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])  # the zygote blocks it; a worker must not
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    for fd in _wake:
+        os.close(fd)
+    os.setsid()  # like a worker torchrun starts: its own session
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [sys.argv[0], *request["argv"]]
+    import torch
+
+    # The zygote imported torch under its own environment; the worker's thread count is the entry's.
+    if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    # train._stop_agent SIGTERMs its parent to stop torchrun's agent; this process's parent is the
+    # zygote, the agent is the entry's parent.
+    agent = int(request["agent"])
+    os.getppid = lambda: agent  # type: ignore[assignment]
+    conn.sendall(_REC.pack(b"P", os.getpid()))
+    done = threading.Event()
+
+    def entry_gone() -> None:
+        # The entry sends nothing after its request: EOF means it died (torchrun's SIGKILL after its
+        # grace, or the tree killed by the supervisor). A worker nobody waits for must not train on.
+        try:
+            conn.recv(1)
+        except OSError:
+            pass
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=entry_gone, name="warm-entry-watch", daemon=True).start()
+    from traingate.runtime import train
+
+    try:
+        code = train.main(request["argv"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    done.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        conn.sendall(_REC.pack(b"X", code))
+    except OSError:
+        pass  # the entry is gone; nobody is left to tell
+    os._exit(code)
+
+
+def _reap(children: dict[int, tuple[socket.socket, int | None]], block: bool) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        if pid not in children:
+            continue
+        conn, _ = children.pop(pid)
+        # A worker that exited has said so itself; a signal it could not report.
+        if os.WIFSIGNALED(status):
+            try:
+                conn.sendall(_REC.pack(b"S", os.WTERMSIG(status)))
+            except OSError:
+                pass  # its entry is gone too
+        conn.close()
+        if block:
+            return
+
+
+class _suppress_gone:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        return kind is ProcessLookupError
+
+
+# ---------------------------------------------------------------- the supervisor's handle
+
+class Zygote:
+    """One stage's zygote process, started by the supervisor, stopped with the stage.
+
+    The socket lives in a private temporary directory (mode 0700: only this user may ask for a fork;
+    a stage directory's path may be too long for a unix socket's 107 bytes).
+    """
+
+    def __init__(self, python: str, env: dict[str, str], log_path: str):
+        import subprocess
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="traingate-zygote-")
+        self.socket = os.path.join(self.dir, "sock")
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen([python, "-m", "traingate.runtime.warm", "--serve", self.socket],
+                                          env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        import shutil
+        import subprocess
+
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
