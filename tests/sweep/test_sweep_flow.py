@@ -74,10 +74,10 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     by_state = {r.data.tags["traingate.trial_state"]: r for r in children
                 if "traingate.reproduction_seed" not in r.data.tags}
-    assert set(by_state) == {"COMPLETE", "PRUNED"}
+    assert set(by_state) == {"COMPLETED", "PRUNED"}
     assert by_state["PRUNED"].info.status == "KILLED"
-    assert by_state["COMPLETE"].data.params["optim.lr"] == "0.05"
-    history = c.get_metric_history(by_state["COMPLETE"].info.run_id, "val_accuracy")
+    assert by_state["COMPLETED"].data.params["optim.lr"] == "0.05"
+    history = c.get_metric_history(by_state["COMPLETED"].info.run_id, "val_accuracy")
     assert sorted({m.step for m in history}) == list(range(10, 101, 10))  # intermediate, from the trainer
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/optimization_history.png", "sweep/intermediate_values.png", "sweep/best_spec.yaml"} <= arts
@@ -92,7 +92,7 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
 def test_trials_never_run_more_at_once_than_the_pool_limit_allows(prefect_harness, state_dir, sweep_spec):
     from prefect.client.orchestration import get_client
 
-    from flows.sweep import sweep
+    from flows.sweep import sweep_file
 
     with get_client(sync_client=True) as c:  # a work pool with one slot, shared with everything else
         c.upsert_global_concurrency_limit_by_name("tg-test-pool-1slot", 1)
@@ -103,7 +103,7 @@ def test_trials_never_run_more_at_once_than_the_pool_limit_allows(prefect_harnes
         pool_limit: tg-test-pool-1slot
     """)
     overrides = ONE_PROC + ["stages.canary.max_steps=40", "checkpoint.every_steps=1000"]
-    state = sweep(str(path), overrides, return_state=True)
+    state = sweep_file(str(path), overrides, return_state=True)
     assert state.is_completed(), state.message
     trials = load(path, overrides, _settings().optuna_storage).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
@@ -127,7 +127,7 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
         prefect_harness, state_dir, sweep_spec, tmp_path):
     from prefect.settings import PREFECT_API_URL
 
-    from flows.sweep import sweep
+    from flows.sweep import sweep_file
     from traingate.spec import load_spec
     from traingate.sweep.study import study_name
 
@@ -166,7 +166,7 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
     before = {t.number: t for t in optuna.load_study(study_name=name, storage=s.optuna_storage).trials}
     done_before = {n: t for n, t in before.items() if t.state == TrialState.COMPLETE}
 
-    state = sweep(str(path), overrides, return_state=True)  # re-running the same spec resumes it
+    state = sweep_file(str(path), overrides, return_state=True)  # re-running the same spec resumes it
     assert state.is_completed(), state.message
 
     after = optuna.load_study(study_name=name, storage=s.optuna_storage).trials
