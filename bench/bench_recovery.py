@@ -7,6 +7,11 @@ with the restarted rank 0's own timeline: fault -> new process (detection, backo
 for torchrun's in-place restarts: its detection and respawn), imports, rendezvous, model
 build + checkpoint load, first step. Goodput = useful steps / steps executed; the time ratio
 is the undisturbed run's wall time over the disturbed one's.
+
+Everything is measured twice in one invocation: cold starts (each worker a fresh interpreter) and
+warm restarts (``supervision.warm_restarts``: workers forked from a pre-imported zygote, see
+:mod:`traingate.runtime.warm`). With warm restarts, "imports" is the forked worker's own start-up
+(applying the entry's environment, ``train.main`` up to the job read).
 """
 from __future__ import annotations
 
@@ -37,16 +42,17 @@ GOODPUT_STEPS = 90
 PHASES = ("to new process", "imports", "rendezvous", "build + load", "first step")
 
 
-def _spec(max_steps: int):
+def _spec(max_steps: int, warm: bool):
     return load_spec(ROOT / "examples" / "digits.yaml", [
         f"stages.full.max_steps={max_steps}", f"checkpoint.every_steps={CHECKPOINT_EVERY}",
         "tracking.enabled=false", f"supervision.hang_timeout_s={HANG_TIMEOUT_S}",
-        "supervision.backoff_base_s=0.5", "supervision.max_restarts=10"])
+        "supervision.backoff_base_s=0.5", "supervision.max_restarts=10",
+        f"supervision.warm_restarts={str(warm).lower()}"])
 
 
-def _run(work: Path, name: str, max_steps: int, faults: str) -> tuple[Supervision, float, list]:
+def _run(work: Path, name: str, max_steps: int, faults: str, warm: bool) -> tuple[Supervision, float, list]:
     stage_dir = work / name
-    job = derive(_spec(max_steps), "full", run_id=f"bench-{name}", run_dir=work, settings=Settings.from_env(),
+    job = derive(_spec(max_steps, warm), "full", run_id=f"bench-{name}", run_dir=work, settings=Settings.from_env(),
                  kind=JobKind.DRILL, stage_dir=stage_dir, checkpoint_uri=(stage_dir / "checkpoints").as_uri(),
                  faults=faults or None)
     t0 = time.monotonic()
@@ -71,10 +77,16 @@ def _phases(sup: Supervision, fired: list[dict]) -> list[list[float]]:
 
 def main() -> str:
     work = Settings.from_env().ensure().state_dir / "bench" / "recovery" / time.strftime("%Y%m%d-%H%M%S")
-    rows = ["| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost | "
+    return "\n\n".join(_tables(work, warm) for warm in (False, True))
+
+
+def _tables(work: Path, warm: bool) -> str:
+    mode = "warm" if warm else "cold"
+    rows = [f"### Warm restarts {'on (workers forked from a zygote)' if warm else 'off (cold interpreter per worker)'}",
+            "", "| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost | "
             + " | ".join(f"{p} (s)" for p in PHASES) + " |", "|---" * (6 + len(PHASES)) + "|"]
     for kind, faults in MTTR_FAULTS.items():
-        sup, _, fired = _run(work, f"mttr-{kind}", 60, faults)
+        sup, _, fired = _run(work, f"{mode}-mttr-{kind}", 60, faults, warm)
         recs = [r for r in records(sup, fired) if r.recovery_s is not None]
         mttr = [r.recovery_s for r in recs]
         lost = [r.steps_lost for r in recs if r.steps_lost is not None]
@@ -88,8 +100,8 @@ def main() -> str:
     kinds = ["kill", "term", "stop"]
     plan = [f"{kinds[i % 3]}@{s}" + (":1" if kinds[i % 3] in ("kill", "stop") else "")
             for i, s in enumerate(range(GOODPUT_EVERY, GOODPUT_STEPS - 1, GOODPUT_EVERY))]
-    _, ref_s, _ = _run(work, "goodput-reference", GOODPUT_STEPS, "")
-    sup, drill_s, _ = _run(work, "goodput-drill", GOODPUT_STEPS, ",".join(plan))
+    _, ref_s, _ = _run(work, f"{mode}-goodput-reference", GOODPUT_STEPS, "", warm)
+    sup, drill_s, _ = _run(work, f"{mode}-goodput-drill", GOODPUT_STEPS, ",".join(plan), warm)
     executed = steps_executed(sup)
     inplace = sum(a.inplace for a in sup.attempts)
     rows += ["", f"Goodput, {GOODPUT_STEPS} steps with a fault every {GOODPUT_EVERY} steps "
@@ -99,7 +111,8 @@ def main() -> str:
              f"| undisturbed | 0 | {GOODPUT_STEPS} | 100.0% | {ref_s:.1f} | 1.00 |",
              f"| fault every {GOODPUT_EVERY} steps | {sup.restarts} ({inplace}) | {executed} | "
              f"{GOODPUT_STEPS / executed:.1%} | {drill_s:.1f} | {ref_s / drill_s:.2f} |",
-             "", f"(hang timeout {HANG_TIMEOUT_S:.0f} s; digits-cnn channels 16, 2 ranks, torchrun + gloo on CPU)"]
+             "", f"(hang timeout {HANG_TIMEOUT_S:.0f} s; digits-cnn channels 16, 2 ranks, torchrun + gloo on CPU; "
+                 f"warm restarts {'on' if warm else 'off'})"]
     return "\n".join(rows)
 
 
