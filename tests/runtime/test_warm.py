@@ -20,7 +20,7 @@ import pytest
 from traingate.job import files
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
-from traingate.runtime import inject
+from traingate.runtime import inject, warm
 from traingate.settings import Settings
 from traingate.spec import load_spec
 from traingate.supervision.drill import _weights, compare_states, final_state
@@ -173,3 +173,13 @@ def test_the_thin_entry_imports_neither_torch_nor_traingate_before_it_asks_the_z
     elapsed = time.monotonic() - t0
     assert out.strip() == "0 ['traingate', 'traingate.runtime']"
     assert elapsed < 2.0  # generous for a loaded box; the entry itself is ~30 ms of interpreter start
+
+
+def test_a_zygote_that_finds_threads_after_its_imports_refuses_to_serve_and_says_why(tmp_path):
+    # Forking a process with a thread pool copies its locks held; OpenBLAS starts one at import here.
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    zygote = warm.Zygote(sys.executable, env, str(tmp_path / "zygote.log"))
+    zygote.popen.wait(timeout=60)
+    why = zygote.stop()
+    assert why is not None and "ended early with status 3" in why and "threads after the imports" in why
+    assert not os.path.exists(zygote.dir)

@@ -343,6 +343,7 @@ class Zygote:
         import subprocess
         import tempfile
 
+        self.log_path = log_path
         self.dir = tempfile.mkdtemp(prefix="traingate-zygote-")
         self.socket = os.path.join(self.dir, "sock")
         with open(log_path, "ab") as log:
@@ -354,11 +355,13 @@ class Zygote:
     def pid(self) -> int:
         return self.popen.pid
 
-    def stop(self, grace_s: float = 5.0) -> None:
+    def stop(self, grace_s: float = 5.0) -> str | None:
+        """Stop it; why it had stopped serving on its own (its last words, or its exit status), else None."""
         import shutil
         import subprocess
 
-        if self.popen.poll() is None:
+        ended = self.popen.poll()
+        if ended is None:
             self.popen.terminate()
             try:
                 self.popen.wait(timeout=grace_s)
@@ -366,6 +369,15 @@ class Zygote:
                 self.popen.kill()
                 self.popen.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if ended is None:
+            return None
+        try:
+            with open(self.log_path, errors="replace") as f:
+                last = [line.strip() for line in f if line.startswith("zygote: ")][-1:]
+        except OSError:
+            last = []
+        words = last[0] if last and "ready on" not in last[0] and "forked worker" not in last[0] else ""
+        return f"the zygote (pid {self.pid}) ended early with status {ended}" + (f": {words}" if words else "")
 
 
 if __name__ == "__main__":

@@ -173,11 +173,14 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
     if job.spec.supervision.warm_restarts and not job.is_script:
         Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
         zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+    elif job.spec.supervision.warm_restarts:
+        (hooks or Hooks()).info(f"{job.stage}: supervision.warm_restarts has no effect on a script recipe "
+                                "(its command is the user's); starting it cold")
     try:
         return _supervise(job, hooks, python, seed, resumed, zygote.socket if zygote else None)
     finally:
-        if zygote is not None:
-            zygote.stop()
+        if zygote is not None and (why := zygote.stop()) is not None:
+            (hooks or Hooks()).info(f"{job.stage}: warm restarts were off (workers started cold): {why}")
 
 
 def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None,
@@ -231,11 +234,15 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
             hooks.info(f"{stage}: supervisor interrupted: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace")
             tree.stop(sup.preempt_grace_s)
             raise
+        words = files.read_last_words(stage_dir)
+        # Incarnations torchrun started after the last tick (seen only by their last words) end first.
+        watch.notice_incarnations(max([w.restart_count for w in words], default=0), time.time(),
+                                  files.read_heartbeats(stage_dir))
         attempt = attempts[-1]  # in-place restarts appended attempts of their own
         attempt.ended_at = time.time()
         attempt.returncode = result.returncode
         watch.observe_end(attempt)
-        words = files.read_last_words(stage_dir)
+        words = [w for w in words if w.restart_count == watch.restart_count]  # the incarnation that just ended
         attempt.last_words = [asdict(w) for w in words]
         runtime = files.read_result(stage_dir)
         oom_retry = sup.oom_halve_batch and oom.smaller_micro_batch(
@@ -329,7 +336,11 @@ class _Watch:
         if self.detector is None:
             return False
         beats = files.read_heartbeats(self.stage_dir)
-        words = files.read_last_words(self.stage_dir)
+        every_word = files.read_last_words(self.stage_dir)
+        # An incarnation shows itself by its heartbeats, or by its last words if it failed before its first.
+        self.notice_incarnations(max([b.restart_count for b in beats.values()]
+                                     + [w.restart_count for w in every_word], default=0), now, beats)
+        words = [w for w in every_word if w.restart_count == self.restart_count]  # this incarnation's only
         if (fatal := causes.fatal_for_inplace(words, _status(self.stage_dir))) is not None:
             # torchrun would restart the group in place; this failure needs the supervisor's decision.
             self.hooks.info(f"{stage}: {fatal}: stopping the tree (no in-place restart)")
@@ -343,7 +354,6 @@ class _Watch:
             tree.stop_requested = True
             tree.signal_group(signal.SIGKILL)
             return False
-        self._notice_inplace_restart(beats, words, now)
         beats = {r: b for r, b in beats.items() if b.restart_count == self.restart_count}
         self._track(beats)
         # A rank that wrote last words is exiting on a caught error; its peers wait on it in a
@@ -380,24 +390,34 @@ class _Watch:
         for r, b in beats.items():
             a.start_steps.setdefault(r, b.start_step)
 
-    def _notice_inplace_restart(self, beats: dict[int, files.Heartbeat], words: list[files.LastWords],
-                                now: float) -> None:
-        newest = max((b.restart_count for b in beats.values()), default=0)
+    def notice_incarnations(self, newest: int, now: float,
+                            beats: dict[int, files.Heartbeat] | None = None) -> None:
+        """Close the attempts of incarnations torchrun has replaced, each with the cause it ended with.
+
+        Times are the incarnations' own (its first last words; the next one's process start), not when
+        the supervisor noticed: a fault is charged to the incarnation it hit.
+        """
         while self.restart_count < newest:
             old = self.attempts[-1]
-            old.ended_at, old.retryable = now, True
+            words = files.read_last_words(self.stage_dir, self.restart_count)  # why that incarnation ended
+            nxt = self.restart_count + 1
+            started = min((b.timeline["process_start"] for b in (beats or {}).values()
+                           if b.restart_count == nxt and "process_start" in b.timeline), default=None)
+            failed = min((w.time for w in words), default=None)
+            old.ended_at = min(t for t in (failed, started, now) if t is not None)
+            old.retryable = True
             primary = causes.primary_words(words)
             if self.inplace_cause is not None:  # we killed a hung rank ourselves
                 old.cause, old.detail = self.inplace_cause, self.inplace_detail
                 self.inplace_cause = None
             else:
-                old.cause = Cause(primary[0].cause) if primary else Cause.WORKER_LOST
+                old.cause = causes.normalize(primary[0].cause) if primary else Cause.WORKER_LOST
                 old.detail = f"rank {primary[0].rank}: {primary[0].error}" if primary else "a worker failed"
             old.last_words = [asdict(w) for w in words]
-            self.restart_count += 1
+            self.restart_count = nxt
             self.restarted(old, old.cause, len(self.attempts), 0.0, [], inplace=True)
-            self.budget.charge(now - old.launched_at)
-            self.attempts.append(Attempt(len(self.attempts), now, inplace=True))
+            self.budget.charge(old.ended_at - old.launched_at)
+            self.attempts.append(Attempt(len(self.attempts), max(old.ended_at, started or old.ended_at), inplace=True))
             self.detector = self._detector(now)
             self.record.write(self.attempts)
 
