@@ -35,7 +35,7 @@ SUPERVISOR = "supervisor.json"
 STDOUT = "stdout.log"
 # Written anew by every launch: a launch must not be judged by its predecessor's heartbeats or verdict.
 PER_LAUNCH = ("heartbeat.rank*.json", "last_words.rank*.json", RESULT)
-_RANK = re.compile(r"\.rank(\d+)\.json$")
+_RANK = re.compile(r"\.rank(\d+)(?:\.restart\d+)?\.json$")
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -103,15 +103,21 @@ class LastWords:
     time: float
     exit_code: int
     traceback: str = ""
+    restart_count: int = 0   # the group incarnation that said them (torchrun's in-place restarts)
 
 
 def write_last_words(stage_dir: Path, words: LastWords) -> None:
-    write_json(stage_dir / f"last_words.rank{words.rank}.json", redact_tree(asdict(words)))
+    # One file per rank and incarnation: a group restarted in place must not overwrite why the one
+    # before it ended (a peer's echo of the next failure would replace the cause of this one).
+    suffix = f".restart{words.restart_count}" if words.restart_count else ""
+    write_json(stage_dir / f"last_words.rank{words.rank}{suffix}.json", redact_tree(asdict(words)))
 
 
-def read_last_words(stage_dir: Path) -> list[LastWords]:
+def read_last_words(stage_dir: Path, restart_count: int | None = None) -> list[LastWords]:
+    """Every rank's last words, oldest first; only one incarnation's with ``restart_count``."""
     words = [w for _, d in _ranked(stage_dir, "last_words") if (w := _build(LastWords, d)) is not None]
-    return sorted(words, key=lambda w: w.time)
+    return sorted((w for w in words if restart_count is None or w.restart_count == restart_count),
+                  key=lambda w: w.time)
 
 
 # ---------------------------------------------------------------- result

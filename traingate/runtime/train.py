@@ -453,7 +453,7 @@ def _last_words(out_dir: Path, d: DistInfo | None, cause: Cause, e: BaseExceptio
         out_dir.mkdir(parents=True, exist_ok=True)
         files.write_last_words(out_dir, files.LastWords(
             rank=rank, cause=cause, error=f"{type(e).__name__}: {e}", time=time.time(), exit_code=code,
-            traceback=traceback.format_exc()[-4000:]))
+            traceback=traceback.format_exc()[-4000:], restart_count=envvars.inplace_restart_count()))
     except OSError as write_err:
         log.error("could not write last words: %s", write_err)
     return code

@@ -57,10 +57,11 @@ class Classification:
 
 def primary_words(words: list[LastWords]) -> list[LastWords]:
     """Last words that name a failure of their own, not an echo of a peer's."""
-    return [w for w in sorted(words, key=lambda w: w.time) if _cause(w.cause) not in _ECHOES]
+    return [w for w in sorted(words, key=lambda w: w.time) if normalize(w.cause) not in _ECHOES]
 
 
-def _cause(text: str | None) -> Cause:
+def normalize(text: str | None) -> Cause:
+    """A cause as last words name it, in the vocabulary (unknown words: a user error)."""
     try:
         cause = Cause(text or Cause.USER_ERROR)
     except ValueError:
@@ -84,9 +85,9 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     if ev.result_status == Status.DIVERGED or ev.returncode == exitcodes.DIVERGED:
         return out(Cause.DIVERGED, "non-finite loss beyond optim.nonfinite_tolerance")
     # A rank's own error outranks a preemption nobody asked for: its peers' SIGTERM is the fallout.
-    if primary and not (ev.stop_requested and _cause(primary[0].cause) == Cause.PREEMPTED):
+    if primary and not (ev.stop_requested and normalize(primary[0].cause) == Cause.PREEMPTED):
         w = primary[0]
-        return out(_cause(w.cause), f"rank {w.rank}: {w.error}")
+        return out(normalize(w.cause), f"rank {w.rank}: {w.error}")
     if ev.result_status == Status.PREEMPTED or ev.returncode == exitcodes.PREEMPTED:
         return out(Cause.PREEMPTED, "SIGTERM honoured, emergency checkpoint written")
     if ev.timed_out:
@@ -121,8 +122,8 @@ def fatal_for_inplace(words: list[LastWords], result_status: Status | None) -> C
     if result_status == Status.DIVERGED:
         return Cause.DIVERGED
     for w in primary_words(words):
-        if _cause(w.cause) not in INPLACE_OK:
-            return _cause(w.cause)
+        if normalize(w.cause) not in INPLACE_OK:
+            return normalize(w.cause)
     return None
 
 
