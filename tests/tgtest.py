@@ -47,8 +47,9 @@ def write_job(spec, stage_dir: Path, *, run_id: str, stage: str = "full", checkp
     from traingate.spec import load_spec
 
     spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
+    # Checkpoints beside the stage unless told otherwise: hand-launched tests must not share a location.
     job = derive(spec, stage, run_id=run_id, run_dir=stage_dir.parent, stage_dir=stage_dir,
-                 settings=Settings.from_env(), checkpoint_uri=checkpoint_uri)
+                 settings=Settings.from_env(), checkpoint_uri=checkpoint_uri or (stage_dir / "checkpoints").as_uri())
     job = dataclasses.replace(job, tracking_uri=tracking_uri, mlflow_run_id=mlflow_run_id, launched_at=time.time(),
                               restart_cause=restart_cause, attempt=1 if restart_cause else 0)
     return job.write()
