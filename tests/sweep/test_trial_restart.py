@@ -38,7 +38,10 @@ def test_sweep_trial_whose_worker_is_sigkilled_restarts_from_its_checkpoint_and_
         max_concurrent: 1
     """)
     overrides = [f"resources.procs_per_node={procs}", "recipe.params.channels=4", "stages.canary.max_steps=20",
-                 "checkpoint.every_steps=5"]
+                 "checkpoint.every_steps=5",
+                 # Synchronous saves: the step-5 checkpoint is durable before the kill at step 7 (an async save
+                 # still being written would rightly fall back a checkpoint; that is tests/runtime's subject).
+                 "checkpoint.async_save=false"]
     calm = _one_trial(path, overrides, tmp_path / "calm", monkeypatch, None)
     hit = _one_trial(path, overrides, tmp_path / "hit", monkeypatch, fault)
 
