@@ -142,7 +142,7 @@ def guard_this_process(grace_s: float) -> None:
 
     from traingate.supervision import guardian, supervisor
 
-    guardian.start(grace_s + 10.0)
+    guardian.ensure(grace_s + 10.0)
 
     def on_sigint(signum: int, frame: Any) -> None:
         if supervisor.stop_request():

@@ -28,6 +28,24 @@ def start(grace_s: float, pid: int | None = None) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+_started: list[subprocess.Popen] = []
+
+
+def ensure(grace_s: float) -> subprocess.Popen:
+    """This process's guardian, started on first use (one per process, however many commands it runs)."""
+    if not _started or _started[0].poll() is not None:
+        _started[:] = [start(grace_s)]
+    return _started[0]
+
+
+def is_guardian(p: psutil.Process) -> bool:
+    """Whether ``p`` is a guardian (it outlives the commands of the process it guards, by design)."""
+    try:
+        return "traingate.supervision.guardian" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
 def guard(pid: int, grace_s: float, poll_s: float = POLL_S) -> int:
     """Watch ``pid``; return how many of its descendants had to be stopped after it died."""
     try:
