@@ -172,3 +172,22 @@ def test_a_dead_drivers_running_trial_is_requeued_with_its_params_and_key(tmp_pa
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
     assert len(retry) == 1 and retry[0].params == trials[0].params and retry[0].state == TrialState.COMPLETE
     assert "trial-0000" in keys and len(result.finished) == 2
+
+
+def test_a_trial_a_dead_driver_asked_for_but_never_started_is_requeued_instead_of_waited_for(tmp_path):
+    import time
+
+    sw = _sweep(sampler="random", n_trials=2)
+    study = _study(tmp_path, sw, heartbeat=True)
+    study.ask()  # the driver died inside ask(): no key, no params, no heartbeat ever
+    time.sleep(sw.grace_s + 1)
+    keys = []
+
+    def run(trial, params):
+        keys.append(trial.user_attrs["trial_key"])
+        return TrialOutcome("completed", values=[1.0])
+    result = drive(study, sw, run, poll_s=0.05)  # waited forever for trial 0 before the fix
+    trials = study.trials
+    assert trials[0].state == TrialState.FAIL
+    assert [t.system_attrs.get("failed_trial") for t in trials].count(0) == 1
+    assert len(result.finished) == 2 and len(keys) == 2

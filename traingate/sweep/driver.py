@@ -18,6 +18,7 @@ them up first, because ``study.ask()`` pops waiting trials before sampling new o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import threading
 import time
@@ -105,6 +106,27 @@ def budget_stop(sweep: SweepSpec, tally: Tally, started_ts: float, now: float | 
     return None
 
 
+def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
+    """Fail and re-queue trials a dead driver asked for but never started.
+
+    Optuna judges staleness by heartbeats, and a trial's heartbeat starts when it runs: a driver killed
+    between ``ask()`` and naming the trial (its ``trial_key``, set right after) leaves a RUNNING trial
+    that never beats and would hold a place in the budget forever. Older than the grace period, it is
+    failed and handed to the storage's failed-trial callback (the same re-queue as a stale trial).
+    """
+    storage = compat_optuna.storage(study)
+    callback = getattr(storage, "get_failed_trial_callback", lambda: None)()
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "trial_key" in t.user_attrs or t.datetime_start is None \
+                or (now - t.datetime_start).total_seconds() <= grace_s:
+            continue
+        if storage.set_trial_state_values(compat_optuna.trial_id(t), state=TrialState.FAIL):
+            log.warning("trial %d was asked by a driver that died before starting it; re-queued", t.number)
+            if callback is not None:
+                callback(study, study.get_trials(deepcopy=False)[t.number])
+
+
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
     """Record the trial's heartbeat in the storage until the block ends (no-op without RDB heartbeats)."""
@@ -178,6 +200,7 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
     try:
         while True:
             with _quiet():
+                _fail_orphans(study, sweep.grace_s)
                 optuna.storages.fail_stale_trials(study)
             tally = Tally.of(study)
             stop = budget_stop(sweep, tally, started)
