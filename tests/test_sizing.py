@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from traingate import sizing
+from traingate.job.stagejob import derive
 from traingate.outcomes import _estimate_next
+from traingate.settings import Settings
 from traingate.plan import plan, render, stages_until
 from traingate.spec import load_spec
 from traingate.validate import check_spec
@@ -24,7 +26,9 @@ def test_estimate_uses_mean_step_time_plus_startup():
 def test_canary_profile_estimates_the_full_stage_on_the_full_world(tiny_spec):
     spec = load_spec(tiny_spec("budget: {max_cost_usd: 5}\n"), ["resources.work_pool=gpu-a100",
                                                                 "resources.procs_per_node=4"])
-    est = _estimate_next(spec, "canary", {"step_time_mean_s": 1.0, "startup_s": 0.0})
+    canary = derive(spec, "canary", run_id="r", run_dir="/tmp/tg-sizing/r",
+                    settings=Settings.from_env({"TRAINGATE_STATE_DIR": "/tmp/tg-sizing"}))
+    est = _estimate_next(canary, {"step_time_mean_s": 1.0, "startup_s": 0.0})
     # 16 full steps x 1 s on 4 GPUs at $2.50/GPU-hour
     assert est["next_stage_wall_s"] == pytest.approx(16.0)
     assert est["next_stage_cost_usd"] == pytest.approx(16 / 3600 * 4 * 2.5)
