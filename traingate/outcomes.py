@@ -14,10 +14,11 @@ from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
 from traingate.stage import StageResult
 from traingate.supervision.supervisor import Supervision
+from traingate.validate import PROFILE_METRICS
 
 NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
-_PROFILE_KEYS = ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s",
-                 "tokens_per_s", "peak_memory_mb", "startup_s", "data_wait_fraction")
+# The sizing profile's metrics a stage reports: the list validation checks gate rules against.
+_PROFILE_KEYS = PROFILE_METRICS
 
 
 def _estimate_next(job: StageJob, profile: dict[str, float]) -> dict[str, float]:

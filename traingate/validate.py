@@ -44,7 +44,7 @@ UNIT_METRICS = ("tests_passed", "tests_failed", "tests_skipped")  # outcomes.fro
 RUNTIME_METRICS = ("nonfinite_steps", "max_grad_norm", "steps", "resumed_from_step", "world_size",
                    "first_loss", "final_loss", "loss_decrease_fraction")  # the trainer's summary
 PROFILE_METRICS = ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s",
-                   "tokens_per_s", "peak_memory_mb", "startup_s", "data_wait_fraction")  # copied by outcomes
+                   "tokens_per_s", "peak_memory_mb", "startup_s", "data_wait_fraction")  # outcomes reports these
 SUPERVISED_METRICS = ("restarts",)  # every supervised stage, script or built-in
 EVAL_METRICS = {"digits-cnn": ("val_loss", "val_accuracy"), "char-gpt": ("val_loss", "val_bits_per_char")}
 MANIFEST_METRICS = ("train_loss",)  # what a checkpoint manifest records, so what keep_best can rank by

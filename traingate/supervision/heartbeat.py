@@ -43,13 +43,21 @@ class HangDetector:
                 # Trust the rank's own timestamp for when it advanced, but not a future one.
                 self._last[rank] = (hb.step, min(now, float(hb.time)))
 
+    def _overdue(self, now: float) -> list[tuple[int, int, float, bool, float]]:
+        """(rank, step, seconds still, finishing, limit) of every rank past its limit, once all ranks reported."""
+        out = []
+        for rank, (step, since) in sorted(self._last.items()):
+            finishing = rank in self._exited or self.final_step is not None and step >= self.final_step
+            limit = self.startup_timeout_s if finishing else self.timeout_s
+            if now - since > limit:
+                out.append((rank, step, now - since, finishing, limit))
+        return out
+
     def stuck_ranks(self, now: float) -> list[int]:
         """Ranks that reported steps and then stopped advancing for the hang timeout (not start-up stalls)."""
         if len(self._last) < self.world_size:
             return []
-        return [rank for rank, (step, since) in sorted(self._last.items())
-                if rank not in self._exited and not (self.final_step is not None and step >= self.final_step)
-                and now - since > self.timeout_s]
+        return [rank for rank, _, _, finishing, _ in self._overdue(now) if not finishing]
 
     def stalled(self, now: float) -> str | None:
         """Why the run looks hung, or None."""
@@ -59,12 +67,9 @@ class HangDetector:
                 return (f"rank(s) {missing} wrote no heartbeat within {self.startup_timeout_s:.0f} s of launch "
                         "(supervision.startup_timeout_s)")
             return None
-        for rank, (step, since) in sorted(self._last.items()):
-            finishing = rank in self._exited or self.final_step is not None and step >= self.final_step
-            limit = self.startup_timeout_s if finishing else self.timeout_s
-            if now - since > limit:
-                what = f"finishing after step {step}" if finishing else f"stuck at step {step}"
-                return f"rank {rank} {what} for {now - since:.1f} s (timeout {limit:.1f} s)"
+        for rank, step, still, finishing, limit in self._overdue(now)[:1]:
+            what = f"finishing after step {step}" if finishing else f"stuck at step {step}"
+            return f"rank {rank} {what} for {still:.1f} s (timeout {limit:.1f} s)"
         return None
 
 
