@@ -40,8 +40,15 @@ WARM = "supervision.warm_restarts=true"
 
 
 class Run:
-    def __init__(self, sup: Supervision, stage_dir: Path, checkpoint_uri: str, log: list[str]):
+    def __init__(self, sup: Supervision, stage_dir: Path, checkpoint_uri: str, log: list[str],
+                 before: set[int]):
         self.sup, self.stage_dir, self.checkpoint_uri, self.log = sup, stage_dir, checkpoint_uri, log
+        self.before = before  # our children before the stage (a session's Prefect server, say)
+
+    def left_behind(self) -> list[psutil.Process]:
+        """Processes under us that the stage started and that are still there."""
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in self.before and not guardian.is_guardian(p)]
 
     @property
     def causes(self) -> list[str | None]:
@@ -67,8 +74,9 @@ def stage(tiny_spec, state_dir, tmp_path) -> Callable[..., Run]:
         log: list[str] = []
         hooks = hooks(Path(job.stage_dir)) if hooks else Hooks()
         hooks.info = log.append
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         sup = supervise(job, hooks=hooks, seed=0)
-        return Run(sup, Path(job.stage_dir), job.checkpoint_uri, log)
+        return Run(sup, Path(job.stage_dir), job.checkpoint_uri, log, before)
     return run
 
 
@@ -77,7 +85,7 @@ def _zygote() -> psutil.Process | None:
 
 
 def _assert_nothing_left(run: Run) -> None:
-    assert [p for p in psutil.Process().children(recursive=True) if not guardian.is_guardian(p)] == []
+    assert run.left_behind() == []
     for pid in run.forked():  # forked workers are the zygote's children, not torchrun's: checked by pid
         if psutil.pid_exists(pid):
             assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"worker {pid} outlived the stage"
@@ -138,7 +146,7 @@ def test_a_sigkilled_zygote_leaves_starts_cold_and_the_stage_still_completes(sta
     reference = stage("", name="reference")
     assert compare_states(_weights(final_state(reference.checkpoint_uri)),
                           _weights(final_state(run.checkpoint_uri))) == []
-    assert [p for p in psutil.Process().children(recursive=True) if not guardian.is_guardian(p)] == []
+    assert run.left_behind() == [] and reference.left_behind() == []
     for pid in run.forked():  # the killed zygote's orphans (reparented away from us) ended too
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
