@@ -19,12 +19,13 @@ from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from tasks import slots
 from traingate import outcomes
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.redact import redact_tree
 from traingate.stage import StageResult
-from traingate.supervision.supervisor import Hooks, read_state, stop_request, supervise
+from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request, supervise
 
 CANCEL_POLL_S = 2.0
 
@@ -36,31 +37,70 @@ class Watcher(Protocol):
         """A reason to stop the tree now, or None."""
 
 
-@task(name="train-stage", cache_policy=NONE, retries=0)
+@task(name="train-stage", task_run_name="{job.stage}", cache_policy=NONE, retries=0)
 def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None = None) -> StageResult:
-    """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint."""
+    """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint.
+
+    On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
+    pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
+    them back on every exit path. A higher class that preempts it stops it at an emergency
+    checkpoint; it then waits in the queue again and resumes by itself: same run, same MLflow run.
+    """
     log = get_run_logger()
-    t0 = time.monotonic()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
+    gang = slots.for_job(job, say=log.info)
     with get_client(sync_client=True) as client:
         cancelled = _cancel_watch(client)
+        stopping = _either(stop_request, cancelled)
         hooks = Hooks(on_line=log.info, info=log.info,
                       on_restart=lambda e: _emit("traingate.run.restarted", job, e),
                       on_alert=lambda name, e: _emit(f"traingate.{name}", job, e),
-                      stop_requested=_either(stop_request, cancelled, watcher.tick if watcher is not None else None))
-        if job.stage == "smoke" and not job.is_script and previous is None:
-            # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
-            half = max(1, job.max_steps // 2)
-            log.info("smoke: part 1 stops at step %d with a checkpoint; part 2 resumes from it", half)
-            first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
-            if first.status != Status.COMPLETED:
-                return outcomes.from_supervision(job, first, time.monotonic() - t0)
-        sup = supervise(job, hooks, resumed=previous)
-    result = outcomes.from_supervision(job, sup, time.monotonic() - t0)
+                      stop_requested=_either(stop_request, cancelled, watcher.tick if watcher is not None else None,
+                                             gang.preempt_requested if gang is not None else None))
+        t0 = time.monotonic()
+        preemptions = 0
+        while True:
+            if gang is not None and (why := gang.acquire(stopping)) is not None:
+                return _never_started(job, why, time.monotonic() - t0)
+            try:
+                sup = _train(job, hooks, previous, log)
+            finally:
+                requeue = gang is not None and gang.preempted_by is not None
+                if gang is not None:
+                    gang.release(requeue=requeue)
+            if not (requeue and sup.status == Status.PREEMPTED and stopping() is None):
+                break
+            log.warning("%s preempted at a checkpoint by %s: back in the queue, resumes when slots are free",
+                        job.stage, sup.stop_reason or "a higher priority class")
+            _emit("traingate.run.preempted", job, {"reason": sup.stop_reason, "error": sup.error})
+            preemptions += 1
+            previous = read_state(stage_dir)
+    held = time.monotonic() - t0 - (gang.waited_s if gang is not None else 0.0)
+    result = outcomes.from_supervision(job, sup, held)
+    if gang is not None:
+        result.metrics.update(preemptions=preemptions, queue_wait_s=round(gang.waited_s, 3))
     if sup.error:
         log.error("%s: %s", job.stage, sup.error)
     return result
+
+
+def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any) -> Supervision:
+    if job.stage == "smoke" and not job.is_script and previous is None:
+        # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
+        half = max(1, job.max_steps // 2)
+        log.info("smoke: part 1 stops at step %d with a checkpoint; part 2 resumes from it", half)
+        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
+        if first.status != Status.COMPLETED:
+            return first
+    return supervise(job, hooks, resumed=previous)
+
+
+def _never_started(job: StageJob, why: str, waited_s: float) -> StageResult:
+    """Cancelled while it waited for slots: nothing ran, nothing to pay; resumable as preempted."""
+    return StageResult(stage=job.stage, status=Status.PREEMPTED, metrics={"restarts": 0}, cost_usd=0.0,
+                       duration_s=waited_s, checkpoint_uri=None, estimate={}, details={"waited_s": waited_s},
+                       error=f"stopped while waiting for slots: {why}")
 
 
 def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None]:
