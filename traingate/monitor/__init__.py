@@ -1,0 +1,1 @@
+"""Alert rules: pure functions from metric series to a firing (see :mod:`traingate.monitor.rules`)."""
