@@ -33,7 +33,10 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("flows.commands.show", "identity, stages, gates, restarts, notes and cost of a run"),
     "note": ("flows.commands.note", "add a timestamped note to a run's logbook"),
     "replay": ("flows.commands.replay", "deliver a run's journals to the tracking store after it was lost"),
+    "pools": ("flows.commands.pools", "create the work pools, queues, slot and quota limits of a pools config on the server"),
+    "queue": ("flows.commands.queue", "running and waiting training jobs per pool: position, class, team, slots, wait"),
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
+    "cost": ("flows.commands.cost", "spend, idle share, time lost to failures, cost per successful run per experiment"),
 }
 
 
@@ -155,8 +158,9 @@ def guard_this_process(grace_s: float) -> None:
 
 
 def _summary(state: Any) -> dict[str, Any] | None:
-    data = state.result(raise_on_failure=False)
-    return data if isinstance(data, dict) else None
+    from flows.pipeline import summary_of
+
+    return summary_of(state)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import contextlib
 import os
 import socket
 import threading
+from pathlib import Path
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -93,6 +94,10 @@ def entries(client: Any, pool: str | None = None) -> list[Entry]:
     return [e for e in out if pool is None or e.pool == pool]
 
 
+def fresh_entries(client: Any, now: float) -> list[Entry]:
+    return fresh(entries(client), now)
+
+
 def usage_history(client: Any, pool: str) -> dict[str, tuple[float, float]]:
     var = client.read_variable_by_name(USAGE_PREFIX + pool)
     return {t: (float(u), float(a)) for t, (u, a) in (var.value if var is not None else {}).items()}
@@ -138,7 +143,7 @@ class GangSlots:
             raise CapacityError(f"{job.run_id} {job.stage}: {why}")
         self.cfg, self.say, self._client = cfg, say, client_factory
         self.pool = cfg.pools[job.pool]
-        self.stage_dir = job.stage_dir
+        self.stage_dir = Path(job.stage_dir)
         self.max_steps = job.max_steps
         every = job.spec.checkpoint.every_minutes
         self.entry = Entry(job_id=f"{job.run_id}-{job.stage}", run_id=job.run_id, stage=job.stage, team=job.team,

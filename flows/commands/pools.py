@@ -1,0 +1,139 @@
+"""`traingate pools bootstrap POOLS.yaml`: make the Prefect server carry the capacity config.
+
+Idempotent; prints one line per thing it created or changed and says when nothing changed.
+Per pool: the work pool (process, docker or kubernetes; GPU pools' templates request the GPUs and
+run the pinned training image), one work queue per priority class (Prefect queue priority 1 is
+served first, so the highest class gets 1), the pool's slot limit (a global concurrency limit
+named like the pool, ``gpus_per_node x nodes``), a limit per team quota on it and the one-slot
+start lock; and the config itself as the Prefect Variable ``traingate-pools``, from which every
+job reads its rules (``tasks/slots.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+from typing import Any
+
+from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    b = sub.add_parser("bootstrap", help="create/update work pools, queues, slot and quota limits from a config")
+    b.add_argument("config", help="pools config YAML, e.g. examples/pools.yaml")
+    b.add_argument("--image", default=os.environ.get("TRAINGATE_IMAGE"),
+                   help="training image of docker/kubernetes pools (default: $TRAINGATE_IMAGE)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+        _require_server()
+        changes = bootstrap(cfg, image=args.image)
+    except CapacityError as e:
+        print(f"traingate pools: {e}", file=sys.stderr)
+        return 2
+    for line in changes or ["nothing changed: the server already carries this config"]:
+        print(line)
+    return 0
+
+
+def _require_server() -> None:
+    from prefect.settings import PREFECT_API_URL
+    if not PREFECT_API_URL.value():
+        raise CapacityError("PREFECT_API_URL is not set: pools are created on the server your workers use; "
+                            "set it (e.g. http://127.0.0.1:4200/api)")
+
+
+def queue_priorities(cfg: CapacityConfig) -> dict[str, int]:
+    """Work queue priority per class: 1 for the highest class (Prefect serves 1 first).
+
+    >>> from traingate.capacity.pools import parse_config
+    >>> queue_priorities(parse_config({"pools": {"p": {"gpus_per_node": 1, "nodes": 1,
+    ...     "price_per_gpu_hour": 0, "worker": "process"}}}))
+    {'urgent': 1, 'production': 2, 'research': 3}
+    """
+    ranked = sorted(cfg.priority_classes, key=cfg.rank)
+    return {name: i + 1 for i, name in enumerate(ranked)}
+
+
+def job_template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[str, Any]:
+    from prefect.workers.process import ProcessWorker
+    if pool.worker == "process":
+        return ProcessWorker.get_default_base_job_template()
+    if not image:
+        raise CapacityError(f"pools.{pool_name}.worker = {pool.worker}: a container pool needs the training image; "
+                            f"pass --image or set TRAINGATE_IMAGE (a pinned tag, not latest)")
+    if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
+        raise CapacityError(f"--image {image!r}: pin a tag or digest (not latest), so every node runs the same code")
+    base = copy.deepcopy(ProcessWorker.get_default_base_job_template())
+    props = base["variables"]["properties"]
+    props["image"] = {"type": "string", "title": "Image", "default": image}
+    base["job_configuration"]["image"] = "{{ image }}"
+    if pool.worker == "docker":
+        # prefect-docker passes container_create_kwargs to docker's create: the node's GPUs.
+        props["container_create_kwargs"] = {"type": "object", "title": "Container create kwargs", "default": {
+            "device_requests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}] if pool.gpu else []}}
+        base["job_configuration"]["container_create_kwargs"] = "{{ container_create_kwargs }}"
+    else:
+        props["job_manifest_gpu_limit"] = {"type": "integer", "default": pool.gpus_per_node if pool.gpu else 0,
+                                           "title": "nvidia.com/gpu per pod"}
+        base["job_configuration"]["job_manifest"] = {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+                "name": "prefect-job", "image": "{{ image }}", "env": "{{ env }}",
+                "resources": {"limits": {"nvidia.com/gpu": "{{ job_manifest_gpu_limit }}"}}}]}}}}
+    return base
+
+
+def bootstrap(cfg: CapacityConfig, image: str | None = None) -> list[str]:
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    from tasks import slots
+
+    changes: list[str] = []
+    prio = queue_priorities(cfg)
+    with get_client(sync_client=True) as c:
+        for name, pool in cfg.pools.items():
+            template = job_template(pool, image, name)
+            try:
+                wp = c.read_work_pool(name)
+            except ObjectNotFound:
+                c.create_work_pool(WorkPoolCreate(name=name, type=pool.worker, base_job_template=template,
+                                                  description=f"{pool.gpu or 'CPU'} x {pool.gpus_per_node} x {pool.nodes}"))
+                changes.append(f"created work pool {name} ({pool.worker})")
+            else:
+                if wp.type != pool.worker:
+                    raise CapacityError(f"pools.{name}.worker = {pool.worker}: the server's work pool {name} is of type "
+                                        f"{wp.type}; delete it (prefect work-pool delete {name}) or use its type")
+                if wp.base_job_template != template:
+                    c.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+                    changes.append(f"updated the job template of work pool {name}")
+            queues = {q.name: q for q in c.read_work_queues(work_pool_name=name)}
+            for cls, p in prio.items():
+                if cls not in queues:
+                    c.create_work_queue(name=cls, priority=p, work_pool_name=name)
+                    changes.append(f"created work queue {name}/{cls} (priority {p})")
+                elif queues[cls].priority != p:
+                    c.update_work_queue(queues[cls].id, priority=p)
+                    changes.append(f"work queue {name}/{cls}: priority {queues[cls].priority} -> {p}")
+            limits = {slots.pool_limit(name): pool.capacity, slots.lock_limit(name): 1}
+            limits.update({slots.quota_limit(team, name): cap for team, cap in cfg.quotas_on(name).items()})
+            for lname, size in limits.items():
+                try:
+                    old = c.read_global_concurrency_limit_by_name(lname).limit
+                except ObjectNotFound:
+                    old = None
+                if old != size:
+                    c.upsert_global_concurrency_limit_by_name(lname, size)
+                    changes.append(f"created limit {lname} = {size}" if old is None else f"limit {lname}: {old} -> {size}")
+        value = cfg.model_dump(mode="json")
+        var = c.read_variable_by_name(slots.CONFIG_VAR)
+        if var is None or var.value != value:
+            slots.put_variable(c, slots.CONFIG_VAR, value)
+            changes.append(f"{'stored' if var is None else 'updated'} the capacity config (variable {slots.CONFIG_VAR})")
+    return changes

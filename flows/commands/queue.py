@@ -1,0 +1,68 @@
+"""`traingate queue [--pool P]`: running and waiting training jobs per pool, as the scheduler sees them.
+
+Waiting jobs are listed in the order the pool's policy serves them, each with its position,
+class, team, slots, time waited so far and an estimated start (the earliest time it fits if the
+running jobs end as predicted; "unknown" without predictions).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from traingate.capacity.pools import CapacityError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pool", help="only this pool")
+
+
+def main(args: argparse.Namespace) -> int:
+    from prefect import get_client
+
+    from flows.commands.pools import _require_server
+    from tasks import slots
+    try:
+        _require_server()
+        with get_client(sync_client=True) as c:
+            cfg = slots.read_config(c)
+            if cfg is None:
+                raise CapacityError("this Prefect server has no capacity config; run `traingate pools bootstrap POOLS.yaml`")
+            if args.pool and args.pool not in cfg.pools:
+                raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
+            now = time.time()
+            live = slots.fresh_entries(c, now)
+            print(render(cfg, live, {p: slots.usage_history(c, p) for p in cfg.pools}, now, args.pool))
+    except CapacityError as e:
+        print(f"traingate queue: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def render(cfg, live, history, now: float, only: str | None = None) -> str:
+    """The queue view as text (pure: config, fresh entries, usage history, now)."""
+    from traingate.capacity.gang import footprint
+    from traingate.capacity.policy import queue_order
+    from traingate.capacity.queue import RUNNING, WAITING, _predict, decide, rules_for, usage_now
+
+    out: list[str] = []
+    for name, pool in cfg.pools.items():
+        if only and name != only:
+            continue
+        mine = [e for e in live if e.pool == name]
+        running = [e for e in mine if e.state == RUNNING]
+        waiting = [e for e in mine if e.state == WAITING]
+        used = sum(footprint(e.slots, pool.gpus_per_node) for e in running)
+        out.append(f"pool {name}: {used}/{pool.capacity} slots in use, {len(running)} running, {len(waiting)} waiting")
+        for e in sorted(running, key=lambda e: e.started_s or 0.0):
+            out.append(f"  running  {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
+                       f"for {now - (e.started_s or now):6.0f} s  {e.progress}")
+        usage = usage_now(history.get(name, {}), running, now, cfg.scheduling.half_life_h * 3600.0)
+        rules = rules_for(cfg, name)
+        for e in [next(w for w in waiting if w.job_id == j.job_id)
+                  for j in queue_order([w.job() for w in waiting], rules.policy, rules.classes, usage, _predict)]:
+            d = decide(e.job_id, mine, cfg, now, usage)
+            est = "now" if d.start else ("unknown" if d.est_start_s is None else f"in {max(0.0, d.est_start_s - now):.0f} s")
+            out.append(f"  #{d.position:<3}     {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
+                       f"waited {now - e.submit_s:6.0f} s  start {est} ({d.why})")
+    return "\n".join(out)

@@ -1,0 +1,171 @@
+"""Gang slots on a real Prefect server (the session's test harness): `traingate pools bootstrap`,
+the queue as Prefect Variables, the pool's and the team's global concurrency limits, the start
+lock, preemption requests. Jobs here hold slots without training (threads standing in for
+orchestrators); tests/capacity/test_scheduling_e2e.py runs the same path with real workers and
+real training."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from traingate.capacity.pools import CapacityError, parse_config
+from traingate.job.stagejob import derive
+from traingate.settings import Settings
+from traingate.spec import load_spec
+
+
+def _config(pool: str, **extra):
+    return parse_config({"pools": {pool: {"gpus_per_node": 2, "nodes": 2, "price_per_gpu_hour": 1.0,
+                                          "worker": "process"}}, **extra})
+
+
+@pytest.fixture
+def pool(prefect_harness):
+    """A pool name of this test's own (the harness is shared by the session)."""
+    return f"p{uuid.uuid4().hex[:8]}"
+
+
+def _job(tiny_spec, tmp_path, pool: str, name: str, procs: int, team: str = "a", priority: str = "research"):
+    spec = load_spec(tiny_spec(f"pools: {{{pool}: {{price_per_gpu_hour: 1.0}}}}\n", name=f"{name}.yaml"),
+                     [f"resources.work_pool={pool}", f"resources.procs_per_node={procs}",
+                      f"identity.team={team}", f"resources.priority={priority}"])
+    return derive(spec, "full", run_id=name, run_dir=tmp_path / name, settings=Settings.from_env())
+
+
+def _slots(job, cfg, said=None):
+    from prefect import get_client
+
+    from tasks.slots import GangSlots
+    return GangSlots(job, cfg, (said if said is not None else []).append, lambda: get_client(sync_client=True))
+
+
+def _active(name: str) -> int:
+    from prefect import get_client
+    with get_client(sync_client=True) as c:
+        return c.read_global_concurrency_limit_by_name(name).active_slots
+
+
+def test_bootstrap_creates_pool_queues_limits_and_config_once_then_changes_nothing(pool, capsys):
+    from prefect import get_client
+
+    from flows.commands.pools import bootstrap
+    from tasks import slots
+    cfg = _config(pool, quotas={"vision": {pool: 2}})
+    first = bootstrap(cfg)
+    assert f"created work pool {pool} (process)" in first
+    assert f"created work queue {pool}/urgent (priority 1)" in first
+    assert f"created limit {pool} = 4" in first and f"created limit quota-vision-{pool} = 2" in first
+    assert bootstrap(cfg) == []  # idempotent
+    bigger = _config(pool, quotas={"vision": {pool: 3}})
+    assert bootstrap(bigger) == [f"limit quota-vision-{pool}: 2 -> 3",
+                                 f"updated the capacity config (variable {slots.CONFIG_VAR})"]
+    with get_client(sync_client=True) as c:
+        queues = {q.name: q.priority for q in c.read_work_queues(work_pool_name=pool)}
+        assert {k: v for k, v in queues.items() if k != "default"} == {"urgent": 1, "production": 2, "research": 3}
+        assert slots.read_config(c) == bigger
+
+
+def test_a_container_pool_without_a_pinned_image_is_refused_in_one_line(pool):
+    from flows.commands.pools import bootstrap
+    cfg = parse_config({"pools": {pool: {"gpu": "A100", "gpus_per_node": 8, "nodes": 1, "price_per_gpu_hour": 1,
+                                         "worker": "docker"}}})
+    with pytest.raises(CapacityError, match=r"needs the training image.*--image"):
+        bootstrap(cfg)
+    with pytest.raises(CapacityError, match="pin a tag"):
+        bootstrap(cfg, image="ghcr.io/acme/train:latest")
+    bootstrap(cfg, image="ghcr.io/acme/train:1.2.3")
+
+
+def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, tiny_spec, tmp_path):
+    from flows.commands.pools import bootstrap
+    cfg = _config(pool)
+    bootstrap(cfg)
+    jobs = [_job(tiny_spec, tmp_path, pool, f"j{i}", procs) for i, procs in enumerate([2, 1, 2, 1, 2])]
+    peak, held, errors = [0], [0], []
+    lock = threading.Lock()
+
+    def run(job):
+        try:
+            g = _slots(job, cfg)
+            assert g.acquire(lambda: None) is None
+            with lock:
+                held[0] += job.slots
+                peak[0] = max(peak[0], held[0], _active(pool))
+            time.sleep(1.5)
+            with lock:
+                held[0] -= job.slots
+            g.release()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    assert 3 <= peak[0] <= 4 and _active(pool) == 0
+
+
+def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spec, tmp_path):
+    from flows.commands.pools import bootstrap
+    cfg = _config(pool, quotas={"vision": {pool: 2}})
+    bootstrap(cfg)
+    first = _slots(_job(tiny_spec, tmp_path, pool, "v1", 2, team="vision"), cfg)
+    assert first.acquire(lambda: None) is None
+    said: list[str] = []
+    second = _slots(_job(tiny_spec, tmp_path, pool, "v2", 1, team="vision"), cfg, said)
+    got = threading.Event()
+    threading.Thread(target=lambda: (second.acquire(lambda: None), got.set()), daemon=True).start()
+    other = _slots(_job(tiny_spec, tmp_path, pool, "s1", 2, team="speech"), cfg)
+    assert other.acquire(lambda: None) is None  # the other team starts although vision's job waits
+    assert not got.wait(3.0) and any("quota of 2" in s for s in said), said
+    first.release()
+    assert got.wait(30)
+    second.release()
+    other.release()
+    assert _active(pool) == 0 and _active(f"quota-vision-{pool}") == 0
+
+
+def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_its_slots(pool, tiny_spec, tmp_path):
+    from flows.commands.pools import bootstrap
+    cfg = _config(pool)
+    bootstrap(cfg)
+    research = [_slots(_job(tiny_spec, tmp_path, pool, f"r{i}", 2), cfg) for i in range(2)]
+    for g in research:
+        assert g.acquire(lambda: None) is None
+    urgent = _slots(_job(tiny_spec, tmp_path, pool, "u", 2, priority="urgent"), cfg)
+    got = threading.Event()
+    threading.Thread(target=lambda: (urgent.acquire(lambda: None), got.set()), daemon=True).start()
+    deadline = time.monotonic() + 30
+    asked = []
+    while not asked and time.monotonic() < deadline:
+        asked = [g for g in research if g.preempt_requested()]
+        time.sleep(0.5)
+    assert len(asked) == 1 and asked[0].preempted_by == "u-full"
+    assert not got.is_set()
+    (victim,) = asked
+    victim.release(requeue=True)  # what run_stage_job does after the emergency checkpoint
+    assert got.wait(30)
+    back = threading.Event()
+    threading.Thread(target=lambda: (victim.acquire(lambda: None), back.set()), daemon=True).start()
+    assert not back.wait(2.0)  # the pool is full: the victim waits in the queue
+    urgent.release()
+    assert back.wait(30)  # and comes back by itself
+    victim.release()
+    for g in research:
+        if g is not victim:
+            g.release()
+    assert _active(pool) == 0
+
+
+def test_a_job_wider_than_its_pool_is_refused_before_it_waits(pool, tiny_spec, tmp_path):
+    from flows.commands.pools import bootstrap
+    cfg = parse_config({"pools": {pool: {"gpus_per_node": 1, "nodes": 1, "price_per_gpu_hour": 1.0,
+                                         "worker": "process"}}})
+    bootstrap(cfg)
+    with pytest.raises(CapacityError, match=r"2 GPUs .*do not fit pool"):
+        _slots(_job(tiny_spec, tmp_path, pool, "wide", 2), cfg)
