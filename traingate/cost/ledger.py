@@ -1,0 +1,196 @@
+"""The cost ledger: slot-hours and dollars per attempt, and what they add up to. Pure arithmetic.
+
+An attempt holds its slots from its launch to its end and through the backoff that follows it
+(the gang keeps them while the supervisor waits to relaunch), so it is charged
+``(end - start + backoff_s) / 3600 x slots x price``. Of that:
+
+- **lost to failures**: the whole charge of an attempt that did not complete (failed or
+  preempted), plus every backoff. An upper bound: work an attempt checkpointed before it failed
+  is counted as lost, because the ledger does not know how much of it the next attempt kept.
+- **idle**: ``idle_s`` of the attempt (slots held, no training step running: start-up before the
+  first step, or all of an attempt that never trained). Idle and lost overlap for a failed attempt.
+
+Cost per successful run of an experiment family: everything the family's runs spent, failed runs
+included, divided by the runs that succeeded -- the waste a throughput number hides.
+
+>>> a = Attempt("r1", "full", 0, "gpu-a100", slots=8, price_per_slot_hour=2.5, start=0, end=1800,
+...             outcome=Outcome.FAILED, backoff_s=60, idle_s=120)
+>>> c = charge(a)
+>>> round(c.slot_hours, 3), round(c.usd, 2), round(c.lost_usd, 2), round(c.idle_usd, 2)
+(4.133, 10.33, 10.33, 0.67)
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Iterable, Sequence
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    run_id: str                 # the traingate run (pipeline) the attempt belongs to
+    stage: str
+    number: int                 # 0-based, within the stage
+    pool: str
+    slots: int
+    price_per_slot_hour: float
+    start: float                # epoch seconds
+    end: float
+    outcome: Outcome
+    backoff_s: float = 0.0      # waited after this attempt before the next launch (slots held)
+    idle_s: float = 0.0         # slots held while no step ran (within start..end)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
+        problems = [f"slots = {self.slots}: needs >= 1" if self.slots < 1 else "",
+                    f"price_per_slot_hour = {self.price_per_slot_hour}: needs a finite value >= 0"
+                    if not (math.isfinite(self.price_per_slot_hour) and self.price_per_slot_hour >= 0) else "",
+                    f"end = {self.end:g} is before start = {self.start:g}" if self.end < self.start else "",
+                    f"backoff_s = {self.backoff_s:g}: needs >= 0" if self.backoff_s < 0 else "",
+                    f"idle_s = {self.idle_s:g}: needs 0 .. end - start ({self.end - self.start:g})"
+                    if self.end >= self.start and not 0 <= self.idle_s <= self.end - self.start + 1e-9 else ""]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ValueError(f"attempt {self.number} of {self.run_id}/{self.stage}: " + "; ".join(problems))
+
+    @property
+    def held_s(self) -> float:
+        return self.end - self.start + self.backoff_s
+
+
+@dataclass(frozen=True)
+class Charge:
+    attempt: Attempt
+    slot_hours: float
+    usd: float
+    lost_slot_hours: float
+    lost_usd: float
+    idle_slot_hours: float
+    idle_usd: float
+
+
+def charge(a: Attempt) -> Charge:
+    """What one attempt cost, and how much of it was lost and idle."""
+    rate = a.price_per_slot_hour
+    slot_h = a.held_s / 3600.0 * a.slots
+    lost_s = a.held_s if a.outcome != Outcome.COMPLETED else a.backoff_s
+    lost_h = lost_s / 3600.0 * a.slots
+    idle_h = a.idle_s / 3600.0 * a.slots
+    return Charge(a, slot_h, slot_h * rate, lost_h, lost_h * rate, idle_h, idle_h * rate)
+
+
+@dataclass
+class Totals:
+    attempts: int = 0
+    unfinished_attempts: int = 0     # failed or preempted
+    slot_hours: float = 0.0
+    usd: float = 0.0
+    lost_slot_hours: float = 0.0
+    lost_usd: float = 0.0
+    idle_slot_hours: float = 0.0
+    idle_usd: float = 0.0
+
+    def add(self, c: Charge) -> None:
+        self.attempts += 1
+        self.unfinished_attempts += c.attempt.outcome != Outcome.COMPLETED
+        self.slot_hours += c.slot_hours
+        self.usd += c.usd
+        self.lost_slot_hours += c.lost_slot_hours
+        self.lost_usd += c.lost_usd
+        self.idle_slot_hours += c.idle_slot_hours
+        self.idle_usd += c.idle_usd
+
+    @property
+    def idle_share(self) -> float:
+        return self.idle_slot_hours / self.slot_hours if self.slot_hours else 0.0
+
+    @property
+    def lost_share(self) -> float:
+        return self.lost_slot_hours / self.slot_hours if self.slot_hours else 0.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One traingate run (a climb of the ladder) and whether it succeeded."""
+    run_id: str
+    experiment: str             # its family: runs of one experiment try to produce the same model
+    team: str
+    succeeded: bool
+    attempts: tuple[Attempt, ...] = ()
+
+
+@dataclass
+class Family:
+    experiment: str
+    runs: int = 0
+    successful_runs: int = 0
+    totals: Totals = field(default_factory=Totals)
+
+    @property
+    def cost_per_successful_run(self) -> float | None:
+        """None when no run succeeded: the money bought nothing yet."""
+        return self.totals.usd / self.successful_runs if self.successful_runs else None
+
+
+@dataclass
+class Report:
+    charges: list[Charge]
+    total: Totals
+    by_team: dict[str, Totals]
+    families: dict[str, Family]
+
+
+def report(runs: Iterable[Run]) -> Report:
+    """Charge every attempt of every run and add them up: overall, per team, per experiment family."""
+    charges: list[Charge] = []
+    total = Totals()
+    teams: dict[str, Totals] = defaultdict(Totals)
+    families: dict[str, Family] = {}
+    for run in runs:
+        fam = families.setdefault(run.experiment, Family(run.experiment))
+        fam.runs += 1
+        fam.successful_runs += run.succeeded
+        for a in run.attempts:
+            c = charge(a)
+            charges.append(c)
+            for t in (total, teams[run.team], fam.totals):
+                t.add(c)
+    return Report(charges, total, dict(sorted(teams.items())), dict(sorted(families.items())))
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:,.4f}" if abs(v) < 1 else f"${v:,.2f}"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def render(r: Report, title: str = "cost") -> str:
+    """The report as text: totals, per team, per experiment family (markdown tables)."""
+    t = r.total
+    lines = [f"# {title}", "",
+             f"{t.attempts} attempts ({t.unfinished_attempts} failed or preempted), {t.slot_hours:.4f} slot-hours, "
+             f"{_usd(t.usd)}; lost to failures and backoff {_usd(t.lost_usd)} ({_pct(t.lost_share)}); "
+             f"idle {_usd(t.idle_usd)} ({_pct(t.idle_share)})", ""]
+
+    def rows(header: str, items: Sequence[tuple[str, Totals, list[str]]], extra: list[str]) -> list[str]:
+        cols = [header, "attempts", "slot-hours", "spend", "lost", "lost share", "idle share", *extra]
+        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for name, x, more in items:
+            out.append("| " + " | ".join([name, str(x.attempts), f"{x.slot_hours:.4f}", _usd(x.usd), _usd(x.lost_usd),
+                                          _pct(x.lost_share), _pct(x.idle_share), *more]) + " |")
+        return out + [""]
+
+    lines += rows("team", [(k, v, []) for k, v in r.by_team.items()], [])
+    lines += rows("experiment", [(k, f.totals, [f"{f.successful_runs}/{f.runs}", _usd(f.cost_per_successful_run)])
+                                 for k, f in r.families.items()], ["succeeded", "cost per successful run"])
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""Where the ledger's attempts come from: the runs MLflow holds.
+
+A pipeline run (tag ``traingate.kind = pipeline``) carries its team, experiment, outcome
+(``traingate.outcome = passed`` when every stage passed) and its resolved spec
+(``spec/resolved_spec.json``). Each of its stage runs holds ``stage/result.json``, the
+StageResult, whose ``details.supervision.attempts`` are the supervisor's attempts: launch and
+end times, the cause each ended with, the backoff after it and the first completed step.
+Slots and price are the stage's, computed from the spec by the functions the StageJob uses
+(:func:`traingate.job.world.stage_world`, :func:`traingate.sizing.slots`), so the ledger charges
+what the launch took.
+
+Not covered yet: sweep trials (their runs record a total cost, not attempts), the first half of
+a smoke stage (its result keeps only the second supervision's attempts), and stages that have
+not ended (no result yet); :class:`Gathered` counts the stages it skipped.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Run as MlflowRun
+from mlflow.tracking import MlflowClient
+
+from traingate import sizing
+from traingate.cost.ledger import Attempt, Outcome, Run
+from traingate.job.vocab import Cause
+from traingate.job.world import stage_world
+from traingate.spec import RunSpec, parse_spec
+from traingate.tracking.runs import SPEC_ARTIFACT, stage_runs
+
+RESULT_ARTIFACT = "stage/result.json"
+
+
+def attempts_of(run_id: str, stage: str, supervision: dict[str, Any], pool: str, slots: int,
+                price_per_slot_hour: float) -> list[Attempt]:
+    """The ledger's attempts from a StageResult's ``details.supervision`` (``Supervision.to_dict()``).
+
+    Idle is the time from launch to the attempt's first completed step (imports, rendezvous,
+    checkpoint load), or all of an attempt that never completed a step.
+    """
+    out = []
+    for a in supervision.get("attempts") or []:
+        start = float(a["launched_at"])
+        end = float(a["ended_at"]) if a.get("ended_at") is not None else start
+        first = a.get("first_step_time")
+        idle = min(max(0.0, (float(first) if first is not None else end) - start), end - start)
+        cause = a.get("cause")
+        outcome = Outcome.COMPLETED if cause is None else \
+            Outcome.PREEMPTED if cause == Cause.PREEMPTED else Outcome.FAILED
+        out.append(Attempt(run_id, stage, int(a["number"]), pool, slots, price_per_slot_hour, start, end, outcome,
+                           backoff_s=float(a.get("backoff_s") or 0.0), idle_s=idle))
+    return out
+
+
+@dataclass
+class Gathered:
+    runs: list[Run] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "<run id>/<stage>: why", for the report's footnote
+
+
+def _download_json(c: MlflowClient, run_id: str, path: str) -> Any | None:
+    names = {f.path for f in c.list_artifacts(run_id, path.rsplit("/", 1)[0])}
+    if path not in names:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(c.download_artifacts(run_id, path, tmp)).read_text())
+
+
+def _experiment_ids(c: MlflowClient, experiment: str | None) -> list[str]:
+    if experiment is None:
+        return [e.experiment_id for e in c.search_experiments()]
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"experiment = {experiment!r}: no such experiment in the tracking store; "
+                         "leave --experiment out to report all")
+    return [exp.experiment_id]
+
+
+def _pipelines(c: MlflowClient, experiment: str | None, team: str | None, since_ms: int | None) -> list[MlflowRun]:
+    where = ["tags.`traingate.kind` = 'pipeline'"]
+    if team is not None:
+        where.append(f"tags.`traingate.team` = '{team}'")
+    if since_ms is not None:
+        where.append(f"attributes.start_time >= {int(since_ms)}")
+    out: list[MlflowRun] = []
+    token = None
+    while True:
+        page = c.search_runs(_experiment_ids(c, experiment), " and ".join(where), max_results=1000, page_token=token)
+        out += list(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None = None,
+           since_ms: int | None = None) -> Gathered:
+    """Every pipeline run (of ``experiment``, of ``team``, started at or after ``since_ms``) with its attempts.
+
+    ``team`` must be a valid team name (the spec's rules): it goes into an MLflow filter.
+    """
+    got = Gathered()
+    for p in _pipelines(c, experiment, team, since_ms):
+        rid, tags = p.info.run_id, p.data.tags
+        spec_dict = _download_json(c, rid, SPEC_ARTIFACT)
+        if spec_dict is None:
+            got.skipped.append(f"{rid}: no {SPEC_ARTIFACT}")
+            continue
+        spec: RunSpec = parse_spec(spec_dict)
+        attempts: list[Attempt] = []
+        for s in stage_runs(c, rid):
+            stage = s.data.tags.get("traingate.stage", "")
+            if stage == "unit":
+                continue  # pytest on the orchestrator's host: no pool slots are taken
+            result = _download_json(c, s.info.run_id, RESULT_ARTIFACT)
+            if result is None:
+                got.skipped.append(f"{rid}/{stage}: no {RESULT_ARTIFACT} (still running, or its orchestrator died)")
+                continue
+            nodes, nproc = stage_world(spec, stage)
+            attempts += attempts_of(rid, stage, (result.get("details") or {}).get("supervision") or {},
+                                    spec.resources.work_pool, sizing.slots(nodes * nproc),
+                                    spec.pool.price_per_gpu_hour)
+        got.runs.append(Run(rid, tags.get("traingate.experiment", spec.identity.experiment),
+                            tags.get("traingate.team", spec.identity.team),
+                            tags.get("traingate.outcome") == "passed", tuple(attempts)))
+    return got
