@@ -6,6 +6,8 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 """
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prefect import flow, get_client, get_run_logger
@@ -33,6 +35,68 @@ from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.validate import check_spec, preflight
+
+
+class RunStopped(Exception, Mapping[str, Any]):
+    """A ladder (or a flow wrapping one) that did not finish: the data of its Failed or Cancelled state.
+
+    Its message is the state's (a gate's reasons, a rejection, a preemption with its resume
+    command); read by key it is the run's summary, as a Completed state's data is. It must be an
+    exception: a deployment's engine re-raises a failed flow run's data, and a plain dict there
+    is Prefect's `TypeError: Unexpected result for failed state` with a traceback in the run's logs.
+    """
+
+    def __init__(self, message: str, summary: dict[str, Any]):
+        super().__init__(message, summary)  # both in args: the result store pickles it by its args
+        self.message, self.summary = message, summary
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.summary)
+
+    def __len__(self) -> int:
+        return len(self.summary)
+
+    __hash__ = Exception.__hash__  # Mapping's __eq__ would make it unhashable; tracebacks keep exceptions in sets
+
+
+class _OutcomeNotFault(logging.Filter):
+    """Drop the engine's traceback of a run that stopped on purpose.
+
+    Run from a deployment, Prefect's engine re-raises a Failed or Cancelled flow run's data and logs
+    it as "Engine execution exited with unexpected exception" with a traceback, after the run's state
+    and its "Finished in state Failed('<reason>')" line have said everything. A gate that refuses is
+    an outcome, not a fault; exceptions of any other type keep their tracebacks.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RunStopped))
+
+
+# The engine logs through the flow-run logger before it hands the exception back; its filters are
+# the one place that sees the record for every handler (console, Prefect's API). Added once.
+_FILTER = _OutcomeNotFault()
+if not any(isinstance(f, _OutcomeNotFault) for f in logging.getLogger("prefect.flow_runs").filters):
+    logging.getLogger("prefect.flow_runs").addFilter(_FILTER)
+
+
+def stopped(state: State, summary: dict[str, Any]) -> State:
+    """``state`` (Failed or Cancelled) carrying ``summary`` as a :class:`RunStopped`."""
+    state.data = RunStopped(state.message or state.name, summary)
+    return state
+
+
+def summary_of(state: State) -> dict[str, Any] | None:
+    """The summary a ladder (or a flow that wraps one) ended with, however it ended; None if it crashed."""
+    data = state.result(raise_on_failure=False)
+    if isinstance(data, RunStopped):
+        return data.summary
+    return data if isinstance(data, dict) else None
 
 
 class Approval(RunInput):
@@ -105,12 +169,12 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         if result.status == Status.PREEMPTED:  # cancelled from the UI/API: checkpointed, resumable
             _settle(pending)
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
-            return Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}",
-                             data=summary)
+            return stopped(Cancelled(message=f"{stage} preempted at a checkpoint; continue with: "
+                                             f"traingate resume {run_id}"), summary)
         if not decision.passed:
             _settle(pending)
             close_pipeline_run(run_id, False, stage, decision.summary())
-            return Failed(message=decision.summary(), data=summary)
+            return stopped(Failed(message=decision.summary()), summary)
         log.info(decision.summary())
         if gate.require_approval and i + 1 < len(stages):
             answer = pause_flow_run(wait_for_input=Approval, timeout=int(gate.approval_timeout_s),
@@ -119,7 +183,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                 reason = f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
                 _settle(pending)
                 close_pipeline_run(run_id, False, stage, reason)
-                return Failed(message=reason, data=summary)
+                return stopped(Failed(message=reason), summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
     _settle(pending)
     if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
@@ -165,8 +229,15 @@ def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = 
 
 def same_end(state: State) -> State:
     """A flow that wraps another ends as it ended, with its summary as data."""
-    end = Completed if state.is_completed() else Cancelled if state.is_cancelled() else Failed
-    return end(message=state.message, data=state.result(raise_on_failure=False))
+    if state.is_completed():
+        return Completed(message=state.message, data=state.result())
+    data = state.result(raise_on_failure=False)
+    end = Cancelled(message=state.message) if state.is_cancelled() else Failed(message=state.message)
+    if isinstance(data, BaseException):  # a RunStopped, or what the wrapped flow raised
+        end.data = data
+        return end
+    return stopped(end, data if isinstance(data, dict) else {})
 
 
-__all__ = ["Approval", "ResumeFrom", "ResumePoint", "ladder", "pipeline", "same_end"]
+__all__ = ["Approval", "RunStopped", "ResumeFrom", "ResumePoint", "ladder", "pipeline", "same_end", "stopped",
+           "summary_of"]

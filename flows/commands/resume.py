@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from flows.pipeline import ResumeFrom, ladder
+    from flows.pipeline import ResumeFrom, ladder, summary_of
     from traingate.plan import resume_point
     from traingate.secrets import check_refs
     from traingate.settings import Settings
@@ -34,9 +34,9 @@ def main(args: argparse.Namespace) -> int:
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
     state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage), return_state=True)
-    data = state.result(raise_on_failure=False)
+    data = summary_of(state)
     print(f"resume {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
-    if isinstance(data, dict):
+    if data is not None:
         for name, info in data["stages"].items():
             print(f"  {name:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
                   f"restarts {info['restarts']}  resumed from step {info['resumed_from_step']}")
