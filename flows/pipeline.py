@@ -133,6 +133,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         stages = stages_until(until)
     else:
         raise SpecError("ladder: pass a spec, or resume_from with a run id")
+    _name_flow_run(run_id if point is None else f"{run_id}-resume")
     run_dir = settings.state_dir / "runs" / run_id
     stale.claim(run_dir, str(flow_run.id))  # this process now runs the pipeline (a resume takes it over)
     summary: dict[str, Any] = {"run_id": run_id, "flow_run_id": str(flow_run.id), "stages": {},
@@ -152,7 +153,8 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         resuming = point is not None and stage == point.stage
         stage_run = (point.mlflow_run_ids.get(stage) if resuming else None) or open_stage_run(run_id, stage)
         if stage == "unit":
-            result = run_unit_tests(spec, str(run_dir / "spec.yaml"), str(run_dir / stage))
+            result = run_unit_tests.with_options(task_run_name=stage)(spec, str(run_dir / "spec.yaml"),
+                                                                      str(run_dir / stage))
         else:
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
             result = run_stage_job(job, resume=resuming)
@@ -192,6 +194,13 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     close_pipeline_run(run_id, True, stages[-1])
     verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
     return Completed(message=verb, data=summary)
+
+
+def _name_flow_run(name: str) -> None:
+    """Name this flow run after the traingate run id (the MLflow parent run's id: known only once that
+    run is open, so not a ``flow_run_name`` template), so the UI's list and the CLI's output match."""
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name)
 
 
 def _close_stale_runs(settings: Settings) -> None:

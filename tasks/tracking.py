@@ -55,7 +55,7 @@ def open_stage_run(parent_run_id: str, stage: str) -> str:
                                request_key=request_key(f"stage-{stage}"))
 
 
-@task(name="record-stage", **_MLFLOW)
+@task(name="record-stage", task_run_name="record-{result.stage}", **_MLFLOW)
 def record_stage(stage_run_id: str, result: StageResult, decision: GateDecision | None,
                  run_id: str | None = None) -> None:
     """``run_id``: the pipeline's, whose journal keeps the write if the store is gone (None: it fails instead)."""

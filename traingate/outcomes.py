@@ -58,11 +58,31 @@ def from_supervision(job: StageJob, sup: Supervision, duration_s: float) -> Stag
         checkpoint_uri = data.checkpoint_uri if data else None
         details["profile"] = profile
     metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-    metrics["restarts"] = sup.restarts
+    metrics["restarts"] = stage_restarts(job, sup)
     completed = sup.status == Status.COMPLETED
     return StageResult(stage=job.stage, status=sup.status, metrics=metrics, cost_usd=cost, duration_s=duration_s,
                        checkpoint_uri=checkpoint_uri, estimate=_estimate_next(job, profile) if completed else {},
                        details=details, error=sup.error)
+
+
+def stage_restarts(job: StageJob, sup: Supervision) -> int:
+    """How many times this stage restarted after a failure or a preemption, over every process that
+    trained it (a resume's earlier ones included), by the rule `traingate show` applies to the same
+    records (:func:`traingate.tracking.runs.is_restart`).
+
+    Read from the sessions rank 0 recorded in the stage's journal, the records MLflow's restart tags
+    come from. A stage without one (a script, tracking off) counts its supervisor's launches.
+    """
+    from traingate.tracking.journal import Journal, journal_path
+    from traingate.tracking.runs import is_restart
+
+    path = journal_path(Path(job.stage_dir))
+    if not job.is_script and path.exists():
+        with Journal(path) as j:
+            sessions = j.history().sessions
+        return sum(1 for s in sessions if s.get("session", 1) > 1 and is_restart(s.get("cause")))
+    state = files.read_supervisor_state(Path(job.stage_dir))
+    return max(0, len(state.attempts) - 1) if state is not None else sup.restarts
 
 
 def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageResult:

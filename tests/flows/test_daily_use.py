@@ -8,6 +8,8 @@ import logging
 import pytest
 import yaml
 
+from traingate.settings import Settings
+
 pytestmark = pytest.mark.slow
 
 _UNIT_GATE_FAILS = """
@@ -59,3 +61,77 @@ def test_a_failed_gate_run_as_a_deployment_ends_failed_with_its_reason_and_no_tr
     assert "Unexpected result" not in text and "Traceback" not in text, text
     assert not [log for log in logs if log.level >= 40], text
     assert "gate after unit: FAILED" in text  # "Finished in state Failed('<reason>')"
+
+
+@pytest.fixture(scope="module")
+def healthy_run(prefect_harness, tmp_path_factory):
+    """One healthy ladder up to smoke (its smoke stage stops half way and resumes, on purpose)."""
+    from tgtest import TINY_DIGITS
+
+    from flows.pipeline import ladder
+    from traingate.spec import parse_spec
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINGATE_STATE_DIR", str(tmp_path_factory.mktemp("healthy") / "state"))
+        state = ladder(parse_spec(yaml.safe_load(TINY_DIGITS)), "smoke", return_state=True)
+        assert state.is_completed(), state.message
+        yield {"state": state, "summary": state.result(), "settings": Settings.from_env()}
+
+
+def test_a_healthy_run_counts_no_restarts_though_its_smoke_stage_stops_and_resumes_on_purpose(healthy_run):
+    from traingate.tracking import browse, runs
+
+    summary = healthy_run["summary"]
+    assert summary["stages"]["smoke"]["restarts"] == 0
+    assert summary["stages"]["smoke"]["resumed_from_step"] == 2  # it did stop and resume
+    c = runs.client(healthy_run["settings"].tracking_uri)
+    smoke = c.get_run(summary["stages"]["smoke"]["mlflow_run_id"])
+    assert smoke.data.tags["traingate.restart.1.cause"] == "stopped"  # the second process is on record...
+    assert runs.restarts(smoke) == [] and smoke.data.metrics["stage.restarts"] == 0  # ...and is no restart
+    assert c.get_run(summary["run_id"]).data.metrics["pipeline.restarts"] == 0
+    shown = browse.show_run(c, summary["run_id"])
+    assert "restart" not in shown, shown
+
+
+def test_the_flow_run_is_named_after_the_traingate_run_id_and_its_task_runs_after_the_stages(healthy_run):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    run_id = healthy_run["summary"]["run_id"]
+    flow_run_id = healthy_run["state"].state_details.flow_run_id
+    with get_client(sync_client=True) as c:
+        assert c.read_flow_run(flow_run_id).name == run_id
+        names = {t.name for t in c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))}
+    assert {"unit", "smoke", "record-unit", "record-smoke", "report-unit", "report-smoke"} <= names, names
+
+
+def test_stage_reports_are_keyed_by_run_and_sort_in_ladder_order(healthy_run):
+    from prefect.artifacts import Artifact
+
+    run_id = healthy_run["summary"]["run_id"]
+    keys = [f"tg-{run_id}-1-unit", f"tg-{run_id}-2-smoke"]
+    for key in keys:
+        artifact = Artifact.get(key)
+        assert artifact is not None and run_id in artifact.description, key
+    assert sorted(keys) == keys
+
+
+def test_mlflow_run_names_differ_between_runs_of_one_spec_and_end_in_the_run_id(state_dir, tiny_spec):
+    from traingate.spec import load_spec
+    from traingate.tracking import runs
+
+    s = Settings.from_env()
+    s.ensure()
+    c = runs.client(s.tracking_uri)
+    spec = load_spec(tiny_spec())
+    identity = {"code": {"sha": "abc", "dirty": "false"}, "data_snapshot": "d", "data_uri": "u",
+                "environment": {"python": "3.11"}}
+    first = runs.open_pipeline_run(c, spec, s.artifact_uri, identity, request_key="pipeline-1")
+    second = runs.open_pipeline_run(c, spec, s.artifact_uri, identity, request_key="pipeline-2")
+    names = [c.get_run(r).info.run_name for r in (first, second)]
+    assert names[0] != names[1]
+    assert names == [f"digits-cnn-{spec.spec_hash()[:6]}-{first[:8]}", f"digits-cnn-{spec.spec_hash()[:6]}-{second[:8]}"]
+    # a retried request finds the run it created (renamed or not), and makes no second one
+    assert runs.open_pipeline_run(c, spec, s.artifact_uri, identity, request_key="pipeline-1") == first
+    stage = runs.open_stage_run(c, first, "smoke", request_key="stage-1")
+    assert c.get_run(stage).info.run_name == f"{names[0]}/smoke"

@@ -21,6 +21,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from traingate.job.vocab import Status
 from traingate.redact import redact, redact_mapping
 from traingate.spec import RunSpec
 from traingate.stage import GateDecision, StageResult, render_markdown
@@ -60,7 +61,7 @@ def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name
     if not found:
         return c.create_run(experiment, run_name=run_name, tags={**tags, REQUEST_KEY_TAG: request_key})
     run = found[0]
-    if len(found) > 1 or run.info.run_name != run_name:
+    if len(found) > 1 or run.info.run_name not in (run_name, unique_name(run_name, run.info.run_id)):
         names = ", ".join(f"{r.info.run_id} ({r.info.run_name!r})" for r in found)
         raise ValueError(f"request_key = {request_key!r} already names run(s) {names}, not a run {run_name!r}; "
                          "a key names one create request: pass a new key for a new run")
@@ -77,6 +78,8 @@ def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, 
     name = spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
     run = create_run_once(c, exp, request_key, name, {"traingate.kind": "pipeline"})
     rid = run.info.run_id
+    if run.info.run_name != unique_name(name, rid):
+        c.update_run(rid, name=unique_name(name, rid))
     tags = {
         "traingate.run_id": rid, "traingate.experiment": spec.identity.experiment,
         "traingate.owner": spec.identity.owner, "traingate.team": spec.identity.team,
@@ -95,6 +98,16 @@ def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, 
     c.log_dict(rid, redact_mapping(identity["environment"]), ENVIRONMENT_ARTIFACT)
     validate_identity(c, rid)
     return rid
+
+
+def unique_name(name: str, run_id: str) -> str:
+    """A pipeline run's MLflow name: readable (recipe and spec hash, or identity.run_name) and unique,
+    ending in the start of the traingate run id the CLI prints (the same spec runs many times).
+
+    >>> unique_name("digits-cnn-3f9a2c", "7d1e0b2a9c4f4e0d8b6a5c3e2f1a0b9c")
+    'digits-cnn-3f9a2c-7d1e0b2a'
+    """
+    return f"{name}-{run_id[:8]}"
 
 
 # ------------------------------------------------------------------ identity
@@ -251,7 +264,7 @@ def _log_plots(c: MlflowClient, run_id: str) -> None:
 def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str, reason: str = "") -> None:
     children = stage_runs(c, run_id)
     cost = sum(r.data.metrics.get("stage.cost_usd", 0.0) for r in children)
-    restarts = sum(int(r.data.tags.get("traingate.restarts", "0")) for r in children)
+    restarts = sum(restart_count(r) for r in children)
     c.log_batch(run_id, metrics=[Metric("pipeline.cost_usd", cost, 0, 0), Metric("pipeline.restarts", restarts, 0, 0)],
                 tags=[RunTag("traingate.reached_stage", reached),
                       RunTag("traingate.outcome", "passed" if passed else "stopped"),
@@ -290,14 +303,37 @@ def notes(run: Run) -> list[dict[str, Any]]:
     return [json.loads(run.data.tags[k]) for k in keys]
 
 
+# A process that follows its predecessor's deliberate end continues the stage: the smoke stage stops
+# half way at a checkpoint and resumes on purpose, to prove the wiring. Only failures and preemptions
+# (a Cause, or "unknown" when a process died without a word) are restarts.
+_DELIBERATE_ENDS = frozenset({Status.STOPPED, Status.COMPLETED, Status.PRUNED})
+
+
+def is_restart(cause: str | None) -> bool:
+    """Whether a new process of a stage, started because of ``cause`` (how the previous one ended),
+    counts as a restart. The one rule for every restart count: `traingate show`, the pipeline's
+    ``pipeline.restarts``, and a stage's result (:func:`traingate.outcomes.from_supervision`).
+
+    >>> is_restart("worker_lost"), is_restart("preempted"), is_restart("stopped")
+    (True, True, False)
+    """
+    return cause not in _DELIBERATE_ENDS
+
+
 def restarts(run: Run) -> list[dict[str, str]]:
-    """The restarts a (stage) run recorded: number, cause, step resumed from, time lost."""
+    """The restarts a (stage) run recorded (failures and preemptions, :func:`is_restart`), numbered
+    in order: number, cause, step resumed from, time lost."""
     tags = run.data.tags
-    out = []
+    recorded = []
     for i in range(1, int(tags.get("traingate.restarts", "0")) + 1):
         p = f"traingate.restart.{i}."
-        out.append({"n": str(i), **{k[len(p):]: v for k, v in tags.items() if k.startswith(p)}})
-    return out
+        recorded.append({k[len(p):]: v for k, v in tags.items() if k.startswith(p)})
+    counted = [r for r in recorded if is_restart(r.get("cause"))]
+    return [{"n": str(n), **r} for n, r in enumerate(counted, 1)]
+
+
+def restart_count(run: Run) -> int:
+    return len(restarts(run))
 
 
 
