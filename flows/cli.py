@@ -53,6 +53,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser. Only ``command``'s module is imported to add its arguments (several
     import Prefect or MLflow: seconds a `traingate simulate` or a refused spec should not pay)."""
     p = argparse.ArgumentParser(prog="traingate", description="staged model training on Prefect")
+    p.add_argument("--version", action="version", version=f"traingate {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
@@ -71,6 +72,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         if command in (name, None):
             __import__(module, fromlist=["add_arguments"]).add_arguments(sp)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version: the one pip, the image and `traingate --version` agree on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("traingate")
+    except PackageNotFoundError:  # a source checkout that was never installed (pip install -e .)
+        return "unknown (not installed: pip install -e .)"
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:

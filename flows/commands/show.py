@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import argparse
 
-from mlflow.exceptions import MlflowException
-
-from traingate.settings import Settings
-from traingate.tracking import browse
-from traingate.tracking.runs import client
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", help="a pipeline run id (or a stage run id: its pipeline is shown)")
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here: `traingate show --help` must not pay for MLflow (seconds).
+    from mlflow.exceptions import MlflowException
+
+    from traingate.settings import Settings
+    from traingate.tracking import browse
+    from traingate.tracking.runs import client
+
     settings = Settings.from_env()
     try:
         print(browse.show_run(client(settings.tracking_uri), args.run_id), end="")

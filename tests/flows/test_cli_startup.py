@@ -1,0 +1,41 @@
+"""`traingate --help` and `--version` answer at once: nothing heavy is imported to print them."""
+from __future__ import annotations
+
+import json
+import subprocess
+from importlib.metadata import version
+
+import pytest
+
+from tgtest import PYTHON, ROOT
+
+HEAVY = ("prefect", "mlflow", "torch", "optuna")
+
+_PROBE = """
+import json, sys
+from flows.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(%r))), file=sys.stderr)
+""" % (HEAVY,)
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-c", _PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"], ["validate", "--help"],
+                                  ["resume", "--help"], ["show", "--help"]], ids=" ".join)
+def test_help_and_version_import_neither_prefect_mlflow_torch_nor_optuna(argv):
+    p = _run(*argv)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stderr.strip().splitlines()[-1]) == [], p.stderr
+    assert p.stdout.strip()
+
+
+def test_version_prints_the_installed_distributions_version():
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"traingate {version('traingate')}"
