@@ -28,7 +28,8 @@ class Recorded:
     timestamps: dict[str, list[tuple[float, int]]]       # key -> [(epoch seconds, step)]
     checkpoint_times: list[float]
     launched_at: float
-    ended_at: float
+    tracking_uri: str
+    run_id: str
     val: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -62,7 +63,5 @@ def record_run(tmp: Path, steps: int = 140, eval_every: int = 10) -> Recorded:
         metrics={k: [(m.step, m.value) for m in h] for k, h in history.items() if k != "val_loss"},
         timestamps={k: [(m.timestamp / 1000.0, m.step) for m in h] for k, h in history.items()},
         checkpoint_times=[float(ck.manifest(s)["created"]) for s in ck.list_steps()],
-        launched_at=float(job.launched_at), ended_at=c.get_run(run_id).info.end_time / 1000.0
-        if c.get_run(run_id).info.end_time else max(t for t, _ in [x for v in history.values() for x in
-                                                                   [(m.timestamp / 1000.0, 0) for m in v]]),
+        launched_at=float(job.launched_at), tracking_uri=tracking_uri, run_id=run_id,
         val=[(m.step, m.value) for m in history["val_loss"]])

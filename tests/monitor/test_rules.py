@@ -2,6 +2,7 @@
 action and runbook section, and stays quiet on a healthy series (one recorded from a real run)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -35,7 +36,7 @@ def _signals(r: Recorded, **changes) -> Signals:
         rank_step_times={0: m["system/rank0/step_time_s"], 1: m["system/rank1/step_time_s"]},
         checkpoint_times=r.checkpoint_times, started_at=r.launched_at,
         checkpoint_interval_s=rules.checkpoint_interval_s(20, None, statistics.median(v for _, v in m["step_time_s"])),
-        heartbeats=r.timestamps["train_loss"])
+        heartbeats=r.timestamps["train_loss"], gpu_util=[], restart_times=[])
     fields.update(changes)
     return Signals(**fields)
 
@@ -50,11 +51,21 @@ def _splice(series, at_step, fn):
 
 # ---------------------------------------------------------------- the real run
 
-def test_no_rule_fires_on_a_real_healthy_run(recorded):
+def test_no_rule_fires_on_a_real_healthy_run_read_back_from_mlflow(recorded):
+    from mlflow.tracking import MlflowClient
+
+    from traingate.monitor.signals import from_mlflow
+
     m = recorded.metrics
     assert len(m["train_loss"]) == 140 and len(recorded.val) == 14
     assert all(math.isfinite(v) for _, v in m["train_loss"])
-    fired = rules.evaluate(_signals(recorded), SPEC, now=_end(recorded))
+    read = from_mlflow(MlflowClient(recorded.tracking_uri), recorded.run_id)
+    assert (read.loss, read.val, sorted(read.rank_step_times)) == (m["train_loss"], recorded.val, [0, 1])
+    assert read.gpu_util == [] and read.restart_times == [] and len(read.heartbeats) == 140
+    signals = dataclasses.replace(read, checkpoint_times=recorded.checkpoint_times, started_at=recorded.launched_at,
+                                  checkpoint_interval_s=_signals(recorded).checkpoint_interval_s)
+    assert signals == _signals(recorded)
+    fired = rules.evaluate(signals, SPEC, now=_end(recorded))
     assert fired == [], [f.message for f in fired]
 
 
@@ -268,3 +279,25 @@ def test_every_rule_names_its_runbook_section_in_its_message():
         assert f.message.startswith(f"{rule.value}: ") and f.message.endswith(f"runbook docs/runbooks.md#{rule.value}]")
         assert f.runbook == f"docs/runbooks.md#{rule.value}"
         assert re.search(r"\d", f.message.split("[")[0]), f"{rule}: the message names no number: {f.message}"
+
+
+def test_restarts_and_gpu_utilisation_recorded_on_a_run_are_read_back_and_judged(recorded):
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from traingate.monitor.signals import from_mlflow
+
+    c = MlflowClient(recorded.tracking_uri)
+    rid = c.create_run(c.get_run(recorded.run_id).info.experiment_id, run_name="restarted").info.run_id
+    # The tracker's restart tags (three restarts within four minutes) and NVML readings of an idle GPU.
+    tags = [RunTag(f"traingate.restart.{n}.time", t) for n, t in
+            ((1, "2026-01-01T10:00:00Z"), (2, "2026-01-01T10:02:00Z"), (3, "2026-01-01T10:04:00Z"))]
+    t0 = 1_767_261_600_000  # 2026-01-01T10:00:00Z in ms
+    gpu = [Metric("system/rank0/gpu_util_percent", 12.0, t0 + 60_000 * i, i) for i in range(12)]
+    c.log_batch(rid, metrics=gpu, tags=tags)
+    s = from_mlflow(c, rid)
+    assert s.restart_times == [t0 / 1000 + 120 * i for i in range(3)]
+    fired = {f.rule: f for f in rules.evaluate(s, SPEC, now=t0 / 1000 + 660)}
+    assert set(fired) == {Rule.RESTART_STORM, Rule.GPU_UNDERUTILISED}
+    assert fired[Rule.RESTART_STORM].values["span_s"] == 240.0
+    assert fired[Rule.GPU_UNDERUTILISED].values == {"seconds": 660.0, "mean_percent": 12.0}
