@@ -155,6 +155,7 @@ class GangSlots:
         self.held_s = 0.0
         self.waited_s = 0.0
         self.preempted_by: str | None = None
+        self.preempted_by_last: str | None = None   # who took the slots the last time (for the log)
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._last_preempt_poll = 0.0
@@ -243,7 +244,7 @@ class GangSlots:
             else:
                 delete_variable(client, self.name)
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
-        self.preempted_by = None
+        self.preempted_by_last, self.preempted_by = self.preempted_by, None
 
     # ------------------------------------------------------------------ internals
     def _decide(self, client: Any) -> Decision:

@@ -65,14 +65,18 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
                 return _never_started(job, why, time.monotonic() - t0)
             try:
                 sup = _train(job, hooks, previous, log)
-            finally:
-                requeue = gang is not None and gang.preempted_by is not None
+            except BaseException:
                 if gang is not None:
-                    gang.release(requeue=requeue)
-            if not (requeue and sup.status == Status.PREEMPTED and stopping() is None):
+                    gang.release()
+                raise
+            requeue = (gang is not None and gang.preempted_by is not None and sup.status == Status.PREEMPTED
+                       and stopping() is None)
+            if gang is not None:
+                gang.release(requeue=requeue)
+            if not requeue:
                 break
-            log.warning("%s preempted at a checkpoint by %s: back in the queue, resumes when slots are free",
-                        job.stage, sup.stop_reason or "a higher priority class")
+            log.warning("%s preempted at a checkpoint by %s (%s): back in the queue, resumes when slots are free",
+                        job.stage, gang.preempted_by_last or "a higher priority class", sup.error)
             _emit("traingate.run.preempted", job, {"reason": sup.stop_reason, "error": sup.error})
             preemptions += 1
             previous = read_state(stage_dir)

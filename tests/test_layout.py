@@ -172,6 +172,7 @@ def test_deployed_spec_mappings_are_the_example_specs_on_their_pools():
     assert specs == {
         "ladder-cpu": load_spec(digits),
         "digits-nightly-retrain": load_spec(digits),
+        "stage-cpu": load_spec(digits),
         "ladder-a100": load_spec(digits, ["resources.work_pool=gpu-a100"]),
         "sweep-h100": load_spec(sweep, ["resources.work_pool=gpu-h100"]),
     }

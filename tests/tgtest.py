@@ -53,3 +53,72 @@ def write_job(spec, stage_dir: Path, *, run_id: str, stage: str = "full", checkp
     job = dataclasses.replace(job, tracking_uri=tracking_uri, mlflow_run_id=mlflow_run_id, launched_at=time.time(),
                               restart_cause=restart_cause, attempt=1 if restart_cause else 0)
     return job.write()
+
+
+def stop_tree(proc, first_signal: int, grace_s: float) -> None:
+    """Signal ``proc``, then SIGKILL it and every process that was under it (listed before the
+    first signal: a worker starts each flow run in a session of its own)."""
+    import subprocess
+
+    import psutil
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.send_signal(first_signal)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(30)
+    psutil.wait_procs(tree, timeout=30)
+
+
+def tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
+
+
+def prefect_server(tmp_path: Path):
+    """A context manager: a real `prefect server start` on a free loopback port, its home and SQLite
+    database under ``tmp_path``; yields {"url", "env"}."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    @contextlib.contextmanager
+    def run():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/api"
+        env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
+        log = tmp_path / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert proc.poll() is None, f"prefect server exited {proc.returncode}: {tail(log)}"
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"prefect server not healthy after 180 s: {tail(log)}"
+                time.sleep(0.5)
+            yield {"url": url, "env": env}
+        finally:
+            stop_tree(proc, signal.SIGTERM, 30)
+    return run()
