@@ -85,7 +85,12 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
     out_dir = settings.state_dir / "sweeps" / study.study_name
     limits = [(limit_name(study.study_name), 1)]
     ensure_concurrency_limit(limits[0][0], sw.max_concurrent)
-    if sw.pool_limit:  # the work pool's slots: must exist already (created with the pool), strict
+    if sw.pool_limit and _pool_scheduled(spec):
+        # The server schedules the pool (`traingate pools bootstrap`): every trial already waits for
+        # its gang slots in the launch task; taking the pool's limit here too would count them twice.
+        log.info("sweep.pool_limit %s: the pool is scheduled by the server's capacity config; trials take "
+                 "their gang slots in the pool's queue", sw.pool_limit)
+    elif sw.pool_limit:  # the work pool's slots: must exist already (created with the pool), strict
         nodes, nproc = stage_world(spec, sw.stage)
         limits.append((sw.pool_limit, nodes * nproc))
     parent = open_sweep_run(spec, storage)
@@ -134,3 +139,12 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
 def sweep_file(spec_path: str, overrides: list[str] | None = None, promote: bool = False) -> State:
     """The sweep from a spec file plus ``--set`` overrides (CI, scripts)."""
     return same_end(sweep(load_spec(spec_path, overrides or []), promote, return_state=True))
+
+
+def _pool_scheduled(spec: RunSpec) -> bool:
+    from prefect import get_client
+
+    from tasks import slots
+    with get_client(sync_client=True) as c:
+        cfg = slots.read_config(c)
+    return cfg is not None and spec.resources.work_pool in cfg.pools

@@ -40,6 +40,7 @@ from traingate.capacity.policy import never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, parse_config
 from traingate.capacity.queue import (RUNNING, WAITING, Decision, Entry, decide, describe_wait, fold_usage, fresh,
                                       key, usage_now)
+from traingate import sizing
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 
@@ -47,6 +48,8 @@ CONFIG_VAR = "traingate-pools"
 JOB_PREFIX = "tgq-job-"
 PREEMPT_PREFIX = "tgq-preempt-"
 USAGE_PREFIX = "tgq-usage-"
+HISTORY_PREFIX = "tgq-history-"
+HISTORY_N = 20
 LEASE_S = 60.0        # the server's minimum; renewed every LEASE_S / 4 while held
 POLL_S = 1.0          # a waiter re-decides this often
 SAY_EVERY_S = 10.0    # a waiter prints its position this often
@@ -103,6 +106,21 @@ def usage_history(client: Any, pool: str) -> dict[str, tuple[float, float]]:
     return {t: (float(u), float(a)) for t, (u, a) in (var.value if var is not None else {}).items()}
 
 
+def history(client: Any, pool: str) -> dict[str, tuple[float, int]]:
+    """Held seconds of finished jobs per experiment/stage/slots on ``pool``: (running mean, count)."""
+    var = client.read_variable_by_name(HISTORY_PREFIX + pool)
+    return {k: (float(m), int(n)) for k, (m, n) in (var.value if var is not None else {}).items()}
+
+
+def _canary_step_s(job: StageJob) -> float | None:
+    """The run's canary's mean step time (its sizing profile), when the canary ran before this stage."""
+    if job.stage == "canary":
+        return None
+    result = files.read_result(Path(job.stage_dir).parent / "canary")
+    profile = (result.metrics.get("profile") if result else None) or {}
+    return profile.get("step_time_mean_s") or None
+
+
 def _increment(client: Any, names: list[str], slots: int) -> str | None:
     """One try at ``slots`` of every named limit at once: the lease id, or None while they are taken."""
     try:
@@ -145,11 +163,18 @@ class GangSlots:
         self.pool = cfg.pools[job.pool]
         self.stage_dir = Path(job.stage_dir)
         self.max_steps = job.max_steps
-        every = job.spec.checkpoint.every_minutes
+        self.kind_key = f"{key(job.spec.identity.experiment)}/{job.stage}/{job.slots}"
+        step_s = _canary_step_s(job)
+        every = job.spec.checkpoint
+        with client_factory() as client:
+            est = (sizing.estimate_stage({"step_time_mean_s": step_s}, job.max_steps, job.slots, 0.0)["wall_s"]
+                   if step_s else history(client, job.pool).get(self.kind_key, (None, 0))[0])
         self.entry = Entry(job_id=f"{job.run_id}-{job.stage}", run_id=job.run_id, stage=job.stage, team=job.team,
                            priority=job.priority, pool=job.pool, slots=job.slots, submit_s=time.time(),
-                           checkpoint_every_s=every * 60.0 if every else None,
-                           host=socket.gethostname(), pid=os.getpid())
+                           checkpoint_every_s=(every.every_minutes * 60.0 if every.every_minutes
+                                               else every.every_steps * step_s if every.every_steps and step_s
+                                               else None),
+                           est_duration_s=est, host=socket.gethostname(), pid=os.getpid())
         self.name = JOB_PREFIX + key(self.entry.job_id)
         self.lease: str | None = None
         self.held_s = 0.0
@@ -242,6 +267,12 @@ class GangSlots:
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
                 self._publish(client, state=WAITING)
             else:
+                if self.preempted_by is None and self.held_s > 0:   # a whole run: what the next of its kind predicts
+                    hist = history(client, self.entry.pool)
+                    mean, n = hist.get(self.kind_key, (0.0, 0))
+                    n = min(n, HISTORY_N - 1)   # a running mean over about the last HISTORY_N runs
+                    hist[self.kind_key] = ((mean * n + self.held_s) / (n + 1), n + 1)
+                    put_variable(client, HISTORY_PREFIX + self.entry.pool, {k: list(v) for k, v in hist.items()})
                 delete_variable(client, self.name)
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
         self.preempted_by_last, self.preempted_by = self.preempted_by, None
