@@ -24,6 +24,7 @@ jobs unscheduled, as before: ``for_job`` returns None.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import socket
 import threading
@@ -230,7 +231,9 @@ class GangSlots:
                  f"waited {time.monotonic() - t0:.0f} s)" + (f"; preempting {', '.join(d.victims)}" if d.victims else ""))
         self._held_since = time.monotonic()
         self._beat_stop.clear()
-        self._beat = threading.Thread(target=self._keep, name="tg-slots", daemon=True)
+        # In this context: Prefect's settings (which server) are context variables, not inherited by threads.
+        self._beat = threading.Thread(target=contextvars.copy_context().run, args=(self._keep,), name="tg-slots",
+                                      daemon=True)
         self._beat.start()
         return None
 

@@ -5,6 +5,7 @@ orchestrators); tests/capacity/test_scheduling_e2e.py runs the same path with re
 real training."""
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import uuid
@@ -24,8 +25,16 @@ def _config(pool: str, **extra):
 
 @pytest.fixture
 def pool(prefect_harness):
-    """A pool name of this test's own (the harness is shared by the session)."""
-    return f"p{uuid.uuid4().hex[:8]}"
+    """A pool name of this test's own. The harness is shared by the session: the capacity config and
+    queue variables are removed after the test, or every later stage on it would be scheduled."""
+    from prefect import get_client
+
+    from tasks import slots
+    yield f"p{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as c:
+        for v in c.read_variables():
+            if v.name == slots.CONFIG_VAR or v.name.startswith("tgq-"):
+                slots.delete_variable(c, v.name)
 
 
 def _job(tiny_spec, tmp_path, pool: str, name: str, procs: int, team: str = "a", priority: str = "research"):
@@ -40,6 +49,13 @@ def _slots(job, cfg, said=None):
 
     from tasks.slots import GangSlots
     return GangSlots(job, cfg, (said if said is not None else []).append, lambda: get_client(sync_client=True))
+
+
+def _thread(target) -> threading.Thread:
+    """A started daemon thread in this context (Prefect's settings - the harness's URL - are context variables)."""
+    t = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)
+    t.start()
+    return t
 
 
 def _active(name: str) -> int:
@@ -101,9 +117,7 @@ def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, 
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
-    for t in threads:
-        t.start()
+    threads = [_thread(lambda j=j: run(j)) for j in jobs]
     for t in threads:
         t.join(120)
     assert not errors and not any(t.is_alive() for t in threads), errors
@@ -119,7 +133,7 @@ def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spe
     said: list[str] = []
     second = _slots(_job(tiny_spec, tmp_path, pool, "v2", 1, team="vision"), cfg, said)
     got = threading.Event()
-    threading.Thread(target=lambda: (second.acquire(lambda: None), got.set()), daemon=True).start()
+    _thread(lambda: (second.acquire(lambda: None), got.set()))
     other = _slots(_job(tiny_spec, tmp_path, pool, "s1", 2, team="speech"), cfg)
     assert other.acquire(lambda: None) is None  # the other team starts although vision's job waits
     assert not got.wait(3.0) and any("quota of 2" in s for s in said), said
@@ -139,7 +153,7 @@ def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_it
         assert g.acquire(lambda: None) is None
     urgent = _slots(_job(tiny_spec, tmp_path, pool, "u", 2, priority="urgent"), cfg)
     got = threading.Event()
-    threading.Thread(target=lambda: (urgent.acquire(lambda: None), got.set()), daemon=True).start()
+    _thread(lambda: (urgent.acquire(lambda: None), got.set()))
     deadline = time.monotonic() + 30
     asked = []
     while not asked and time.monotonic() < deadline:
@@ -151,7 +165,7 @@ def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_it
     victim.release(requeue=True)  # what run_stage_job does after the emergency checkpoint
     assert got.wait(30)
     back = threading.Event()
-    threading.Thread(target=lambda: (victim.acquire(lambda: None), back.set()), daemon=True).start()
+    _thread(lambda: (victim.acquire(lambda: None), back.set()))
     assert not back.wait(2.0)  # the pool is full: the victim waits in the queue
     urgent.release()
     assert back.wait(30)  # and comes back by itself
@@ -169,3 +183,47 @@ def test_a_job_wider_than_its_pool_is_refused_before_it_waits(pool, tiny_spec, t
     bootstrap(cfg)
     with pytest.raises(CapacityError, match=r"2 GPUs .*do not fit pool"):
         _slots(_job(tiny_spec, tmp_path, pool, "wide", 2), cfg)
+
+
+def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position_and_reason(
+        pool, tiny_spec, tmp_path, capsys):
+    import argparse
+
+    from flows.commands import queue
+    from flows.commands.pools import bootstrap
+    cfg = _config(pool, quotas={"vision": {pool: 2}})
+    bootstrap(cfg)
+    running = _slots(_job(tiny_spec, tmp_path, pool, "big", 2, team="vision"), cfg)
+    assert running.acquire(lambda: None) is None
+    stop = threading.Event()
+    waiters = [_slots(_job(tiny_spec, tmp_path, pool, name, procs, team=team, priority=prio), cfg)
+               for name, procs, team, prio in [("late", 1, "vision", "research"), ("prod", 2, "speech", "production")]]
+    holders = []
+    for g in waiters:
+        _thread(lambda g=g: holders.append(g) if g.acquire(lambda: "stopped" if stop.is_set() else None) is None
+                else None)
+    deadline = time.monotonic() + 30
+    while len(holders) < 1 and time.monotonic() < deadline:  # prod (2 free slots) starts; late waits on quota
+        time.sleep(0.2)
+    time.sleep(3.0)  # late has published itself as waiting
+    assert queue.main(argparse.Namespace(pool=pool)) == 0
+    out = capsys.readouterr().out
+    assert f"pool {pool}: 4/4 slots in use, 2 running, 1 waiting" in out, out
+    assert "running  big-full" in out and "running  prod-full" in out
+    assert "#1       late-full" in out and "quota of 2" in out, out
+    stop.set()
+    for g in [running, *holders]:
+        g.release()
+
+
+def test_queue_view_without_a_bootstrapped_server_says_what_to_run(prefect_harness, capsys):
+    import argparse
+
+    from flows.commands import queue
+    from prefect import get_client
+
+    from tasks import slots
+    with get_client(sync_client=True) as c:
+        assert slots.read_config(c) is None
+    assert queue.main(argparse.Namespace(pool=None)) == 2
+    assert "traingate pools bootstrap" in capsys.readouterr().err
