@@ -177,6 +177,7 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
         assert sampler.attempts[s_id] == 1 and sampler.attempts[sampler.running("vision", "research")] == 0
         assert "preempted at a checkpoint by" in text["S"] and "emergency checkpoint" in text["S"], text["S"][-3000:]
         u_wait = sampler.first_running[u_id] - sampler.first_waiting[u_id]
+        print(f"urgent job waited {u_wait:.1f} s for its slots (the victim's emergency checkpoint and exit)")
         assert u_wait < 120, u_wait   # one emergency checkpoint plus the victim's exit, on a loaded 2-core box
         _assert_bitwise(state, s_id, monkeypatch, tmp_path)
 
