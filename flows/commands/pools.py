@@ -40,10 +40,10 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_server() -> None:
+def _require_server(what: str = "pools are created") -> None:
     from prefect.settings import PREFECT_API_URL
     if not PREFECT_API_URL.value():
-        raise CapacityError("PREFECT_API_URL is not set: pools are created on the server your workers use; "
+        raise CapacityError(f"PREFECT_API_URL is not set: {what} on the server your workers use; "
                             "set it (e.g. http://127.0.0.1:4200/api)")
 
 

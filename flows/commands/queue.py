@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
     from flows.commands.pools import _require_server
     from tasks import slots
     try:
-        _require_server()
+        _require_server("the queue lives")
         with get_client(sync_client=True) as c:
             cfg = slots.read_config(c)
             if cfg is None:
