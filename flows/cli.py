@@ -122,7 +122,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     guard_this_process(spec.supervision.preempt_grace_s)
     from flows.pipeline import ladder
 
-    state = ladder(spec, args.until, return_state=True)
+    try:
+        state = ladder(spec, args.until, return_state=True)
+    except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
+        return interrupted(_claimed_run(settings))
     summary = _summary(state)
     print()
     print(f"pipeline {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
@@ -157,6 +160,7 @@ def guard_this_process(grace_s: float) -> None:
     from traingate.supervision import guardian, supervisor
 
     guardian.ensure(grace_s + 10.0)
+    _start_prefect_server_shielded()
 
     def on_sigint(signum: int, frame: Any) -> None:
         if supervisor.stop_request():
@@ -166,6 +170,50 @@ def guard_this_process(grace_s: float) -> None:
               file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGINT, on_sigint)
+
+
+EXIT_INTERRUPTED = 130  # as a shell reports a command that SIGINT ended
+
+
+def interrupted(run_id: str | None) -> int:
+    """What an aborted `run` or `resume` prints: one line with the resume command, no traceback."""
+    if run_id is None:
+        print("traingate: aborted (Ctrl-C) before a run was created; nothing to resume", file=sys.stderr)
+    else:
+        print(f"traingate: aborted (Ctrl-C) without waiting for a checkpoint: run {run_id}; continue with: "
+              f"traingate resume {run_id}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _claimed_run(settings: Settings) -> str | None:
+    """The run this process was orchestrating: the newest run directory that names this process as its
+    orchestrator (the ladder records it as it starts, traingate.tracking.stale.claim)."""
+    from traingate.tracking import stale
+
+    mine = [d for d in (settings.state_dir / "runs").glob("*")
+            if (o := stale.read_orchestrator(d)) is not None and o.pid == os.getpid()]
+    return max(mine, key=lambda d: (d / stale.ORCHESTRATOR).stat().st_mtime).name if mine else None
+
+
+def _start_prefect_server_shielded() -> None:
+    """Start Prefect's temporary server now (when no PREFECT_API_URL names one) with SIGINT blocked.
+
+    A terminal's Ctrl-C goes to the whole foreground process group, and Prefect starts its temporary
+    server in ours: it died of the first Ctrl-C, and the run it was recording ended in connection
+    errors and a traceback instead of a Cancelled state with the resume command. A blocked signal
+    stays blocked across fork and exec, so the server never sees it; it still stops with this process
+    (SIGTERM at exit, the guardian if this process is killed).
+    """
+    import signal
+
+    from prefect import get_client
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with get_client(sync_client=True):  # starts the temporary server here, in this thread, if one is used
+            pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _summary(state: Any) -> dict[str, Any] | None:

@@ -30,10 +30,13 @@ def main(args: argparse.Namespace) -> int:
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2
-    from flows.cli import guard_this_process
+    from flows.cli import guard_this_process, interrupted
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
-    state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage), return_state=True)
+    try:
+        state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage), return_state=True)
+    except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
+        return interrupted(args.run_id)
     data = summary_of(state)
     print(f"resume {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
     if data is not None:

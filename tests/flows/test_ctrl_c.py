@@ -1,0 +1,66 @@
+"""Ctrl-C of `traingate run` in a terminal: the whole foreground process group gets SIGINT.
+
+Real everything: the CLI subprocess (its own session, as a shell's job is its own process group)
+with its temporary Prefect server, MLflow on SQLite, a torchrun tree."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+from tgtest import PYTHON, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_counts_one_restart(tiny_spec, tmp_path):
+    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0"}
+    out = tmp_path / "run.out"
+    cli = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--until", "smoke",
+                            "--set", "stages.smoke.max_steps=20"], cwd=ROOT, env=env, stdout=open(out, "w"),
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    runs = tmp_path / "state" / "runs"
+    try:
+        deadline = time.monotonic() + 300
+        while not list(runs.glob("*/smoke/heartbeat.rank0.json")):
+            assert cli.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.1)
+        os.killpg(cli.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the CLI and every child in its group
+        code = cli.wait(180)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        try:
+            os.killpg(cli.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = out.read_text()
+    run_id = next(runs.glob("*")).name
+    assert code == 1, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    assert f"pipeline STOPPED: smoke preempted at a checkpoint; continue with: traingate resume {run_id}" in text
+    flow_run_id = json.loads((runs / run_id / "orchestrator.json").read_text())["flow_run_id"]
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+        state_type, message = db.execute(
+            "SELECT flow_run.state_type, flow_run_state.message FROM flow_run JOIN flow_run_state "
+            "ON flow_run.state_id = flow_run_state.id WHERE flow_run.id = ?", (flow_run_id,)).fetchone()
+    assert state_type == "CANCELLED" and f"traingate resume {run_id}" in message
+
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "resume", run_id, "--until", "smoke"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={k: v for k, v in env.items() if k != "TRAINGATE_INJECT"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "resume PASSED" in p.stdout
+    # the resume summary and `traingate show` count the same restarts: the preemption, once
+    smoke_line = next(line for line in p.stdout.splitlines() if line.strip().startswith("smoke "))
+    assert "restarts 1 " in smoke_line, p.stdout
+    shown = subprocess.run([PYTHON, "-m", "flows.cli", "show", run_id], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr
+    restarts = [line.strip() for line in shown.stdout.splitlines() if line.strip().startswith("restart ")]
+    assert len(restarts) == 1 and restarts[0].startswith("restart 1: cause preempted"), shown.stdout
