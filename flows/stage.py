@@ -10,6 +10,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed, Failed, State
 
+from flows.pipeline import stopped
 from tasks.data import data_snapshot
 from tasks.tracking import close_pipeline_run, open_pipeline_run, open_stage_run, record_stage
 from tasks.train import run_stage_job
@@ -47,9 +48,9 @@ def train_stage(spec: RunSpec, stage: Stage = "full", faults: str | None = None)
                "preemptions": result.metrics.get("preemptions", 0), "queue_wait_s": result.metrics.get("queue_wait_s")}
     if result.status == Status.PREEMPTED:
         close_pipeline_run(run_id, False, stage, result.error or "preempted")
-        return Cancelled(message=f"{stage} stopped: {result.error}", data=summary)
+        return stopped(Cancelled(message=f"{stage} stopped: {result.error}"), summary)
     close_pipeline_run(run_id, decision.passed, stage, "" if decision.passed else decision.summary())
     if not decision.passed:
-        return Failed(message=decision.summary(), data=summary)
+        return stopped(Failed(message=decision.summary()), summary)
     log.info(decision.summary())
     return Completed(message=f"{stage} passed its gate", data=summary)

@@ -59,7 +59,7 @@ def test_ladder_climbs_all_four_stages_and_records_each(prefect_harness, state_d
     ckpt = Path(summary["checkpoint_uri"].removeprefix("file://"))
     assert (ckpt / "step_00000016" / "manifest.json").exists()
 
-    artifact = Artifact.get("stage-canary")
+    artifact = Artifact.get(f"tg-{summary['run_id']}-3-canary")
     assert artifact is not None and "step_time_p99_s" in artifact.data
 
     # the next dry run of this experiment turns cost ceilings into estimates from this canary

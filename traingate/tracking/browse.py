@@ -9,7 +9,7 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from traingate.tracking.runs import notes, restarts, stage_runs
+from traingate.tracking.runs import notes, restart_count, restarts, stage_runs
 
 _HEADLINE = ("val_accuracy", "val_loss", "val_bits_per_char", "final_loss", "loss_decrease_fraction",
              "samples_per_s", "tests_passed")
@@ -63,7 +63,7 @@ def list_runs(c: MlflowClient, experiment: str | None = None, team: str | None =
             "run_id": r.info.run_id, "name": r.info.run_name, "experiment": t.get("traingate.experiment", ""),
             "team": t.get("traingate.team", ""), "owner": t.get("traingate.owner", ""), "status": r.info.status,
             "reached": stages[-1].data.tags.get("traingate.stage", "") if stages else "",
-            "restarts": sum(int(s.data.tags.get("traingate.restarts", "0")) for s in stages),
+            "restarts": sum(restart_count(s) for s in stages),
             "cost_usd": sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages),
             "valid": t.get("traingate.identity_valid", "false"), "start_time": r.info.start_time,
             "metric": _metric(stages, sort) if sort else None,
