@@ -17,6 +17,7 @@ from typing import Mapping
 
 
 TRACKING_URI_VAR = "TRAINGATE_TRACKING_URI"
+IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,15 @@ import sys
 from typing import Any
 
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
+from traingate.settings import IMAGE_VAR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("bootstrap", help="create/update work pools, queues, slot and quota limits from a config")
     b.add_argument("config", help="pools config YAML, e.g. examples/pools.yaml")
-    b.add_argument("--image", default=os.environ.get("TRAINGATE_IMAGE"),
-                   help="training image of docker/kubernetes pools (default: $TRAINGATE_IMAGE)")
+    b.add_argument("--image", default=os.environ.get(IMAGE_VAR),
+                   help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,7 +66,7 @@ def job_template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[st
         return ProcessWorker.get_default_base_job_template()
     if not image:
         raise CapacityError(f"pools.{pool_name}.worker = {pool.worker}: a container pool needs the training image; "
-                            f"pass --image or set TRAINGATE_IMAGE (a pinned tag, not latest)")
+                            f"pass --image or set {IMAGE_VAR} (a pinned tag, not latest)")
     if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
         raise CapacityError(f"--image {image!r}: pin a tag or digest (not latest), so every node runs the same code")
     base = copy.deepcopy(ProcessWorker.get_default_base_job_template())
