@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import os
 import socket
 import threading
@@ -157,11 +158,7 @@ class GangSlots:
 
     def __init__(self, job: StageJob, cfg: CapacityConfig, say: Callable[[str], None],
                  client_factory: Callable[[], Any]):
-        why = never_fits(_as_job(job), cfg.pools, cfg.priority_classes, cfg.quotas)
-        if why is not None:
-            raise CapacityError(f"{job.run_id} {job.stage}: {why}")
         self.cfg, self.say, self._client = cfg, say, client_factory
-        self.pool = cfg.pools[job.pool]
         self.stage_dir = Path(job.stage_dir)
         self.max_steps = job.max_steps
         self.kind_key = f"{key(job.spec.identity.experiment)}/{job.stage}/{job.slots}"
@@ -176,6 +173,10 @@ class GangSlots:
                                                else every.every_steps * step_s if every.every_steps and step_s
                                                else None),
                            est_duration_s=est, host=socket.gethostname(), pid=os.getpid())
+        why = never_fits(self.entry.job(), cfg.pools, cfg.priority_classes, cfg.quotas)
+        if why is not None:   # refused before it ever enters the queue
+            raise CapacityError(f"{job.run_id} {job.stage}: {why}")
+        self.pool = cfg.pools[job.pool]
         self.name = JOB_PREFIX + key(self.entry.job_id)
         self.lease: str | None = None
         self.held_s = 0.0
@@ -265,10 +266,8 @@ class GangSlots:
                 put_variable(client, USAGE_PREFIX + self.entry.pool, {t: list(v) for t, v in hist.items()})
                 self.lease = None
             if requeue:
-                self.entry = Entry(**{**self.entry.__dict__, "state": WAITING, "started_s": None, "nodes": (),
-                                      "attempt": self.entry.attempt + 1})
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
-                self._publish(client, state=WAITING)
+                self._publish(client, state=WAITING, started_s=None, nodes=(), attempt=self.entry.attempt + 1)
             else:
                 if self.preempted_by is None and self.held_s > 0:   # a whole run: what the next of its kind predicts
                     hist = history(client, self.entry.pool)
@@ -285,13 +284,13 @@ class GangSlots:
         now = time.time()
         mine = self.entry.job_id
         live = [e for e in fresh(entries(client, self.entry.pool), now) if e.job_id != mine]
-        live.append(Entry(**{**self.entry.__dict__, "beat_s": now}))
+        live.append(dataclasses.replace(self.entry, beat_s=now))
         usage = usage_now(usage_history(client, self.entry.pool), [e for e in live if e.state == RUNNING], now,
                           self.cfg.scheduling.half_life_h * 3600.0)
         return decide(mine, live, self.cfg, now, usage)
 
     def _publish(self, client: Any, **changes: Any) -> Entry:
-        self.entry = Entry(**{**self.entry.__dict__, **changes, "beat_s": time.time()})
+        self.entry = dataclasses.replace(self.entry, **changes, beat_s=time.time())
         put_variable(client, self.name, self.entry.to_json())
         return self.entry
 
@@ -310,11 +309,6 @@ class GangSlots:
                 step = beats[0].step if 0 in beats else None
                 progress = f"step {step}/{self.max_steps}" if step is not None else ""
                 self._publish(client, progress=progress)
-
-
-def _as_job(job: StageJob):
-    from traingate.capacity.jobs import Job
-    return Job(f"{job.run_id}-{job.stage}", job.team, job.priority, job.pool, job.slots, 0.0)
 
 
 def for_job(job: StageJob, say: Callable[[str], None]) -> GangSlots | None:

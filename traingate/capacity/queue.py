@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traingate.capacity.fairshare import decayed_usage
-from traingate.capacity.gang import footprint, place
+from traingate.capacity.gang import footprint, free_per_node, place, take
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import How, Policy, Rules, queue_order, reserve, schedule
 from traingate.capacity.pools import CapacityConfig
@@ -129,11 +129,7 @@ def placed(running: Sequence[Entry], gpus_per_node: int, nodes: int) -> list[Job
         where = rec if ok else place(e.slots, free, gpus_per_node)
         if where is None:   # left out of the plan's bookkeeping; the server's limit still counts it
             continue
-        if e.slots <= gpus_per_node:
-            free[where[0]] -= e.slots
-        else:
-            for n in where:
-                free[n] -= gpus_per_node
+        take(free, e.slots, tuple(where), gpus_per_node)
         out.append(dataclasses.replace(e.job(), nodes=tuple(where)))
     return out
 
@@ -179,11 +175,7 @@ def decide(me: str, entries: Sequence[Entry], cfg: CapacityConfig, now: float,
         if s.job_id == me:
             victims = plan.preempted if s.how is How.PREEMPTION else ()
             return Decision(True, s.nodes, tuple(victims), position, len(order), now, s.how.value)
-    free = [gpn] * pool.nodes
-    for j in running:
-        for n in j.nodes:
-            free[n] -= j.slots if j.slots <= gpn else gpn
-    free = [max(0, f) for f in free]
+    free = free_per_node(pool.nodes, gpn, running)
     est = now if place(mine.slots, free, gpn) is not None else reserve(mine.job(), now, free, running, gpn, _predict)
     if me in plan.held_by_quota:
         cap = rules.quotas.get(mine.team)
