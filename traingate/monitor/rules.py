@@ -105,21 +105,23 @@ class RuleSpec(SpecModel):
         return self
 
 
-class NonfiniteLossSpec(RuleSpec):
+class _StateRuleSpec(RuleSpec):
+    """A rule that finds the training state itself gone bad: critical, rolled back by default."""
     severity: Severity = Severity.CRITICAL
     action: Action = Action.ROLLBACK
     allowed_actions: ClassVar[frozenset[Action]] = _STATE_ACTIONS
 
 
-class LossSpikeSpec(RuleSpec):
+class NonfiniteLossSpec(_StateRuleSpec):
+    pass
+
+
+class LossSpikeSpec(_StateRuleSpec):
     window: int = Field(default=50, ge=5, description="points before a candidate that make its baseline")
     min_points: int = Field(default=10, ge=3, description="no verdict on fewer finite points than this")
     z: float = Field(default=6.0, gt=0, description="robust z-score (median/MAD) above which a point is a spike")
     min_rise: float = Field(default=0.25, ge=0, description="and at least this fraction above the median: "
                                                              "a flat curve's tiny wiggle has a huge z")
-    severity: Severity = Severity.CRITICAL
-    action: Action = Action.ROLLBACK
-    allowed_actions: ClassVar[frozenset[Action]] = _STATE_ACTIONS
 
 
 class StagnationSpec(RuleSpec):
@@ -134,13 +136,10 @@ class ValNotImprovedSpec(RuleSpec):
     min_delta: float = Field(default=0.0, ge=0, description="an improvement smaller than this does not count")
 
 
-class GradNormExplosionSpec(RuleSpec):
+class GradNormExplosionSpec(_StateRuleSpec):
     window: int = Field(default=50, ge=5)
     min_points: int = Field(default=10, ge=3)
     factor: float = Field(default=10.0, gt=1, description="x the median of the window before it")
-    severity: Severity = Severity.CRITICAL
-    action: Action = Action.ROLLBACK
-    allowed_actions: ClassVar[frozenset[Action]] = _STATE_ACTIONS
 
 
 class StepTimeRegressionSpec(RuleSpec):
