@@ -17,8 +17,6 @@ import secrets
 import shutil
 import subprocess
 import threading
-import time
-import urllib.request
 from functools import partial
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -26,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port
+from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -116,17 +114,7 @@ def mlflow_server(tmp_path_factory):
          "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
          "--default-artifact-root", str(home / "artifacts")],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 240  # ~35 s on a busy 2-core machine
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None, (home / "server.log").read_text()
-        assert time.monotonic() < deadline, "mlflow server did not answer in 240 s"
-        time.sleep(0.5)
+    wait_healthy(f"http://127.0.0.1:{port}/health", proc, home / "server.log", 240, "mlflow server")  # ~35 s busy
     yield f"http://canary-user:{PLANTED['TrackingPw']}@127.0.0.1:{port}", home
     os.killpg(proc.pid, 15)
     proc.wait(timeout=30)

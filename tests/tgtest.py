@@ -2,6 +2,7 @@
 module names collide between test directories, so nothing is imported from conftest)."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 from pathlib import Path
@@ -84,41 +85,44 @@ def tail(path: Path, n: int = 4000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
 
-def prefect_server(tmp_path: Path):
-    """A context manager: a real `prefect server start` on a free loopback port, its home and SQLite
-    database under ``tmp_path``; yields {"url", "env"}."""
-    import contextlib
-    import os
-    import signal
-    import subprocess
+def wait_healthy(url: str, proc, log: Path, timeout_s: float, what: str) -> None:
+    """Poll ``url`` until it answers 200; fail with the server's log if ``proc`` exits or time runs out."""
     import time
     import urllib.request
 
-    @contextlib.contextmanager
-    def run():
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/api"
-        env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
-        log = tmp_path / "server.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                     "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, f"{what} exited {proc.returncode}: {tail(log)}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert proc.poll() is None, f"prefect server exited {proc.returncode}: {tail(log)}"
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, f"prefect server not healthy after 180 s: {tail(log)}"
-                time.sleep(0.5)
-            yield {"url": url, "env": env}
-        finally:
-            stop_tree(proc, signal.SIGTERM, 30)
-    return run()
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{what} not healthy after {timeout_s:.0f} s: {tail(log)}"
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def prefect_server(tmp_path: Path):
+    """A real `prefect server start` on a free loopback port, its home and SQLite database under
+    ``tmp_path``; yields {"url", "env"}."""
+    import os
+    import signal
+    import subprocess
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_healthy(f"{url}/health", proc, log, 180, "prefect server")
+        yield {"url": url, "env": env}
+    finally:
+        stop_tree(proc, signal.SIGTERM, 30)

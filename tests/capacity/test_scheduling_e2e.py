@@ -10,7 +10,6 @@ reads the pool's slot limit and the queue all along: usage never exceeds the poo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading

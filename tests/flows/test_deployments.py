@@ -3,19 +3,15 @@ deployments/prefect.yaml, a real process worker, and flow runs triggered through
 RunSpec given as a plain mapping (no spec file for the worker)."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port
+from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server, stop_tree, tail
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 
@@ -27,62 +23,11 @@ BIN = Path(PYTHON).parent
 RUN_TIMEOUT_S = 600
 
 
-def _stop(proc: subprocess.Popen, first: int, grace_s: float) -> None:
-    """Signal ``proc``, then SIGKILL it and every process under it that is still there after the grace.
-
-    The tree is listed before the first signal: a worker starts each flow run in a session of its
-    own, and the flow run its torchrun, so once a parent is gone its children are no longer under it.
-    """
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        proc.send_signal(first)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait(30)
-    psutil.wait_procs(tree, timeout=30)
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
-
-
 @pytest.fixture
 def server(tmp_path):
     """A real Prefect server on a free loopback port, its home and SQLite database under tmp_path."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"prefect server exited {proc.returncode}: {_tail(log)}"
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"prefect server not healthy after 180 s: {_tail(log)}"
-            time.sleep(0.5)
-        yield {"url": url, "env": env}
-    finally:
-        _stop(proc, signal.SIGTERM, 30)
+    with prefect_server(tmp_path) as s:
+        yield s
 
 
 @pytest.fixture
@@ -119,7 +64,7 @@ def deployed(server, tmp_path):
     finally:
         # A worker ignores its first SIGTERM; SIGINT stops it. Before the server, so it never
         # polls a dead API.
-        _stop(worker, signal.SIGINT, 20)
+        stop_tree(worker, signal.SIGINT, 20)
 
 
 def _trigger(deployment: str, parameters: dict, worker_log: Path):
@@ -133,7 +78,7 @@ def _trigger(deployment: str, parameters: dict, worker_log: Path):
             logs = c.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
         text = "\n".join(rec.message for rec in logs)[-4000:]
         pytest.fail(f"{deployment} {parameters.get('until')}: flow run {run.state.type.value} "
-                    f"({run.state.message}); flow-run log: {text}; worker log: {_tail(worker_log)}")
+                    f"({run.state.message}); flow-run log: {text}; worker log: {tail(worker_log)}")
     return run
 
 
