@@ -77,14 +77,19 @@ def read_config(client: Any) -> CapacityConfig | None:
 
 
 def put_variable(client: Any, name: str, value: Any) -> None:
-    if client.read_variable_by_name(name) is None:
+    """Create or update. Others create and delete the same names concurrently (a preemptor's request,
+    the victim clearing it), so a create may find it created (409) and an update find it gone (404)."""
+    for _ in range(5):
         try:
-            client.create_variable(VariableCreate(name=name, value=value))
+            if client.read_variable_by_name(name) is None:
+                client.create_variable(VariableCreate(name=name, value=value))
+            else:
+                client.update_variable(VariableUpdate(name=name, value=value))
             return
-        except httpx.HTTPStatusError as e:   # created meanwhile by someone else
-            if e.response.status_code != 409:
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code not in (404, 409):
                 raise
-    client.update_variable(VariableUpdate(name=name, value=value))
+    raise RuntimeError(f"Prefect variable {name}: created and deleted by others five times in a row")
 
 
 def delete_variable(client: Any, name: str) -> None:
@@ -204,7 +209,6 @@ class GangSlots:
         t0 = time.monotonic()
         said = -SAY_EVERY_S
         with self._client() as client:
-            delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
             self._publish(client, state=WAITING)
             while True:
                 if (why := stop_check()) is not None:
@@ -219,6 +223,8 @@ class GangSlots:
                                 put_variable(client, PREEMPT_PREFIX + key(v), {"by": self.entry.job_id, "at": time.time()})
                             self.lease = _increment(client, self.names, self.need)
                             if self.lease is not None:
+                                # Requests are written under this lock: one left from before this start is stale.
+                                delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
                                 self.entry = self._publish(client, state=RUNNING, started_s=time.time(), nodes=d.nodes)
                                 break
                 else:
