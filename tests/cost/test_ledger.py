@@ -4,7 +4,6 @@ real MLflow SQLite store written by the same functions the ladder uses."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 import pytest
 import yaml
