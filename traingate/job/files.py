@@ -5,7 +5,13 @@
     last_words.rank<r>.json   a rank that caught an error, just before it exits
     result.json               rank 0's verdict and metrics when the process ends
     progress.jsonl            intermediate validation, one line per evaluation (sweeps prune on it)
+    metrics.jsonl             rank 0, one line per step: loss, gradient norm, lr, step and data-wait time
+    alerts.jsonl              the supervisor's monitor: one line per alert that fired, and what was done
     supervisor.json           the supervisor's attempts and final verdict (for `traingate resume`)
+
+and one file of the run directory:
+
+    logbook.jsonl             what happened to the run, one line per event (alerts, actions, roll-backs)
 
 Writes are atomic (temporary file + rename): a reader sees the old file or the new one,
 never half of one. A file that is missing or unreadable reads as None / empty: it is
@@ -31,6 +37,9 @@ from traingate.redact import redact_tree
 JOB = "job.json"
 RESULT = "result.json"
 PROGRESS = "progress.jsonl"
+METRICS = "metrics.jsonl"
+ALERTS = "alerts.jsonl"
+LOGBOOK = "logbook.jsonl"
 SUPERVISOR = "supervisor.json"
 STDOUT = "stdout.log"
 # Written anew by every launch: a launch must not be judged by its predecessor's heartbeats or verdict.
@@ -72,6 +81,8 @@ class Heartbeat:
     first_step_time: float | None = None   # this launch's first completed step (time to recovery ends here)
     phase: str = "train"                   # train | preempting | finishing: outside "train" slow is not hung
     restart_count: int = 0                 # torchrun's in-place restarts of the worker group
+    step_time_s: float | None = None       # this rank's last step (straggler and step-time alerts)
+    data_wait_s: float | None = None       # of which waiting for its batch
     # When this process started, finished its imports, joined the group and loaded its checkpoint
     # (epoch seconds): where a restart's time goes.
     timeline: dict[str, float] = field(default_factory=dict)
@@ -152,19 +163,115 @@ def clear_launch_files(stage_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-# ---------------------------------------------------------------- progress
+# ---------------------------------------------------------------- progress, metrics, alerts, logbook
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
 
 def append_progress(stage_dir: Path, record: dict[str, Any]) -> None:
     """One evaluation: ``{step, time, val_loss, ...}``. Appended whole, so a reader never sees half a line."""
-    with open(stage_dir / PROGRESS, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    _append(stage_dir / PROGRESS, record)
 
 
-class ProgressFollower:
-    """Reads the lines a running trainer appends to progress.jsonl, each once."""
+@dataclass
+class StepMetrics:
+    """One training step as rank 0 saw it (the global loss; rank 0's own times)."""
+    step: int
+    time: float
+    loss: float            # NaN/inf stay as written: the non-finite rule needs them
+    grad_norm: float
+    lr: float
+    step_time_s: float
+    data_wait_s: float
+    attempt: int = 0
 
-    def __init__(self, stage_dir: Path):
-        self.path, self.offset = stage_dir / PROGRESS, 0
+
+class MetricsWriter:
+    """metrics.jsonl, appended by rank 0 each step. Buffered: the supervisor reads it about once a
+    second, so a line costs a string format and no system call; ``flush`` at most every
+    ``flush_s`` seconds and always at the end. A killed rank loses at most that much of the file."""
+
+    def __init__(self, stage_dir: Path, flush_s: float = 0.5):
+        self.f = open(stage_dir / METRICS, "a", buffering=1 << 16)
+        self.flush_s, self.flushed = flush_s, 0.0
+
+    def write(self, m: StepMetrics) -> None:
+        self.f.write(json.dumps(asdict(m)) + "\n")
+        if m.time - self.flushed >= self.flush_s:
+            self.f.flush()
+            self.flushed = m.time
+
+    def close(self) -> None:
+        if not self.f.closed:
+            self.f.close()
+
+
+@dataclass
+class AlertRecord:
+    """An alert that fired in a stage, and what the supervisor did about it."""
+    time: float
+    stage: str
+    rule: str
+    severity: str
+    action: str
+    at: float              # the step (or epoch seconds) at which the condition first held
+    message: str           # one line, naming the runbook section
+    attempt: int = 0
+    outcome: str = ""      # what was done: "notified", "paused", "rolled back to step 40", ...
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def append_alert(stage_dir: Path, alert: AlertRecord) -> None:
+    _append(stage_dir / ALERTS, redact_tree(asdict(alert)))
+
+
+def read_alerts(stage_dir: Path) -> list[AlertRecord]:
+    return [a for d in _read_lines(stage_dir / ALERTS) if (a := _build(AlertRecord, d)) is not None]
+
+
+@dataclass
+class LogbookEntry:
+    """One line of the run's logbook: what happened, where, and why (the OPT-175B logbook, kept for you)."""
+    time: float
+    stage: str
+    kind: str              # alert | rollback | pause | stop | quarantine | restart | budget
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def append_logbook(run_dir: Path, entry: LogbookEntry) -> None:
+    _append(run_dir / LOGBOOK, redact_tree(asdict(entry)))
+
+
+def read_logbook(run_dir: Path) -> list[LogbookEntry]:
+    return [e for d in _read_lines(run_dir / LOGBOOK) if (e := _build(LogbookEntry, d)) is not None]
+
+
+def read_metrics(stage_dir: Path) -> list[StepMetrics]:
+    return [m for d in _read_lines(stage_dir / METRICS) if (m := _build(StepMetrics, d)) is not None]
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+class Follower:
+    """Reads the lines a running writer appends to a JSON-lines file, each once."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
 
     def new(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -175,6 +282,13 @@ class ProgressFollower:
         complete = chunk[:chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next call
         self.offset += len(complete)
         return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+class ProgressFollower(Follower):
+    """The evaluations a running trainer appends to progress.jsonl, each once."""
+
+    def __init__(self, stage_dir: Path):
+        super().__init__(stage_dir / PROGRESS)
 
 
 # ---------------------------------------------------------------- supervisor state
