@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from traingate.monitor.rules import AlertsSpec
 from traingate.sweep.config import MAX_SECONDS, MAX_SEED, SpecModel, SweepSpec, check_name
 
 STAGES = ("unit", "smoke", "canary", "full")
@@ -281,6 +282,8 @@ def _default_pools() -> dict[str, PoolSpec]:
 
 class BudgetSpec(_Section):
     max_cost_usd: float | None = Field(default=None, ge=0, description="refuse a stage estimated above this")
+    max_run_usd: float | None = Field(default=None, ge=0, description="the whole run's spend: warned at "
+                                      "alerts.budget_warning.fraction, paused (resumable) when crossed mid-run")
 
 
 class RunSpec(_Section):
@@ -295,6 +298,7 @@ class RunSpec(_Section):
     supervision: SupervisionSpec = SupervisionSpec()
     tracking: TrackingSpec = TrackingSpec()
     budget: BudgetSpec = BudgetSpec()
+    alerts: AlertsSpec = AlertsSpec()
     pools: dict[str, PoolSpec] = Field(default_factory=_default_pools)
     sweep: SweepSpec | None = Field(default=None, description="hyperparameter sweep (traingate sweep SPEC)")
 

@@ -81,8 +81,11 @@ class Heartbeat:
     first_step_time: float | None = None   # this launch's first completed step (time to recovery ends here)
     phase: str = "train"                   # train | preempting | finishing: outside "train" slow is not hung
     restart_count: int = 0                 # torchrun's in-place restarts of the worker group
-    step_time_s: float | None = None       # this rank's last step (straggler and step-time alerts)
+    step_time_s: float | None = None       # this rank's last step
     data_wait_s: float | None = None       # of which waiting for its batch
+    # [step, busy seconds] of this rank's last steps: its own work before the step's first collective
+    # (synchronous data parallelism evens out whole step times; a straggler shows in this).
+    recent: list[list[float]] = field(default_factory=list)
     # When this process started, finished its imports, joined the group and loaded its checkpoint
     # (epoch seconds): where a restart's time goes.
     timeline: dict[str, float] = field(default_factory=dict)

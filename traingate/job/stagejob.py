@@ -43,6 +43,17 @@ class JobKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class Rollback:
+    """A roll-back the supervisor ordered: resume at ``to_step`` (the last checkpoint before the event at
+    ``at_step``), draw and discard the next ``skip`` batches, and train on at ``lr_scale`` x the schedule."""
+    to_step: int
+    at_step: int
+    skip: int
+    lr_scale: float
+    rule: str
+
+
+@dataclass(frozen=True)
 class StageJob:
     spec: RunSpec
     run_id: str
@@ -76,6 +87,11 @@ class StageJob:
     stop_at_step: int | None = None
     eval_every: int = 0
     faults: str | None = None     # a fault plan (drills and tests; traingate.runtime.inject)
+    rollbacks: tuple[Rollback, ...] = ()   # this stage's roll-backs so far, oldest first
+    # money: the budget that applies (None: none) and what its scope had spent before this stage began
+    budget_usd: float | None = None
+    budget_scope: str = "run"
+    spent_before_usd: float = 0.0
 
     # ---------------------------------------------------------------- derived facts
     @property
@@ -99,6 +115,18 @@ class StageJob:
     def checkpoint_every_steps(self) -> int | None:
         return self.spec.checkpoint.every_steps
 
+    def lr_scale_at(self, step: int) -> float:
+        """The learning-rate factor of the roll-backs that went back to ``step`` or before."""
+        scale = 1.0
+        for r in self.rollbacks:
+            if r.to_step <= step:
+                scale *= r.lr_scale
+        return scale
+
+    def batches_to_skip(self, resumed_at: int) -> int:
+        """Batches to draw and discard after resuming at ``resumed_at`` (the roll-backs that went back there)."""
+        return sum(r.skip for r in self.rollbacks if r.to_step == resumed_at)
+
     # ---------------------------------------------------------------- attempts
     def next_attempt(self, cause: Cause | str, fault_ts: float | None, spec: RunSpec | None = None) -> "StageJob":
         """The relaunch after a failure: same job, next attempt, the cause recorded (and a changed
@@ -113,6 +141,7 @@ class StageJob:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["spec"] = self.spec.to_dict()
+        d["rollbacks"] = [dataclasses.asdict(r) for r in self.rollbacks]
         return d
 
     @classmethod
@@ -122,6 +151,7 @@ class StageJob:
         d["kind"] = JobKind(d["kind"])
         if d.get("restart_cause"):
             d["restart_cause"] = Cause(d["restart_cause"])
+        d["rollbacks"] = tuple(Rollback(**r) for r in d.get("rollbacks") or ())
         return cls(**d)
 
     def write(self) -> Path:

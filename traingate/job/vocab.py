@@ -37,6 +37,8 @@ class Cause(StrEnum):
     USER_ERROR = "user_error"                 # bad config, a bug in recipe code, a refused checkpoint
     TIMEOUT = "timeout"                       # the stage's own time limit
     ORCHESTRATOR_LOST = "orchestrator_lost"   # the supervisor died; the tree checkpointed and exited
+    ROLLBACK = "rollback"                     # an alert rolled the stage back to a checkpoint before it
+    ALERT = "alert"                           # an alert's action stopped the stage for good
 
 
 # A restart from the latest checkpoint can fix these; it cannot fix a bad config, a bug, NaN math or a

@@ -113,7 +113,10 @@ class _StateRuleSpec(RuleSpec):
 
 
 class NonfiniteLossSpec(_StateRuleSpec):
-    pass
+    # The training loop already skips a non-finite update and stops the stage as diverged past
+    # optim.nonfinite_tolerance: by default this alert only tells. `rollback` also skips the batches.
+    severity: Severity = Severity.WARNING
+    action: Action = Action.NOTIFY
 
 
 class LossSpikeSpec(_StateRuleSpec):
@@ -196,8 +199,21 @@ class NoProgressSpec(RuleSpec):
     action: Action = Action.PAUSE
 
 
+class RollbackSpec(SpecModel):
+    """What a roll-back does besides going back to the last checkpoint before the event."""
+    skip_batches: bool = Field(default=True, description="skip the batches from that checkpoint up to and "
+                                                          "including the offending step")
+    lr_scale: float = Field(default=1.0, gt=0, le=1, description="multiply the learning rate by this from the "
+                                                                 "roll-back on (compounds over roll-backs)")
+    max_rollbacks: int = Field(default=3, ge=0, description="per stage; one more firing pauses the run instead")
+
+
 class AlertsSpec(SpecModel):
-    """Every rule's thresholds, severity and action (the spec's ``alerts:`` section once wired)."""
+    """The spec's ``alerts:`` section: every rule's thresholds, severity and action, and how a roll-back
+    mitigates. The supervisor evaluates them about once a second while a stage trains."""
+    enabled: bool = True
+    every_s: float = Field(default=1.0, gt=0, le=60, description="how often the supervisor evaluates the rules")
+    rollback: RollbackSpec = RollbackSpec()
     nonfinite_loss: NonfiniteLossSpec = NonfiniteLossSpec()
     loss_spike: LossSpikeSpec = LossSpikeSpec()
     stagnation: StagnationSpec = StagnationSpec()

@@ -554,6 +554,18 @@ class Checkpointer:
                 out[step] = manifest
         return out
 
+    def discard_after(self, step: int) -> list[int]:
+        """Remove every checkpoint after ``step`` (a roll-back: they hold the state the run went back
+        from, and no later restart may resume from them). Returns the steps removed."""
+        self.wait()
+        removed = []
+        for entry in self.storage.listdir():
+            m = _STEP_DIR.match(entry)
+            if m and int(m.group(1)) > step and not self.storage.is_link(entry):
+                self.storage.rm(entry)
+                removed.append(int(m.group(1)))
+        return sorted(removed)
+
     def list_steps(self) -> list[int]:
         """Steps with a readable manifest, ascending (contents not yet verified)."""
         return sorted(self._complete())

@@ -12,7 +12,8 @@ Kinds: ``kill`` SIGKILL this rank (worker lost) - ``stop`` SIGSTOP this rank (ha
 fails with EIO - ``oom`` raise torch.OutOfMemoryError - ``nan`` poison the weights
 (divergence) - ``ctimeout`` raise the error a timed-out collective raises - ``error``
 raise a RuntimeError, as a bug in recipe code would - ``slow`` from that step on, the rank
-sleeps 0.1 s every step (a straggler; not one-shot: it lasts as long as the variable is set).
+sleeps 0.1 s every step (a straggler; not one-shot: it lasts as long as the variable is set) -
+``spike`` multiply every weight by 8: the loss jumps and stays up (a loss spike to roll back from).
 
 >>> [f.token for f in parse("kill@7:1, io@10")]
 ['kill@7:1', 'io@10']
@@ -31,8 +32,9 @@ from typing import Any, Callable
 from traingate.job import envvars
 
 ENV = envvars.INJECT
-KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow")
+KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow", "spike")
 SLOW_STEP_S = 0.1
+SPIKE_FACTOR = 8.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class Injector:
         """Called at the top of each training step with the number of steps done so far."""
         if any(f.kind == "slow" and step >= f.step for f in self.faults):
             time.sleep(SLOW_STEP_S)
-        f = self._take(("kill", "stop", "term", "oom", "nan", "ctimeout", "error"), step, exact=True)
+        f = self._take(("kill", "stop", "term", "oom", "nan", "ctimeout", "error", "spike"), step, exact=True)
         if f is None:
             return
         if f.kind == "kill":
@@ -115,6 +117,14 @@ class Injector:
             with torch.no_grad():
                 for p in model.parameters():
                     p.fill_(float("nan"))
+        elif f.kind == "spike":
+            import torch
+
+            # A bad update's aftermath: weights blown up, the loss jumps and stays up. Once per stage
+            # (its marker), so a roll-back past it trains on as if the bad batch had been skipped.
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(SPIKE_FACTOR)
         elif f.kind == "oom":
             import torch
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -56,16 +57,17 @@ class Outcome:
     exit_code: int = exitcodes.OK
 
 
-def _lr_lambda(spec: RunSpec, total_steps: int):
+def _lr_lambda(spec: RunSpec, total_steps: int, scale: Callable[[], float] = lambda: 1.0):
+    """The schedule; ``scale()`` is the roll-backs' factor (read at every step: it is set on resume)."""
     warm, sched = spec.optim.warmup_steps, spec.optim.schedule
 
     def f(step: int) -> float:
         if warm and step < warm:
-            return (step + 1) / warm
+            return scale() * (step + 1) / warm
         if sched == "constant":
-            return 1.0
+            return scale()
         progress = min(1.0, (step - warm) / max(1, total_steps - warm))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return scale() * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
     return f
 
 
@@ -97,7 +99,9 @@ class Trainer:
         else:
             self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.max_steps))
+        self.lr_scale = 1.0  # the roll-backs' learning-rate factor, set on resume
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.max_steps,
+                                                                            lambda: self.lr_scale))
         self.scaler = torch.amp.GradScaler("cuda", enabled=d.device.type == "cuda")
         self.micro = spec.optim.batch_size
         self.accum = spec.optim.grad_accum
@@ -106,6 +110,10 @@ class Trainer:
         self._recent_losses: list[float] = []  # since the last save: the checkpoint's train_loss (keep_best)
         self.injector = inject.Injector.from_plan(instruments.inject, d.rank, self.out_dir)  # drills and tests only
         self._start_step, self._first_step_time = 0, None
+        self._last_dt: float | None = None
+        self._busy: deque[list[float]] = deque(maxlen=16)  # [step, busy s]: the straggler rule's input
+        # Rank 0's per-step record for the supervisor's alert rules (and `traingate watch`).
+        self.metrics_out = files.MetricsWriter(self.out_dir) if d.is_main and job.spec.alerts.enabled else None
         ck = spec.checkpoint
         storage_fault = self.injector.storage_hook if self.injector.faults else None
         self.ckpt = Checkpointer(job.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best,
@@ -186,6 +194,21 @@ class Trainer:
         self.step = int(ts["step"])
         return self.step
 
+    def _apply_rollbacks(self) -> None:
+        """A roll-back's mitigation, when this launch resumes where one went back to: skip the offending
+        batches (every rank draws the same ones) and scale the learning rate from here on."""
+        if not self.job.rollbacks:
+            return
+        skip = self.job.batches_to_skip(self.step)
+        for _ in range(skip):
+            self.sampler.next_batch()
+        self.lr_scale = self.job.lr_scale_at(self.step)
+        for group, base in zip(self.opt.param_groups, self.sched.base_lrs):
+            group["lr"] = base * self.sched.lr_lambdas[0](self.sched.last_epoch)
+        if self.d.is_main:
+            log.warning("roll-back mitigation at step %d: skipped %d batches, learning rate x%g",
+                        self.step, skip, self.lr_scale)
+
     # ---------------------------------------------------------------- loop
     def _train_step(self) -> tuple[float, float, bool, bool]:
         t_data = time.perf_counter()
@@ -201,6 +224,8 @@ class Trainer:
             ctx = self.model.no_sync() if (self.d.world_size > 1 and not last) else contextlib.nullcontext()
             with ctx:
                 loss = self.recipe.loss(self.model, batch) / self.accum
+                if last:  # the backward of the last micro-batch waits for every rank's gradients
+                    self._busy.append([self.step + 1, time.perf_counter() - t_data])
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         self.scaler.unscale_(self.opt)
@@ -249,11 +274,13 @@ class Trainer:
         files.write_heartbeat(self.out_dir, files.Heartbeat(
             rank=self.d.rank, step=self.step, time=now, pid=os.getpid(), start_step=self._start_step,
             first_step_time=self._first_step_time, phase=phase, restart_count=envvars.inplace_restart_count(),
-            timeline=self.timeline))
+            timeline=self.timeline, step_time_s=self._last_dt, data_wait_s=self.profile.last_data_wait,
+            recent=list(self._busy)))
 
     def run(self) -> Outcome:
         out = Outcome()
         out.resumed_from_step = self.resume()
+        self._apply_rollbacks()
         self.timeline["loaded"] = time.time()
         self.tracker.start_session(out.resumed_from_step, self._restart_cause())
         # A group torchrun restarted in place starts with this process, not with the job's launch.
@@ -280,7 +307,12 @@ class Trainer:
             loss, gnorm, bad, stop = self._train_step()
             dt = time.perf_counter() - t0
             self.profile.step(dt)
+            self._last_dt = dt
             self._heartbeat()
+            if self.metrics_out is not None:
+                self.metrics_out.write(files.StepMetrics(
+                    self.step, time.time(), loss, gnorm, self.sched.get_last_lr()[0], dt, self.profile.last_data_wait,
+                    self.job.attempt))
             if bad:
                 nonfinite_steps += 1
             else:
@@ -324,6 +356,8 @@ class Trainer:
                 self.save()
                 last_ckpt_time = time.monotonic()
         out.steps_done = self.step
+        if self.metrics_out is not None:
+            self.metrics_out.f.flush()  # the supervisor judges the last steps too
         self._heartbeat("finishing")  # final save, evaluation, exit: slow is not hung
         if out.status == Status.COMPLETED:
             self.save()  # the final state is a checkpoint too (the stage's artifact)
@@ -372,6 +406,8 @@ class Trainer:
         finally:
             if self.sample_log is not None:
                 self.sample_log.close()
+            if self.metrics_out is not None:
+                self.metrics_out.close()
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -25,6 +25,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,8 +34,10 @@ from typing import Any, Callable
 
 from traingate import launch, proc
 from traingate.job import envvars, files
-from traingate.job.stagejob import StageJob
+from traingate.job.stagejob import Rollback, StageJob
 from traingate.job.vocab import Cause, Status, status_for
+from traingate.monitor.live import StageMonitor, alert_payload
+from traingate.monitor.rules import Action, Firing
 from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
 from traingate.spec import apply_overrides, parse_spec
@@ -205,6 +208,10 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
                                   restart_fault_ts=last.get("ended_at"))
     record.write(attempts)
     hooks.info(f"{stage}: supervised: hang timeout {hang_s:.1f} s, up to {sup.max_restarts} restarts")
+    started = time.time()
+    monitor = StageMonitor(job.spec.alerts, stage_dir, job.slots, job.price_per_slot_hour, job.budget_usd,
+                           job.spent_before_usd, job.budget_scope, started) \
+        if job.spec.alerts.enabled and job.writes_heartbeats else None
 
     def finish(result: proc.ProcResult, status: Status, error: str | None, stop_reason: str | None,
                cause: Cause | None) -> Supervision:
@@ -223,7 +230,7 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
         cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
         tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, hooks.on_line, TAIL_LINES)
-        watch = _Watch(job, hang_s, attempts, budget, hooks, record)
+        watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started)
         remaining = max(1.0, deadline - time.monotonic())
         try:
             result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree),
@@ -244,6 +251,10 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         watch.observe_end(attempt)
         words = [w for w in words if w.restart_count == watch.restart_count]  # the incarnation that just ended
         attempt.last_words = [asdict(w) for w in words]
+        if watch.rollback is not None:
+            job = _roll_back(job, watch.rollback, attempt, hooks, monitor)
+            record.write(attempts)
+            continue
         runtime = files.read_result(stage_dir)
         oom_retry = sup.oom_halve_batch and oom.smaller_micro_batch(
             job.spec.optim.batch_size, job.spec.optim.grad_accum) is not None
@@ -259,10 +270,14 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
 
         if verdict.completed:
             return finish(result, Status.COMPLETED, None, None, None)
+        if watch.stop is not None and watch.alert_stop is not None and watch.alert_stop.action == Action.STOP:
+            err = f"stopped by alert {watch.stop}"
+            return finish(result, Status.FAILED, err, watch.stop, Cause.ALERT)
         if watch.stop is not None:
-            # Stopped from outside: leave the checkpoint for a resume, do not restart.
+            # Stopped from outside (or paused by an alert): leave the checkpoint for a resume, do not restart.
             written = "written" if verdict.cause == Cause.PREEMPTED else "NOT confirmed"
-            err = (f"preempted: {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
+            how = "paused by alert" if watch.alert_stop is not None else "preempted:"
+            err = (f"{how} {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
                    f"continue with `traingate resume {job.run_id}`")
             return finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED)
         status = status_for(verdict.cause)
@@ -302,9 +317,12 @@ class _Watch:
     """What the supervisor does every tick while one launch runs."""
 
     def __init__(self, job: StageJob, hang_s: float, attempts: list[Attempt], budget: RetryBudget, hooks: Hooks,
-                 record: _Record):
+                 record: _Record, monitor: StageMonitor | None = None, started: float = 0.0):
         self.job, self.hang_s, self.attempts, self.budget, self.hooks = job, hang_s, attempts, budget, hooks
         self.record = record
+        self.monitor, self.started = monitor, started
+        self.rollback: Rollback | None = None     # an alert ordered a roll-back: the tree is being killed
+        self.alert_stop: Firing | None = None     # an alert paused or stopped the stage
         self.inplace_cause: Cause | None = None   # why the next in-place restart happens, when we caused it
         self.inplace_detail = ""
         self.stage_dir = Path(job.stage_dir)
@@ -356,6 +374,19 @@ class _Watch:
             return False
         beats = {r: b for r, b in beats.items() if b.restart_count == self.restart_count}
         self._track(beats)
+        if self.monitor is not None and self.rollback is None:
+            self.monitor.observe(beats, now)
+            restarts = [a.ended_at for a in self.attempts[:-1] if a.ended_at and a.cause != Cause.ROLLBACK]
+            stop = False
+            for firing in self.monitor.poll(now, now - self.started, restarts):
+                if self.rollback is not None or self.alert_stop is not None:
+                    # One action at a time: a spike usually trips the gradient-norm rule at the same step.
+                    self._record_alert(firing, "no further action: the stage is already being "
+                                       f"{'rolled back' if self.rollback is not None else 'stopped'}")
+                    continue
+                stop = self._act(firing, tree) or stop
+            if stop:
+                return True
         # A rank that wrote last words is exiting on a caught error; its peers wait on it in a
         # collective until torchrun tears the group down. That is a failure in progress, not a hang.
         failing = set(beats) if words else set()
@@ -380,6 +411,59 @@ class _Watch:
             self.ckpt_check = now
             self._check_staleness(beats[0], now)
         return False
+
+    def _act(self, f: Firing, tree: proc.ProcessTree) -> bool:
+        """Carry out an alert's action; True: stop the tree with SIGTERM (its emergency checkpoint)."""
+        stage = self.job.stage
+        action = f.action
+        rb = self.job.spec.alerts.rollback
+        if action == Action.ROLLBACK and len(self.job.rollbacks) >= rb.max_rollbacks:
+            action = Action.PAUSE
+            outcome = f"paused: alerts.rollback.max_rollbacks ({rb.max_rollbacks}) roll-backs already done"
+        elif action == Action.ROLLBACK:
+            steps = Checkpointer(self.job.checkpoint_uri, async_save=False).list_steps()
+            at = int(f.at)
+            to = max((s for s in steps if s < at), default=0)
+            self.rollback = Rollback(to_step=to, at_step=at, skip=at - to if rb.skip_batches else 0,
+                                     lr_scale=rb.lr_scale, rule=str(f.rule))
+            outcome = (f"rolling back to step {to} ({'checkpoint' if to else 'the start: no checkpoint before it'}),"
+                       f" skipping {self.rollback.skip} batches, learning rate x{rb.lr_scale:g}")
+        elif action == Action.QUARANTINE:
+            # One host per stage here: leaving it out of the next launch leaves nothing to launch on.
+            host = socket.gethostname()
+            _quarantine(self.job, host, f)
+            action = Action.PAUSE
+            outcome = (f"host {host} quarantined (run directory quarantine.json); paused: no other host for this "
+                       f"stage; resume on a healthy host with `traingate resume {self.job.run_id}`")
+        else:
+            outcome = {Action.NOTIFY: "notified", Action.PAUSE: "paused at an emergency checkpoint; continue with "
+                       f"`traingate resume {self.job.run_id}`", Action.STOP: "stopped for good"}[action]
+        self._record_alert(f, outcome)
+        if action == Action.ROLLBACK:
+            tree.stop_requested = True
+            tree.signal_group(signal.SIGKILL)  # no emergency checkpoint: it would save the state gone bad
+            return False
+        if action in (Action.PAUSE, Action.STOP):
+            self.alert_stop = dataclasses.replace(f, action=action)
+            self.stop = f"{f.rule}: {f.message}"
+            self.hooks.info(f"{stage}: {action} by alert {f.rule}: SIGTERM to the tree, "
+                            f"{self.job.spec.supervision.preempt_grace_s:.0f} s grace for the emergency checkpoint")
+            return True
+        return False
+
+    def _record_alert(self, f: Firing, outcome: str) -> None:
+        """Every firing: a line in alerts.jsonl and in the run's logbook, the log, and the caller's hook
+        (a Prefect event and an MLflow tag in the launch task)."""
+        now = time.time()
+        payload = {**alert_payload(f, self.job.stage, self.job.attempt), "outcome": outcome}
+        files.append_alert(self.stage_dir, files.AlertRecord(
+            time=now, stage=self.job.stage, rule=str(f.rule), severity=str(f.severity), action=str(f.action),
+            at=f.at, message=f.message, attempt=self.job.attempt, outcome=outcome, values=payload["values"]))
+        files.append_logbook(Path(self.job.run_dir), files.LogbookEntry(
+            time=now, stage=self.job.stage, kind="alert", text=f"{f.message} -> {outcome}", data=payload))
+        self.hooks.info(f"{self.job.stage}: ALERT {f.severity} {f.message} -> {outcome}")
+        if self.hooks.on_alert is not None:
+            self.hooks.on_alert(f"alert.{f.rule}", payload)
 
     def _track(self, beats: dict[int, files.Heartbeat]) -> None:
         a = self.attempts[-1]
@@ -455,6 +539,35 @@ class _Watch:
             if self.hooks.on_alert is not None:
                 self.hooks.on_alert("checkpoint.stale", {"stage": self.job.stage, "reason": why, "step": beat.step,
                                                          "last_checkpoint_step": last_step})
+
+
+def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, monitor: StageMonitor | None) -> StageJob:
+    """After the tree was killed for a roll-back: remove the checkpoints after the target (they hold the
+    state gone bad), log it, and return the next attempt's job carrying the mitigation."""
+    attempt.cause, attempt.retryable = Cause.ROLLBACK, True
+    attempt.detail = f"{rb.rule} at step {rb.at_step}: back to step {rb.to_step}"
+    removed = Checkpointer(job.checkpoint_uri, async_save=False).discard_after(rb.to_step)
+    text = (f"rolled back from step {attempt.end_step} to step {rb.to_step} after {rb.rule} at step {rb.at_step}: "
+            f"skipping {rb.skip} batches, learning rate x{rb.lr_scale:g}, checkpoints removed: {removed or 'none'}")
+    hooks.info(f"{job.stage}: {text}")
+    files.append_logbook(Path(job.run_dir), files.LogbookEntry(
+        time=time.time(), stage=job.stage, kind="rollback", text=text,
+        data={**asdict(rb), "from_step": attempt.end_step, "removed_checkpoints": removed}))
+    if hooks.on_alert is not None:
+        hooks.on_alert("run.rolled_back", {"stage": job.stage, **asdict(rb), "from_step": attempt.end_step})
+    nxt = job.next_attempt(Cause.ROLLBACK, attempt.ended_at)
+    nxt = dataclasses.replace(nxt, rollbacks=(*job.rollbacks, rb))
+    if monitor is not None:
+        monitor.rewind(rb.to_step, nxt.attempt)
+    return nxt
+
+
+def _quarantine(job: StageJob, host: str, f: Firing) -> None:
+    path = Path(job.run_dir) / "quarantine.json"
+    entries = files.read_json(path) or []
+    entries.append({"host": host, "stage": job.stage, "rule": str(f.rule), "message": f.message,
+                    "time": time.time(), "rank": f.values.get("rank")})
+    files.write_json(path, entries)
 
 
 def _disk_full(e: OSError | None) -> bool:

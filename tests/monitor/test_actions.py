@@ -1,0 +1,115 @@
+"""Alerts acting on real runs: the supervisor's monitor over a real torchrun tree (CPU, gloo).
+
+A loss spike (weights blown up by an injected fault) is rolled back to the checkpoint before it and
+the stage finishes with a finite loss; the same spike with ``action: pause`` stops at an emergency
+checkpoint that `resume` continues; a run that crosses its budget mid-way is paused and resumes
+once the budget is raised. The logbook and alerts.jsonl say what happened.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from traingate.job import files
+from traingate.job.stagejob import derive
+from traingate.job.vocab import Cause, Status
+from traingate.runtime.checkpoint import Checkpointer
+from traingate.settings import Settings
+from traingate.spec import load_spec
+from traingate.supervision.supervisor import Hooks, read_state, supervise
+
+# 1 process, 0.1 s a step (the `slow` fault): long enough for the monitor (1 s cadence) to see the spike.
+SPEC = """
+resources: {procs_per_node: 1}
+stages: {full: {max_steps: 60}}
+checkpoint: {every_steps: 10, keep_last: 10}
+tracking: {enabled: false}
+supervision: {backoff_base_s: 0.2, hang_timeout_s: 20, preempt_grace_s: 20}
+"""
+
+
+def _run(tiny_spec, tmp_path, faults: str, *overrides: str, name: str = "run", resumed=None, **job_changes):
+    spec = load_spec(tiny_spec(SPEC, name=f"{name}.yaml"), list(overrides))
+    job = derive(spec, "full", run_id=name, run_dir=tmp_path / name, settings=Settings.from_env(),
+                 faults=faults or None)
+    job = dataclasses.replace(job, **job_changes)
+    events: list[tuple[str, dict]] = []
+    log: list[str] = []
+    sup = supervise(job, hooks=Hooks(info=log.append, on_alert=lambda n, e: events.append((n, e))), seed=0,
+                    resumed=resumed)
+    return sup, job, events, log
+
+
+def _final_loss(stage_dir: Path) -> float:
+    return files.read_metrics(stage_dir)[-1].loss
+
+
+@pytest.mark.slow
+def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_the_stage_finishes_finite(
+        tiny_spec, state_dir, tmp_path):
+    sup, job, events, log = _run(tiny_spec, tmp_path, "slow@0,spike@33")
+    stage_dir = Path(job.stage_dir)
+
+    assert sup.status == Status.COMPLETED, sup.error
+    assert [a.cause for a in sup.attempts] == [Cause.ROLLBACK, None]
+    rb = sup.job.rollbacks[0]
+    assert (rb.rule, rb.at_step, rb.to_step, rb.skip) == ("loss-spike", 34, 30, 4)
+    # The next launch resumed at the checkpoint before the spike, not at one written after it.
+    assert sup.attempts[1].start_step == 30
+    alerts = files.read_alerts(stage_dir)
+    # The blown-up weights trip the gradient-norm rule at the same step: recorded, one action taken.
+    assert [a.rule for a in alerts] == ["loss-spike", "grad-norm-explosion"]
+    assert alerts[0].outcome.startswith("rolling back to step 30") and "runbooks.md#loss-spike" in alerts[0].message
+    assert alerts[1].outcome.startswith("no further action")
+    kinds = [e.kind for e in files.read_logbook(Path(job.run_dir))]
+    assert kinds == ["alert", "alert", "rollback"]
+    assert [n for n, _ in events] == ["alert.loss-spike", "alert.grad-norm-explosion", "run.rolled_back"]
+    # It went on past the spike: every step to the end, a finite loss back near where it was before.
+    metrics = [m for m in files.read_metrics(stage_dir) if m.attempt == sup.attempts[1].number]
+    assert metrics[0].step == 31 and metrics[-1].step == 60
+    before = [m.loss for m in files.read_metrics(stage_dir) if m.attempt == 0 and 20 < m.step <= 30]
+    assert math.isfinite(_final_loss(stage_dir)) and _final_loss(stage_dir) < 2 * max(before)
+    assert Checkpointer(job.checkpoint_uri, async_save=False).list_steps()[-1] == 60
+
+
+@pytest.mark.slow
+def test_a_spike_with_action_pause_stops_at_an_emergency_checkpoint_and_resume_finishes(tiny_spec, state_dir,
+                                                                                        tmp_path):
+    sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@33", "alerts.loss_spike.action=pause", name="paused")
+    assert sup.status == Status.PREEMPTED
+    assert sup.error.startswith("paused by alert loss-spike") and "traingate resume paused" in sup.error
+    ck = Checkpointer(job.checkpoint_uri, async_save=False)
+    stopped_at = ck.list_steps()[-1]
+    assert 34 < stopped_at < 60  # an emergency checkpoint where it stopped, past the spike
+    assert files.read_alerts(Path(job.stage_dir))[0].action == "pause"
+
+    again, _, _, _ = _run(tiny_spec, tmp_path, "slow@0", "alerts.loss_spike.enabled=false", name="paused",
+                          resumed=read_state(Path(job.stage_dir)))
+    assert again.status == Status.COMPLETED, again.error
+    assert again.attempts[0].start_step == stopped_at
+
+
+@pytest.mark.slow
+def test_a_run_crossing_its_budget_mid_stage_is_paused_and_resumes_when_the_budget_is_raised(
+        tiny_spec, state_dir, tmp_path):
+    # $100 a slot-hour on one slot: about 2.8 cents a second, 200 steps of 0.1 s; earlier stages already
+    # spent $0.05 of the $0.35: the stage crosses the budget about 11 s after its launch.
+    price = "pools.cpu-local.price_per_gpu_hour=100"
+    steps = "stages.full.max_steps=200"
+    sup, job, events, _ = _run(tiny_spec, tmp_path, "slow@0", price, steps, name="budget",
+                               budget_usd=0.35, spent_before_usd=0.05)
+    assert sup.status == Status.PREEMPTED and sup.error.startswith("paused by alert budget-exhausted"), sup.error
+    rules = [a.rule for a in files.read_alerts(Path(job.stage_dir))]
+    assert rules == ["budget-warning", "budget-exhausted"]
+    paused_at = Checkpointer(job.checkpoint_uri, async_save=False).list_steps()[-1]
+    assert 0 < paused_at < 200
+    exhausted = [e for n, e in events if n == "alert.budget-exhausted"][0]
+    assert exhausted["values"]["budget_usd"] == 0.35 and exhausted["values"]["spent_usd"] >= 0.35
+
+    again, _, _, _ = _run(tiny_spec, tmp_path, "slow@0", price, steps, name="budget", budget_usd=10.0,
+                          spent_before_usd=0.35, resumed=read_state(Path(job.stage_dir)))
+    assert again.status == Status.COMPLETED, again.error
+    assert again.attempts[-1].start_step == paused_at
