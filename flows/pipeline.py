@@ -31,7 +31,7 @@ from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
 from traingate.settings import Settings
-from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
+from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.validate import check_spec, preflight
@@ -109,6 +109,9 @@ class ResumeFrom(BaseModel):
     """Continue an earlier run: its interrupted stage from the latest checkpoint, then the rest."""
     run_id: str = Field(min_length=1, description="the traingate run id (`traingate run` printed it)")
     stage: Stage | None = Field(default=None, description="default: the run's first unfinished training stage")
+    overrides: list[str] = Field(default_factory=list, description="spec changes for the rest of the run, e.g. "
+                                 "budget.max_run_usd=20 after a budget pause (a checkpoint refuses changes it "
+                                 "depends on)")
 
 
 @flow(name="ladder", log_prints=True)
@@ -124,6 +127,9 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
+        if resume_from.overrides:
+            spec = parse_spec(apply_overrides(spec.to_dict(), resume_from.overrides))
+            write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")  # later resumes see them
         stages = [s for s in stages_until(until) if s in point.remaining]
     elif spec is not None:
         point = None

@@ -19,8 +19,13 @@ from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from mlflow.exceptions import MlflowException
+
 from tasks import slots
 from traingate import outcomes
+from traingate.monitor.live import run_spend_usd
+from traingate.settings import Settings
+from traingate.tracking import runs
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.redact import redact_tree
@@ -49,13 +54,17 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
+    if job.budget_usd is None and job.spec.budget.max_run_usd is not None:
+        # The run's budget: what its stages spent so far (this one's earlier attempts included) counts.
+        job = dataclasses.replace(job, budget_usd=job.spec.budget.max_run_usd, budget_scope="run",
+                                  spent_before_usd=run_spend_usd(Path(job.run_dir)))
     gang = slots.for_job(job, say=log.info)
     with get_client(sync_client=True) as client:
         cancelled = _cancel_watch(client)
         stopping = _either(stop_request, cancelled)
         hooks = Hooks(on_line=log.info, info=log.info,
                       on_restart=lambda e: _emit("traingate.run.restarted", job, e),
-                      on_alert=lambda name, e: _emit(f"traingate.{name}", job, e),
+                      on_alert=lambda name, e: _alert(name, job, e, log),
                       stop_requested=_either(stop_request, cancelled, watcher.tick if watcher is not None else None,
                                              gang.preempt_requested if gang is not None else None))
         t0 = time.monotonic()
@@ -118,10 +127,30 @@ def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None
     return check
 
 
-def _emit(event: str, job: StageJob, payload: dict[str, Any]) -> None:
+def _emit(event: str, job: StageJob, payload: dict[str, Any], **labels: str) -> None:
+    """A Prefect event on the run's resource; ``labels`` are further resource labels Automations can match."""
     emit_event(event=event, resource={"prefect.resource.id": f"traingate.run.{job.run_id}",
-                                      "traingate.stage": job.stage, "traingate.kind": str(job.kind)},
+                                      "traingate.stage": job.stage, "traingate.kind": str(job.kind),
+                                      **{f"traingate.{k}": v for k, v in labels.items()}},
                payload=redact_tree(payload))
+
+
+def _alert(name: str, job: StageJob, payload: dict[str, Any], log: Any) -> None:
+    """An alert or a roll-back: a Prefect event (Automations notify or act on it) and, for an alert
+    rule's firing, a tag and a metric on the stage's MLflow run."""
+    labels = {"severity": str(payload["severity"]), "action": str(payload["action"])} if "severity" in payload else {}
+    _emit(f"traingate.{name}", job, payload, **labels)
+    if not name.startswith("alert.") or not job.tracking_uri or not job.mlflow_run_id:
+        return
+    rule = payload["rule"]
+    try:
+        client = runs.client(Settings.from_env().tracking_uri)
+        client.set_tag(job.mlflow_run_id, f"traingate.alert.{rule}", f"{payload['message']} -> {payload['outcome']}")
+        client.log_metric(job.mlflow_run_id, f"alerts/{rule}", 1.0, step=int(payload["at"]))
+    except (MlflowException, OSError) as e:
+        # The tracking store being down must not take the supervision with it; the alert is in
+        # alerts.jsonl, the logbook and the event.
+        log.warning("alert %s not recorded in MLflow: %s", rule, e)
 
 
 def _cancel_watch(client: Any) -> Callable[[], str | None]:

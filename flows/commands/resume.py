@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until", choices=STAGES, default="full", help="last stage to run (default: full)")
     p.add_argument("--stage", choices=STAGES, default=None,
                    help="stage to resume (default: the run's first unfinished stage)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
+                        "budget pause (repeatable; a checkpoint refuses changes its state depends on)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -27,6 +30,10 @@ def main(args: argparse.Namespace) -> int:
 
     point = resume_point(Settings.from_env(), args.run_id, args.stage)  # a bad run id: one line, exit 2
     check_refs(point.spec.to_dict())  # its ${env:} secrets must be exported again here: one line if not
+    if args.overrides:  # a bad --set: one line, exit 2, before anything starts
+        from traingate.spec import apply_overrides, parse_spec
+
+        parse_spec(apply_overrides(point.spec.to_dict(), args.overrides))
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2
@@ -34,7 +41,8 @@ def main(args: argparse.Namespace) -> int:
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
     try:
-        state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage), return_state=True)
+        state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage, overrides=args.overrides),
+                       return_state=True)
     except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
         return interrupted(args.run_id)
     data = summary_of(state)

@@ -113,3 +113,24 @@ def test_a_run_crossing_its_budget_mid_stage_is_paused_and_resumes_when_the_budg
                           spent_before_usd=0.35, resumed=read_state(Path(job.stage_dir)))
     assert again.status == Status.COMPLETED, again.error
     assert again.attempts[-1].start_step == paused_at
+
+
+@pytest.mark.slow
+def test_a_spike_with_action_stop_ends_the_stage_failed_with_cause_alert(tiny_spec, state_dir, tmp_path):
+    sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@13", "alerts.loss_spike.action=stop",
+                          "stages.full.max_steps=40", name="stopped")
+    assert (sup.status, sup.cause) == (Status.FAILED, Cause.ALERT)
+    assert sup.error.startswith("stopped by alert loss-spike: loss-spike: train_loss")
+    assert files.read_alerts(Path(job.stage_dir))[0].outcome == "stopped for good"
+
+
+@pytest.mark.slow
+def test_a_straggler_rank_quarantines_its_host_and_pauses_the_stage(tiny_spec, state_dir, tmp_path):
+    # Rank 1 sleeps 0.1 s before every step: its own work is far slower than rank 0's.
+    sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0:1", "resources.procs_per_node=2",
+                          "alerts.straggler.window=20", "stages.full.max_steps=200", name="straggler")
+    assert sup.status == Status.PREEMPTED and sup.error.startswith("paused by alert straggler"), sup.error
+    alert = files.read_alerts(Path(job.stage_dir))[0]
+    assert alert.rule == "straggler" and alert.values["rank"] == 1 and "quarantined" in alert.outcome
+    quarantined = files.read_json(Path(job.run_dir) / "quarantine.json")
+    assert quarantined[0]["rank"] == 1 and quarantined[0]["rule"] == "straggler"

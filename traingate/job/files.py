@@ -189,6 +189,7 @@ class StepMetrics:
     step_time_s: float
     data_wait_s: float
     attempt: int = 0
+    gpu_util_percent: float | None = None  # at logging steps, where NVML sees a GPU
 
 
 class MetricsWriter:

@@ -51,6 +51,7 @@ class StageMonitor:
         self.val_metric = "val_loss"
         self.ranks: dict[int, dict[int, float]] = {}
         self.beats: deque[tuple[float, float]] = deque(maxlen=4096)
+        self.gpu_util: deque[tuple[float, float]] = deque(maxlen=4096)  # (time, percent): the idle-GPU rule
         self.spend: deque[tuple[float, float]] = deque(maxlen=2)
         self.metrics = files.Follower(self.stage_dir / files.METRICS)
         self.progress = files.ProgressFollower(self.stage_dir)
@@ -76,6 +77,9 @@ class StageMonitor:
                     self.step_time_head.append((x, float(d["step_time_s"])))
             if d.get("data_wait_s") is not None:
                 self.data_wait.append((x, float(d["data_wait_s"])))
+            if d.get("gpu_util_percent") is not None and (not self.gpu_util or d["time"] - self.gpu_util[-1][0] >= 1):
+                # One sample a second at most: the window must span the rule's 10 minutes.
+                self.gpu_util.append((float(d["time"]), float(d["gpu_util_percent"])))
         for d in self.progress.new():
             if self.val_metric in d and isinstance(d[self.val_metric], (int, float)):
                 self.val.append((float(d["step"]), float(d[self.val_metric])))
@@ -122,8 +126,15 @@ class StageMonitor:
         head_end = self.step_time_head[-1][0] if self.step_time_head else -math.inf
         step_time = self.step_time_head + [p for p in self.step_time if p[0] > head_end]
         ranks = {r: sorted(t.items()) for r, t in self.ranks.items()} if len(self.ranks) > 1 else {}
-        signals = Signals(loss=list(self.loss), val=self.val, grad_norm=list(self.grad), step_time=step_time,
-                          data_wait=list(self.data_wait), rank_step_times=ranks,
+        # An event rule names the first event in its series: leave out the events already raised, so the
+        # next one is not hidden behind them (and a spike does not sit in the next one's baseline).
+        seen_loss = {at for r, at in self.seen if r in (Rule.LOSS_SPIKE, Rule.NONFINITE_LOSS)}
+        seen_grad = {at for r, at in self.seen if r == Rule.GRAD_NORM_EXPLOSION}
+        last_storm = max((at for r, at in self.seen if r == Rule.RESTART_STORM), default=-math.inf)
+        restart_times = [t for t in restart_times if t > last_storm]
+        signals = Signals(loss=[p for p in self.loss if p[0] not in seen_loss], val=self.val,
+                          grad_norm=[p for p in self.grad if p[0] not in seen_grad], step_time=step_time,
+                          data_wait=list(self.data_wait), rank_step_times=ranks, gpu_util=list(self.gpu_util),
                           restart_times=sorted(restart_times), spend_usd=list(self.spend),
                           budget_usd=self.budget_usd, budget_scope=self.scope, heartbeats=list(self.beats))
         firings = evaluate(signals, self.spec, now)
@@ -152,7 +163,7 @@ def stage_spend_usd(stage_dir: Path) -> float:
     usd_per_s = float(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
     held = 0.0
     for a in state.attempts:
-        if a.get("launched_at") and a.get("ended_at"):
+        if a.get("launched_at") is not None and a.get("ended_at") is not None:
             held += max(0.0, float(a["ended_at"]) - float(a["launched_at"])) + float(a.get("backoff_s") or 0.0)
     return held * usd_per_s
 

@@ -178,7 +178,9 @@ class RestartStormSpec(RuleSpec):
     count: int = Field(default=3, ge=2, description="restarts ...")
     within_s: float = Field(default=600.0, gt=0, description="... within this many seconds")
     severity: Severity = Severity.CRITICAL
-    action: Action = Action.PAUSE
+    # The retry budget (supervision.max_restarts, max_downtime_s) is what ends a crash loop; by default
+    # this alert tells a human, so a budget of 7 restarts still means 7. `pause` stops at the storm.
+    action: Action = Action.NOTIFY
     allowed_actions: ClassVar[frozenset[Action]] = _RUN_ACTIONS | {Action.QUARANTINE}
 
 

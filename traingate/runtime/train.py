@@ -309,21 +309,24 @@ class Trainer:
             self.profile.step(dt)
             self._last_dt = dt
             self._heartbeat()
-            if self.metrics_out is not None:
-                self.metrics_out.write(files.StepMetrics(
-                    self.step, time.time(), loss, gnorm, self.sched.get_last_lr()[0], dt, self.profile.last_data_wait,
-                    self.job.attempt))
             if bad:
                 nonfinite_steps += 1
             else:
                 losses.append(loss)
                 self._recent_losses.append(loss)
                 max_grad = max(max_grad, gnorm)
+            system: dict[str, float] = {}
             if self.step % self.spec.tracking.log_every == 0 or self.step == self.max_steps:
+                system = self.signals.collect(dt)
                 self.tracker.log_metrics({
                     "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                     "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
-                    "data_wait_s": self.profile.last_data_wait, **self.signals.collect(dt)}, step=self.step)
+                    "data_wait_s": self.profile.last_data_wait, **system}, step=self.step)
+            if self.metrics_out is not None:
+                self.metrics_out.write(files.StepMetrics(
+                    self.step, time.time(), loss, gnorm, self.sched.get_last_lr()[0], dt, self.profile.last_data_wait,
+                    self.job.attempt, gpu_util_percent=system.get("system/gpu_util_percent_mean",
+                                                                  system.get("system/rank0/gpu_util_percent"))))
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
                 out.status = Status.STOPPED
                 break

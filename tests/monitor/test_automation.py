@@ -1,0 +1,78 @@
+"""The shipped Prefect Automations (deployments/automations/alerts.yaml) on a real server.
+
+A real `prefect server start` (its triggers and actions services), a real Custom Webhook notification
+block pointing at an HTTP endpoint this test serves on loopback, the automations created with
+`prefect automation create --from-file` exactly as the file's header tells a user; then the events
+traingate's launch task emits for a critical alert and for a warning: the critical one reaches the
+webhook with the alert's message, the warning does not.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from tgtest import PYTHON, ROOT, free_port, prefect_server
+
+pytestmark = pytest.mark.slow
+
+
+def _webhook() -> tuple[HTTPServer, "queue.Queue[dict]"]:
+    got: "queue.Queue[dict]" = queue.Queue()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.put(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, got
+
+
+def test_the_shipped_automation_notifies_a_critical_alert_and_not_a_warning(tmp_path, monkeypatch):
+    hook, received = _webhook()
+    with prefect_server(tmp_path) as server:
+        for k, v in server["env"].items():
+            if k.startswith("PREFECT_"):
+                monkeypatch.setenv(k, v)
+        from prefect.blocks.notifications import CustomWebhookNotificationBlock
+        from prefect.events import emit_event
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: server["url"]}):
+            block = CustomWebhookNotificationBlock(
+                name="tg-test", url=f"http://127.0.0.1:{hook.server_port}/notify", method="POST",
+                json_data={"subject": "{{subject}}", "body": "{{body}}"})
+            block_id = block.save("tg-test")
+            text = (ROOT / "deployments" / "automations" / "alerts.yaml").read_text()
+            spec = tmp_path / "alerts.yaml"
+            spec.write_text(text.replace("00000000-0000-0000-0000-000000000000", str(block_id)))
+            made = subprocess.run([str(Path(PYTHON).parent / "prefect"), "automation", "create", "-f", str(spec)],
+                                  env=server["env"], capture_output=True, text=True, timeout=120)
+            assert made.returncode == 0, made.stdout + made.stderr
+
+            def emit(rule: str, severity: str) -> None:
+                emit_event(event=f"traingate.alert.{rule}",
+                           resource={"prefect.resource.id": "traingate.run.r-123", "traingate.stage": "full",
+                                     "traingate.severity": severity, "traingate.action": "rollback"},
+                           payload={"rule": rule, "severity": severity, "outcome": "rolling back to step 30",
+                                    "message": f"{rule}: the numbers [rollback; runbook docs/runbooks.md#{rule}]"})
+
+            emit("stagnation", "warning")
+            emit("loss-spike", "critical")
+            note = received.get(timeout=90)
+            assert "loss-spike" in note["subject"] and "traingate.run.r-123" in note["subject"]
+            assert note["body"].startswith("loss-spike: the numbers") and "rolling back to step 30" in note["body"]
+            with pytest.raises(queue.Empty):
+                received.get(timeout=5)  # the warning matched no automation
+    hook.shutdown()
