@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from traingate import sizing
+from traingate.cost.ledger import Attempt, attempts_of
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
+from traingate.spec import RunSpec
 from traingate.stage import StageResult
 from traingate.supervision.supervisor import Supervision
 from traingate.validate import PROFILE_METRICS
@@ -21,20 +24,52 @@ NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
 _PROFILE_KEYS = PROFILE_METRICS
 
 
-def _estimate_next(job: StageJob, profile: dict[str, float]) -> dict[str, float]:
-    nxt = NEXT.get(job.stage)
+def _estimate_next(spec: RunSpec, stage: str, price_per_slot_hour: float,
+                   profile: dict[str, float]) -> dict[str, float]:
+    nxt = NEXT.get(stage)
     if nxt is None or not profile.get("step_time_mean_s"):
         return {}
-    nodes, nproc = stage_world(job.spec, nxt)
-    est = sizing.estimate_stage(profile, getattr(job.spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
-                                job.price_per_slot_hour)
+    nodes, nproc = stage_world(spec, nxt)
+    est = sizing.estimate_stage(profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
+                                price_per_slot_hour)
     return {"next_stage_wall_s": est["wall_s"], "next_stage_cost_usd": est["cost_usd"],
             "next_stage_slot_hours": est["slot_hours"]}
 
 
-def from_supervision(job: StageJob, sup: Supervision, duration_s: float) -> StageResult:
+def _estimated_by_previous(job: StageJob) -> float | None:
+    """What the stage before this one estimated this one would cost (its gate compared it with the
+    budget): the same estimate, from its profile beside this stage, so actual and estimate can be compared."""
+    prev = next((p for p, n in NEXT.items() if n == job.stage), None)
+    data = files.read_result(Path(job.stage_dir).parent / prev) if prev and prev != "unit" else None
+    profile = (data.metrics.get("profile") if data else None) or {}
+    if not profile.get("step_time_mean_s"):
+        return None
+    return _estimate_next(job.spec, prev, job.price_per_slot_hour, profile).get("next_stage_cost_usd")
+
+
+def charged_attempts(job: StageJob, sup: Supervision, before: Sequence[Supervision] = ()) -> list[Attempt]:
+    """Every attempt this stage has made, charged at the job's pool, slots and price: ``before`` (earlier
+    supervisions in this task: smoke's first half), the attempts of interrupted supervisions of the stage
+    (a resume's, a requeue's: kept in supervisor.json), then ``sup``'s."""
+    mine = [asdict(a) for a in sup.attempts]
+    state = files.read_supervisor_state(Path(job.stage_dir))
+    recorded = state.attempts if state is not None else []
+    # supervisor.json ends with sup's own attempts; what precedes them is the earlier supervisions'.
+    tail_matches = len(recorded) >= len(mine) and all(
+        r.get("launched_at") == m["launched_at"] for r, m in zip(recorded[len(recorded) - len(mine):], mine))
+    earlier = recorded[:len(recorded) - len(mine)] if tail_matches else []
+    supervised = [*(asdict(a) for b in before for a in b.attempts), *earlier, *mine]
+    return attempts_of(job.run_id, job.stage, supervised, job.pool, job.slots, job.price_per_slot_hour)
+
+
+def from_supervision(job: StageJob, sup: Supervision, duration_s: float,
+                     before: Sequence[Supervision] = ()) -> StageResult:
     """A stage's result: what the training process left (result.json, or a script's output) and how
-    the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for."""
+    the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for.
+
+    ``before``: supervisions of this stage that ran earlier in the same task (smoke's first half,
+    which stops at a checkpoint on purpose); their attempts are charged with the rest.
+    """
     stage_dir = Path(job.stage_dir)
     cost = sizing.cost_usd(duration_s, job.slots, job.price_per_slot_hour)
     details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict(), "pid": sup.proc.pid}
@@ -61,8 +96,10 @@ def from_supervision(job: StageJob, sup: Supervision, duration_s: float) -> Stag
     metrics["restarts"] = stage_restarts(job, sup)
     completed = sup.status == Status.COMPLETED
     return StageResult(stage=job.stage, status=sup.status, metrics=metrics, cost_usd=cost, duration_s=duration_s,
-                       checkpoint_uri=checkpoint_uri, estimate=_estimate_next(job, profile) if completed else {},
-                       details=details, error=sup.error)
+                       checkpoint_uri=checkpoint_uri, estimate=_estimate_next(job.spec, job.stage, job.price_per_slot_hour, profile) if completed else {},
+                       details=details, error=sup.error,
+                       attempts=[a.to_record() for a in charged_attempts(job, sup, before)],
+                       estimated_cost_usd=_estimated_by_previous(job))
 
 
 def stage_restarts(job: StageJob, sup: Supervision) -> int:

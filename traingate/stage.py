@@ -21,6 +21,10 @@ class StageResult:
     estimate: dict[str, float] = field(default_factory=dict)  # sizing estimate of the next stage
     details: dict[str, Any] = field(default_factory=dict)  # profile, eval outputs, command, log tail
     error: str | None = None
+    # Every attempt as charged (traingate.cost.ledger.Attempt.to_record): pool, slots, price, start, end,
+    # held and backoff seconds, idle, outcome, dollars. Training stages only; the ledger reads these.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    estimated_cost_usd: float | None = None  # what the stage before estimated this one would cost
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -54,6 +58,8 @@ def render_markdown(result: StageResult, decision: GateDecision | None) -> str:
     """The stage report shown as a Prefect artifact and stored in MLflow."""
     lines = [f"# Stage `{result.stage}`: {result.status}", "",
              f"duration {result.duration_s:.1f} s, cost ${result.cost_usd:.4f}"
+             + (f" (estimated ${result.estimated_cost_usd:.4f} by the stage before)"
+                if result.estimated_cost_usd is not None else "")
              + (f", checkpoint `{result.checkpoint_uri}`" if result.checkpoint_uri else ""), ""]
     if result.error:
         lines += [f"**error:** {result.error}", ""]

@@ -3,18 +3,25 @@ runs (restarts, backoff, preemption, idle start-up, a failed run, a run still go
 real MLflow SQLite store written by the same functions the ladder uses."""
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from flows import cli
+from traingate import outcomes
 from traingate.cost import ledger
 from traingate.cost.ledger import Attempt, Outcome
 from traingate.cost.source import gather
+from traingate.job import files
+from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
 from traingate.proc import ProcResult
+from traingate.settings import Settings
 from traingate.spec import load_spec_text
 from traingate.stage import GateDecision, StageResult
 from traingate.supervision.supervisor import Attempt as SupAttempt
@@ -83,7 +90,38 @@ def store(tmp_path_factory):
     runs.close_pipeline_run(c, b1, True, "full")
     b2 = runs.open_pipeline_run(c, _spec("text-b", "nlp", "cpu-local", 1, 2), art, IDENTITY, request_key="b2")
     _record(c, b2, "smoke", None)
-    return {"uri": uri, "client": c, "cutoff_ms": cutoff_ms, "ids": {"a1": a1, "a2": a2, "b1": b1, "b2": b2}}
+    # speech-c, gpu-h100 ($4), one node x 4, recorded through from_supervision as the launch task does:
+    # smoke's stop-and-resume, a canary restart with backoff, a full stage resumed after a preemption.
+    spec = _spec("speech-c", "speech", "gpu-h100", 1, 4)
+    c1 = runs.open_pipeline_run(c, spec, art, IDENTITY, request_key="c1")
+    run_dir = tmp_path / "runs" / "c1"
+    _record_job(c, c1, spec, run_dir, "smoke", [_att(0, 110, 200, 130)], before=[[_att(0, 0, 100, 20)]])
+    _record_job(c, c1, spec, run_dir, "canary", [_att(0, 0, 300, 10, Cause.WORKER_LOST, backoff=20),
+                                                 _att(1, 320, 620, 340)],
+                profile={"step_time_mean_s": 0.5, "startup_s": 10.0})
+    _record_job(c, c1, spec, run_dir, "full", [_att(0, 600, 1600, 700)],
+                earlier=[_att(0, 0, 500, 50, Cause.PREEMPTED, backoff=40)])
+    runs.close_pipeline_run(c, c1, True, "full")
+    return {"uri": uri, "client": c, "cutoff_ms": cutoff_ms, "ids": {"a1": a1, "a2": a2, "b1": b1, "b2": b2, "c1": c1}}
+
+
+def _record_job(c: MlflowClient, parent: str, spec, run_dir, stage: str, attempts: list[SupAttempt],
+                before: list[list[SupAttempt]] = (), earlier: list[SupAttempt] = (), profile: dict | None = None):
+    """A stage result made by outcomes.from_supervision from the stage directory the supervisor leaves:
+    supervisor.json (an interrupted supervision's attempts before this one's) and result.json."""
+    job = derive(spec, stage, run_id=parent, run_dir=run_dir, settings=Settings.from_env(),
+                 checkpoint_uri=(run_dir / "ck").as_uri())
+    stage_dir = Path(job.stage_dir)
+    stage_dir.mkdir(parents=True)
+    files.write_supervisor_state(stage_dir, files.SupervisorState(attempts=[asdict(a) for a in [*earlier, *attempts]]))
+    files.write_result(stage_dir, files.RuntimeResult(Status.COMPLETED, 0, steps_done=10,
+                                                      metrics={"profile": profile or {}}))
+    sup = Supervision(Status.COMPLETED, None, None, attempts, ProcResult(0, 1.0))
+    firsts = [Supervision(Status.COMPLETED, None, None, b, ProcResult(0, 1.0)) for b in before]
+    result = outcomes.from_supervision(job, sup, 1.0, before=firsts)
+    sid = runs.open_stage_run(c, parent, stage, request_key=f"{parent}-{stage}")
+    runs.record_stage(c, sid, result, GateDecision(stage, True, []))
+    return result
 
 
 # Hand-computed. vision-a, a1: smoke 360 s x 1 slot; canary 1830 s (1800 + 30 backoff, lost) + 3600 s x 4;
@@ -95,6 +133,14 @@ A_LOST_H = 1830 * 4 / 3600 + 3600 * 8 / 3600 + 600 * 4 / 3600                   
 A_IDLE_H = (60 + 120 * 4 + 90 * 4 + 300 * 8 + 200 * 8 + 60 + 100 * 4) / 3600                       # 1.4889
 B_SLOT_H = (100 * 1 + 200 * 2 + 400 * 2) / 3600
 B_IDLE_H = (10 * 1 + 10 * 2 + 10 * 2) / 3600
+# speech-c, c1, $4 per slot-hour. smoke (1 slot): part 1 100 s + part 2 90 s, 20 s idle each. canary (4 slots):
+# 300 s + 20 s backoff (lost, 10 s idle), then 300 s (20 s idle). full (4 slots): an earlier supervision's
+# 500 s + 40 s backoff (preempted, lost, 50 s idle), then 1000 s (100 s idle).
+C_SLOT_S = (100 + 90) * 1 + (320 + 300) * 4 + (540 + 1000) * 4                                 # 8830
+C_LOST_S = 320 * 4 + 540 * 4                                                                    # 3440
+C_IDLE_S = (20 + 20) * 1 + (10 + 20) * 4 + (50 + 100) * 4                                       # 760
+C_FULL_USD = 1540 * 4 / 3600 * 4                                                                # $6.8444
+C_FULL_ESTIMATE_USD = (10 + 200 * 0.5) * 4 / 3600 * 4  # canary's profile: 10 s start-up, 0.5 s x 200 steps
 
 
 def test_report_numbers_equal_hand_computed_values_for_recorded_runs(store):
@@ -112,8 +158,8 @@ def test_report_numbers_equal_hand_computed_values_for_recorded_runs(store):
     assert b.totals.usd == pytest.approx(B_SLOT_H * 0.05) and b.totals.lost_usd == 0
     assert b.totals.idle_slot_hours == pytest.approx(B_IDLE_H)
     assert b.cost_per_successful_run == pytest.approx(B_SLOT_H * 0.05)
-    assert r.by_team["vision"].usd == pytest.approx(77.25) and set(r.by_team) == {"vision", "nlp"}
-    assert r.total.usd == pytest.approx(77.25 + B_SLOT_H * 0.05)
+    assert r.by_team["vision"].usd == pytest.approx(77.25) and set(r.by_team) == {"vision", "nlp", "speech"}
+    assert r.total.usd == pytest.approx(77.25 + B_SLOT_H * 0.05 + C_SLOT_S / 3600 * 4)
     # The unit stage takes no slots; the stage still running has no result to charge yet.
     assert {c.attempt.stage for c in r.charges} == {"smoke", "canary", "full"}
     assert got.skipped == [f"{store['ids']['b2']}/smoke: no stage/result.json (still running, or its orchestrator died)"]
@@ -131,11 +177,42 @@ def test_each_attempt_is_charged_its_slots_price_backoff_and_outcome(store):
     assert [round(c.lost_usd, 6) for c in full] == [20.0, 0.0]
 
 
+def test_smoke_stop_and_resume_restarts_backoff_and_a_resumed_stage_are_charged_exactly(store):
+    r = ledger.report(gather(store["client"], experiment="speech-c").runs)
+    c = r.families["speech-c"]
+    assert c.totals.attempts == 6 and c.totals.unfinished_attempts == 2
+    assert c.totals.slot_hours == pytest.approx(C_SLOT_S / 3600)
+    assert c.totals.usd == pytest.approx(C_SLOT_S / 3600 * 4) == pytest.approx(9.811111)
+    assert c.totals.lost_usd == pytest.approx(C_LOST_S / 3600 * 4) == pytest.approx(3.822222)
+    assert c.totals.idle_slot_hours == pytest.approx(C_IDLE_S / 3600)
+    assert c.cost_per_successful_run == pytest.approx(9.811111)
+    smoke = [ch for ch in r.charges if ch.attempt.stage == "smoke"]
+    assert [(ch.attempt.number, ch.attempt.start - T0, ch.attempt.end - T0, ch.attempt.idle_s) for ch in smoke] == [
+        (0, 0.0, 100.0, 20.0), (1, 110.0, 200.0, 20.0)]
+    assert (c.full_estimated_runs, c.full_actual_usd) == (1, pytest.approx(C_FULL_USD))
+    assert c.full_estimated_usd == pytest.approx(C_FULL_ESTIMATE_USD) == pytest.approx(0.488889)
+
+
+def test_a_stage_result_records_each_attempt_with_its_charge(store):
+    c = store["client"]
+    [full] = c.search_runs([c.get_run(store["ids"]["c1"]).info.experiment_id],
+                           f"tags.mlflow.parentRunId = '{store['ids']['c1']}' and tags.`traingate.stage` = 'full'")
+    result = json.loads(Path(c.download_artifacts(full.info.run_id, "stage/result.json")).read_text())
+    assert result["attempts"] == [
+        {"stage": "full", "number": 0, "pool": "gpu-h100", "slots": 4, "price_per_slot_hour": 4.0, "start": T0,
+         "end": T0 + 500, "held_s": 540.0, "backoff_s": 40.0, "idle_s": 50.0, "outcome": "preempted",
+         "usd": pytest.approx(540 * 4 / 3600 * 4)},
+        {"stage": "full", "number": 1, "pool": "gpu-h100", "slots": 4, "price_per_slot_hour": 4.0, "start": T0 + 600,
+         "end": T0 + 1600, "held_s": 1000.0, "backoff_s": 0.0, "idle_s": 100.0, "outcome": "completed",
+         "usd": pytest.approx(1000 * 4 / 3600 * 4)}]
+    assert result["estimated_cost_usd"] == pytest.approx(C_FULL_ESTIMATE_USD)
+
+
 def test_filters_by_team_experiment_and_age(store):
     c = store["client"]
     assert {r.experiment for r in gather(c, team="nlp").runs} == {"text-b"}
     assert {r.run_id for r in gather(c, experiment="vision-a").runs} == {store["ids"]["a1"], store["ids"]["a2"]}
-    assert {r.experiment for r in gather(c, since_ms=store["cutoff_ms"]).runs} == {"text-b"}
+    assert {r.experiment for r in gather(c, since_ms=store["cutoff_ms"]).runs} == {"text-b", "speech-c"}
     assert gather(c, team="nobody").runs == []
     with pytest.raises(ValueError, match="experiment = 'nope': no such experiment"):
         gather(c, experiment="nope")
@@ -150,6 +227,15 @@ def test_cost_command_prints_the_hand_computed_report(store, monkeypatch, capsys
            "(34.6%); idle $3.72 (4.8%)" in out
     assert "| vision-a | 7 | 30.9000 | $77.25 | $26.75 | 34.6% | 4.8% | 1/2 | $77.25 |" in out
     assert "text-b" not in out
+
+
+def test_cost_command_shows_the_canary_estimate_of_full_beside_its_actual_cost(store, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINGATE_TRACKING_URI", store["uri"])
+    assert cli.main(["cost", "--experiment", "speech-c"]) == 0
+    out = capsys.readouterr().out
+    assert "| experiment | attempts | slot-hours | spend | lost | lost share | idle share | succeeded | " \
+           "cost per successful run | full: canary estimate / actual |" in out
+    assert "| speech-c | 6 | 2.4528 | $9.81 | $3.82 | 39.0% | 8.6% | 1/1 | $9.81 | $0.4889 / $6.84 (x14.00) |" in out
 
 
 def test_cost_command_refuses_a_bad_since_and_team_in_one_line(store, monkeypatch, capsys):

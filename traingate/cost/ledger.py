@@ -25,7 +25,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+from traingate.job.vocab import Cause
 
 
 class Outcome(StrEnum):
@@ -64,6 +66,42 @@ class Attempt:
     @property
     def held_s(self) -> float:
         return self.end - self.start + self.backoff_s
+
+    def to_record(self) -> dict[str, Any]:
+        """The attempt as a StageResult records it: what it held and what that cost (``usd``)."""
+        return {"stage": self.stage, "number": self.number, "pool": self.pool, "slots": self.slots,
+                "price_per_slot_hour": self.price_per_slot_hour, "start": self.start, "end": self.end,
+                "held_s": self.held_s, "backoff_s": self.backoff_s, "idle_s": self.idle_s,
+                "outcome": str(self.outcome), "usd": charge(self).usd}
+
+    @classmethod
+    def from_record(cls, run_id: str, r: dict[str, Any]) -> "Attempt":
+        """The reverse of :meth:`to_record`; ``held_s`` and ``usd`` are derived, so not read back."""
+        return cls(run_id, r["stage"], int(r["number"]), r["pool"], int(r["slots"]), float(r["price_per_slot_hour"]),
+                   float(r["start"]), float(r["end"]), Outcome(r["outcome"]), backoff_s=float(r["backoff_s"]),
+                   idle_s=float(r["idle_s"]))
+
+
+def attempts_of(run_id: str, stage: str, supervised: Sequence[dict[str, Any]], pool: str, slots: int,
+                price_per_slot_hour: float) -> list[Attempt]:
+    """The ledger's attempts from the supervisor's (``asdict`` of its Attempt, in launch order), numbered
+    0.. across the stage: one stage may span several supervisions (smoke's stop-and-resume, a resume).
+
+    Idle is the time from launch to the attempt's first completed step (imports, rendezvous,
+    checkpoint load), or all of an attempt that never completed a step.
+    """
+    out = []
+    for n, a in enumerate(supervised):
+        start = float(a["launched_at"])
+        end = float(a["ended_at"]) if a.get("ended_at") is not None else start
+        first = a.get("first_step_time")
+        idle = min(max(0.0, (float(first) if first is not None else end) - start), end - start)
+        cause = a.get("cause")
+        outcome = Outcome.COMPLETED if cause is None else \
+            Outcome.PREEMPTED if cause == Cause.PREEMPTED else Outcome.FAILED
+        out.append(Attempt(run_id, stage, n, pool, slots, price_per_slot_hour, start, end, outcome,
+                           backoff_s=float(a.get("backoff_s") or 0.0), idle_s=idle))
+    return out
 
 
 @dataclass(frozen=True)
@@ -125,6 +163,7 @@ class Run:
     team: str
     succeeded: bool
     attempts: tuple[Attempt, ...] = ()
+    estimates: dict[str, float] = field(default_factory=dict)  # stage -> the stage before's estimate of its cost
 
 
 @dataclass
@@ -133,6 +172,10 @@ class Family:
     runs: int = 0
     successful_runs: int = 0
     totals: Totals = field(default_factory=Totals)
+    # Over the runs whose full stage ran and had the canary's estimate: estimated vs charged.
+    full_estimated_usd: float = 0.0
+    full_actual_usd: float = 0.0
+    full_estimated_runs: int = 0
 
     @property
     def cost_per_successful_run(self) -> float | None:
@@ -158,11 +201,17 @@ def report(runs: Iterable[Run]) -> Report:
         fam = families.setdefault(run.experiment, Family(run.experiment))
         fam.runs += 1
         fam.successful_runs += run.succeeded
+        full_usd = 0.0
         for a in run.attempts:
             c = charge(a)
             charges.append(c)
+            full_usd += c.usd if a.stage == "full" else 0.0
             for t in (total, teams[run.team], fam.totals):
                 t.add(c)
+        if "full" in run.estimates and any(a.stage == "full" for a in run.attempts):
+            fam.full_estimated_usd += run.estimates["full"]
+            fam.full_actual_usd += full_usd
+            fam.full_estimated_runs += 1
     return Report(charges, total, dict(sorted(teams.items())), dict(sorted(families.items())))
 
 
@@ -172,6 +221,13 @@ def _usd(v: float | None) -> str:
 
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
+
+
+def _estimate_vs_actual(f: Family) -> str:
+    if not f.full_estimated_runs:
+        return "-"
+    ratio = f" (x{f.full_actual_usd / f.full_estimated_usd:.2f})" if f.full_estimated_usd else ""
+    return f"{_usd(f.full_estimated_usd)} / {_usd(f.full_actual_usd)}{ratio}"
 
 
 def render(r: Report, title: str = "cost") -> str:
@@ -191,6 +247,8 @@ def render(r: Report, title: str = "cost") -> str:
         return out + [""]
 
     lines += rows("team", [(k, v, []) for k, v in r.by_team.items()], [])
-    lines += rows("experiment", [(k, f.totals, [f"{f.successful_runs}/{f.runs}", _usd(f.cost_per_successful_run)])
-                                 for k, f in r.families.items()], ["succeeded", "cost per successful run"])
+    lines += rows("experiment", [(k, f.totals, [f"{f.successful_runs}/{f.runs}", _usd(f.cost_per_successful_run),
+                                                _estimate_vs_actual(f)])
+                                 for k, f in r.families.items()],
+                  ["succeeded", "cost per successful run", "full: canary estimate / actual"])
     return "\n".join(lines)

@@ -3,15 +3,14 @@
 A pipeline run (tag ``traingate.kind = pipeline``) carries its team, experiment, outcome
 (``traingate.outcome = passed`` when every stage passed) and its resolved spec
 (``spec/resolved_spec.json``). Each of its stage runs holds ``stage/result.json``, the
-StageResult, whose ``details.supervision.attempts`` are the supervisor's attempts: launch and
-end times, the cause each ended with, the backoff after it and the first completed step.
-Slots and price are the stage's, computed from the spec by the functions the StageJob uses
-(:func:`traingate.job.world.stage_world`, :func:`traingate.sizing.slots`), so the ledger charges
-what the launch took.
+StageResult, whose ``attempts`` are the attempts as charged when the stage ended (pool, slots,
+price, start, end, backoff, idle, outcome, dollars; :func:`traingate.outcomes.from_supervision`),
+and whose ``estimated_cost_usd`` is what the stage before it estimated. A result recorded before
+attempts were is charged from its ``details.supervision.attempts`` at the slots and price the spec
+gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.sizing.slots`).
 
-Not covered yet: sweep trials (their runs record a total cost, not attempts), the first half of
-a smoke stage (its result keeps only the second supervision's attempts), and stages that have
-not ended (no result yet); :class:`Gathered` counts the stages it skipped.
+Not covered yet: sweep trials (their runs record a total cost, ``trial.cost_usd``, not attempts)
+and stages that have not ended (no result yet); :class:`Gathered` counts the stages it skipped.
 """
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from mlflow.entities import Run as MlflowRun
 from mlflow.tracking import MlflowClient
 
 from traingate import sizing
-from traingate.cost.ledger import Attempt, Outcome, Run
-from traingate.job.vocab import Cause
+from traingate.cost.ledger import Attempt, Run, attempts_of
 from traingate.job.world import stage_world
 from traingate.spec import RunSpec, parse_spec
 from traingate.tracking.runs import SPEC_ARTIFACT, stage_runs
@@ -34,25 +32,15 @@ from traingate.tracking.runs import SPEC_ARTIFACT, stage_runs
 RESULT_ARTIFACT = "stage/result.json"
 
 
-def attempts_of(run_id: str, stage: str, supervision: dict[str, Any], pool: str, slots: int,
-                price_per_slot_hour: float) -> list[Attempt]:
-    """The ledger's attempts from a StageResult's ``details.supervision`` (``Supervision.to_dict()``).
-
-    Idle is the time from launch to the attempt's first completed step (imports, rendezvous,
-    checkpoint load), or all of an attempt that never completed a step.
-    """
-    out = []
-    for a in supervision.get("attempts") or []:
-        start = float(a["launched_at"])
-        end = float(a["ended_at"]) if a.get("ended_at") is not None else start
-        first = a.get("first_step_time")
-        idle = min(max(0.0, (float(first) if first is not None else end) - start), end - start)
-        cause = a.get("cause")
-        outcome = Outcome.COMPLETED if cause is None else \
-            Outcome.PREEMPTED if cause == Cause.PREEMPTED else Outcome.FAILED
-        out.append(Attempt(run_id, stage, int(a["number"]), pool, slots, price_per_slot_hour, start, end, outcome,
-                           backoff_s=float(a.get("backoff_s") or 0.0), idle_s=idle))
-    return out
+def stage_attempts(run_id: str, stage: str, spec: RunSpec, result: dict[str, Any]) -> list[Attempt]:
+    """A recorded StageResult's attempts: its ``attempts`` records (pool, slots, price as charged, the
+    smoke's stop-and-resume included), or, for a result written before they were recorded, its
+    supervision's attempts charged at the slots and price the spec gives the stage."""
+    if result.get("attempts"):
+        return [Attempt.from_record(run_id, r) for r in result["attempts"]]
+    nodes, nproc = stage_world(spec, stage)
+    return attempts_of(run_id, stage, ((result.get("details") or {}).get("supervision") or {}).get("attempts") or [],
+                       spec.resources.work_pool, sizing.slots(nodes * nproc), spec.pool.price_per_gpu_hour)
 
 
 @dataclass
@@ -110,6 +98,7 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
             continue
         spec: RunSpec = parse_spec(spec_dict)
         attempts: list[Attempt] = []
+        estimates: dict[str, float] = {}
         for s in stage_runs(c, rid):
             stage = s.data.tags.get("traingate.stage", "")
             if stage == "unit":
@@ -118,11 +107,10 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
             if result is None:
                 got.skipped.append(f"{rid}/{stage}: no {RESULT_ARTIFACT} (still running, or its orchestrator died)")
                 continue
-            nodes, nproc = stage_world(spec, stage)
-            attempts += attempts_of(rid, stage, (result.get("details") or {}).get("supervision") or {},
-                                    spec.resources.work_pool, sizing.slots(nodes * nproc),
-                                    spec.pool.price_per_gpu_hour)
+            attempts += stage_attempts(rid, stage, spec, result)
+            if result.get("estimated_cost_usd") is not None:
+                estimates[stage] = float(result["estimated_cost_usd"])
         got.runs.append(Run(rid, tags.get("traingate.experiment", spec.identity.experiment),
                             tags.get("traingate.team", spec.identity.team),
-                            tags.get("traingate.outcome") == "passed", tuple(attempts)))
+                            tags.get("traingate.outcome") == "passed", tuple(attempts), estimates))
     return got
