@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Sequence
 
+from traingate.cost.budget import BudgetLeft, refusals
 from traingate.spec import GateSpec
-from traingate.stage import GateDecision, StageResult
+from traingate.stage import NEXT_STAGE, GateDecision, StageResult
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
         "==": operator.eq, "!=": operator.ne}
@@ -22,9 +24,11 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def decide(result: StageResult, gate: GateSpec, max_cost_usd: float | None = None) -> GateDecision:
+def decide(result: StageResult, gate: GateSpec, max_cost_usd: float | None = None,
+           budgets: Sequence[BudgetLeft] = ()) -> GateDecision:
     """Pass only if the stage completed, all its checks hold, every rule holds, and the
-    estimated cost of the next stage (if the stage estimated one) fits the budget."""
+    estimated cost of the next stage (if the stage estimated one) fits ``budget.max_cost_usd`` and
+    what is left of each budget in ``budgets`` (run, sweep, team: :func:`traingate.cost.budget.budget_left`)."""
     reasons: list[str] = []
     evaluated: list[tuple[str, str, bool]] = []
     completed = result.status == "completed"
@@ -53,4 +57,11 @@ def decide(result: StageResult, gate: GateSpec, max_cost_usd: float | None = Non
         if not ok:
             reasons.append(f"estimated cost of the next stage ${_fmt(est)} exceeds budget.max_cost_usd "
                            f"${_fmt(max_cost_usd)}")
+    if est is not None:
+        nxt = NEXT_STAGE.get(result.stage, "the next stage")
+        for b in budgets:
+            ok = est <= b.left_usd
+            evaluated.append((f"estimated {nxt} cost <= what is left of the {b.label}", f"${_fmt(est)} vs "
+                              f"${_fmt(b.left_usd)} left", ok))
+        reasons += refusals(est, nxt, budgets)
     return GateDecision(result.stage, not reasons, reasons, evaluated)

@@ -15,11 +15,11 @@ from traingate.job.world import stage_world
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
 from traingate.spec import RunSpec
-from traingate.stage import StageResult
+from traingate.stage import NEXT_STAGE, StageResult
 from traingate.supervision.supervisor import Supervision
 from traingate.validate import PROFILE_METRICS
 
-NEXT = {"unit": "smoke", "smoke": "canary", "canary": "full"}
+NEXT = NEXT_STAGE
 # The sizing profile's metrics a stage reports: the list validation checks gate rules against.
 _PROFILE_KEYS = PROFILE_METRICS
 

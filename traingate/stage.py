@@ -8,6 +8,8 @@ from typing import Any
 
 from traingate.job.vocab import Status
 
+NEXT_STAGE = {"unit": "smoke", "smoke": "canary", "canary": "full"}
+
 
 @dataclass
 class StageResult:

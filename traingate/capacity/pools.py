@@ -9,6 +9,7 @@ scheduling defaults. One YAML file (``examples/pools.yaml``), validated here; a 
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,18 @@ def _default_classes() -> dict[str, PriorityClass]:
             "research": PriorityClass(priority=10)}
 
 
+class Period(StrEnum):
+    """A team budget's period: a calendar day, week (from Monday) or month, in UTC."""
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
+class TeamBudget(_Section):
+    budget_usd: float = Field(gt=0, description="what the team's runs may spend per period (slot-hours x price)")
+    period: Period = Field(description="day, week or month (calendar, UTC): the spend starts at 0 again after it")
+
+
 class SchedulingConfig(_Section):
     """The policy a pool runs by default (part 2 carries it out; the simulator compares it)."""
 
@@ -74,6 +87,8 @@ class CapacityConfig(_Section):
         description="merged over urgent/production/research: the config may re-number them and add classes")
     default_class: str = Field(default="research", description="class of a job that names none")
     quotas: dict[str, dict[str, int]] = Field(default_factory=dict, description="team -> pool -> max concurrent slots")
+    team_budgets: dict[str, TeamBudget] = Field(default_factory=dict, description="team -> spend per period; "
+                                                "a stage estimated above what is left is refused at its gate")
     scheduling: SchedulingConfig = SchedulingConfig()
     simulator: SimulatorConfig = SimulatorConfig()
 

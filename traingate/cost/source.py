@@ -18,12 +18,14 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from mlflow.entities import Run as MlflowRun
 from mlflow.tracking import MlflowClient
 
 from traingate import sizing
+from traingate.capacity.pools import TeamBudget
+from traingate.cost.budget import BudgetLeft, budget_left
 from traingate.cost.ledger import Attempt, Run, attempts_of
 from traingate.job.world import stage_world
 from traingate.spec import RunSpec, parse_spec
@@ -114,3 +116,31 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
                             tags.get("traingate.team", spec.identity.team),
                             tags.get("traingate.outcome") == "passed", tuple(attempts), estimates))
     return got
+
+
+def sweep_spend_usd(c: MlflowClient, sweep_run_id: str) -> float:
+    """What a sweep's trials spent: the ``trial.cost_usd`` each trial run recorded when it ended."""
+    exp = c.get_run(sweep_run_id).info.experiment_id
+    total, token = 0.0, None
+    while True:
+        page = c.search_runs([exp], f"tags.mlflow.parentRunId = '{sweep_run_id}'", max_results=1000, page_token=token)
+        total += sum(r.data.metrics.get("trial.cost_usd", 0.0) for r in page)
+        token = page.token
+        if not token:
+            return total
+
+
+def budgets_for(c: MlflowClient, spec: RunSpec, run_id: str, now: float,
+                team_budgets: Mapping[str, TeamBudget] | None = None,
+                sweep_run_id: str | None = None) -> list[BudgetLeft]:
+    """:func:`traingate.cost.budget.budget_left` for a stage of ``run_id`` (a pipeline run id) from what
+    the tracking store holds: the team's recorded runs, and, for a sweep trial, the sweep run's trials.
+    ``team_budgets``: the pools config's (``CapacityConfig.team_budgets``), None when there is none."""
+    team = spec.identity.team
+    wanted = spec.budget.max_run_usd is not None or team in (team_budgets or {})
+    recorded = gather(c, team=team).runs if wanted else []
+    sw = spec.sweep
+    return budget_left(run_id=run_id, team=team, runs=recorded, now=now, max_run_usd=spec.budget.max_run_usd,
+                       team_budgets=team_budgets, sweep=sweep_run_id,
+                       max_sweep_usd=sw.budget.max_cost_usd if sw is not None and sweep_run_id else None,
+                       sweep_spent_usd=sweep_spend_usd(c, sweep_run_id) if sweep_run_id else 0.0)
