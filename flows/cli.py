@@ -31,11 +31,13 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("flows.commands.sweep", "run or resume the spec's hyperparameter sweep (Optuna; --promote the best)"),
     "runs": ("flows.commands.runs", "list and compare runs (by experiment, team, metric)"),
     "show": ("flows.commands.show", "identity, stages, gates, restarts, notes and cost of a run"),
+    "watch": ("flows.commands.watch", "live view of a run: progress, ETA, loss, ranks, alerts, restarts, dollars"),
     "note": ("flows.commands.note", "add a timestamped note to a run's logbook"),
     "replay": ("flows.commands.replay", "deliver a run's journals to the tracking store after it was lost"),
     "pools": ("flows.commands.pools", "create the work pools, queues, slot and quota limits of a pools config on the server"),
     "queue": ("flows.commands.queue", "running and waiting training jobs per pool: position, class, team, slots, wait"),
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
+    "ci": ("flows.commands.ci", "run the ci-canary deployment on a commit, wait, print the gate's reason"),
     "cost": ("flows.commands.cost", "spend, idle share, time lost to failures, cost per successful run per experiment"),
 }
 
@@ -121,9 +123,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings.ensure()
     guard_this_process(spec.supervision.preempt_grace_s)
     from flows.pipeline import ladder
+    from flows.terminal import follow_run
 
     try:
-        state = ladder(spec, args.until, return_state=True)
+        with follow_run(settings):  # a progress bar in a terminal, one line per stage transition elsewhere
+            state = ladder(spec, args.until, return_state=True)
     except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
         return interrupted(_claimed_run(settings))
     summary = _summary(state)

@@ -4,6 +4,11 @@ Settings come from environment variables with the ``TRAINGATE_`` prefix; nothing
 else in the project hard-codes a path. The embedded defaults put everything under
 one state directory (``./.traingate`` unless ``TRAINGATE_STATE_DIR`` says otherwise).
 
+That default is for a laptop. A flow run on a work pool takes its locations from the pool
+(``traingate pools bootstrap`` writes :func:`pool_locations` into the pool's job template) and
+refuses to fall back to the directory its code was pulled into (:func:`for_deployment`);
+read-only commands say which store they read and never create an empty one (:func:`store_to_read`).
+
 >>> s = Settings.from_env({"TRAINGATE_STATE_DIR": "/tmp/tg"})
 >>> s.tracking_uri
 'sqlite:////tmp/tg/mlflow.db'
@@ -13,10 +18,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from typing import MutableMapping, TextIO
 
 
+STATE_DIR_VAR = "TRAINGATE_STATE_DIR"
 TRACKING_URI_VAR = "TRAINGATE_TRACKING_URI"
+ARTIFACT_URI_VAR = "TRAINGATE_ARTIFACT_URI"
+CHECKPOINT_URI_VAR = "TRAINGATE_CHECKPOINT_URI"
+OPTUNA_STORAGE_VAR = "TRAINGATE_OPTUNA_STORAGE"
+S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
+# Every location a user or a pool sets; a pool's job template carries the ones that are set.
+LOCATION_VARS = (STATE_DIR_VAR, TRACKING_URI_VAR, ARTIFACT_URI_VAR, CHECKPOINT_URI_VAR, OPTUNA_STORAGE_VAR,
+                 S3_ENDPOINT_VAR)
+# A tracking server's own artifact store (its --artifacts-destination), reached through the server.
+SERVER_ARTIFACTS = "mlflow-artifacts:/"
 IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
 
 
@@ -32,16 +50,123 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
-        state = Path(env.get("TRAINGATE_STATE_DIR", ".traingate")).expanduser().resolve()
+        state = Path(env.get(STATE_DIR_VAR) or ".traingate").expanduser().resolve()
+        tracking = env.get(TRACKING_URI_VAR) or f"sqlite:///{state}/mlflow.db"
+        # Beside a tracking server, the default is the server's artifact store: a file:// location on
+        # this machine's disk would be one the server cannot serve and the next container loses.
+        artifacts = SERVER_ARTIFACTS if tracking.startswith(("http://", "https://")) else (state / "mlartifacts").as_uri()
         return cls(
             state_dir=state,
-            tracking_uri=env.get(TRACKING_URI_VAR, f"sqlite:///{state}/mlflow.db"),
-            artifact_uri=env.get("TRAINGATE_ARTIFACT_URI", (state / "mlartifacts").as_uri()),
-            checkpoint_uri=env.get("TRAINGATE_CHECKPOINT_URI", (state / "checkpoints").as_uri()),
-            optuna_storage=env.get("TRAINGATE_OPTUNA_STORAGE", f"sqlite:///{state}/optuna.db"),
-            s3_endpoint_url=env.get("TRAINGATE_S3_ENDPOINT_URL") or None,
+            tracking_uri=tracking,
+            artifact_uri=env.get(ARTIFACT_URI_VAR) or artifacts,
+            checkpoint_uri=env.get(CHECKPOINT_URI_VAR) or (state / "checkpoints").as_uri(),
+            optuna_storage=env.get(OPTUNA_STORAGE_VAR) or f"sqlite:///{state}/optuna.db",
+            s3_endpoint_url=env.get(S3_ENDPOINT_VAR) or None,
         )
 
     def ensure(self) -> "Settings":
         self.state_dir.mkdir(parents=True, exist_ok=True)
         return self
+
+
+class LocationError(ValueError):
+    """A location that is unset or points where state must not go. One line: the variable, the value, the fix."""
+
+
+def code_dir() -> Path:
+    """The directory this code was installed or pulled into (it holds ``traingate/``, ``flows/``, ``tasks/``)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def pool_locations(pool: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The locations every flow run on ``pool`` gets, as its job template's environment.
+
+    Taken from ``env`` (the bootstrap's environment, like the production stack's shared settings):
+    the state directory is required and absolute; the other locations are passed on when set.
+
+    >>> pool_locations("cpu-local", {"TRAINGATE_STATE_DIR": "/srv/traingate"})
+    {'TRAINGATE_STATE_DIR': '/srv/traingate'}
+    >>> pool_locations("cpu-local", {})
+    Traceback (most recent call last):
+    ...
+    traingate.settings.LocationError: pool cpu-local: TRAINGATE_STATE_DIR is not set: flow runs on the pool would write their state into the directory their code was pulled into; set TRAINGATE_STATE_DIR to an absolute path on the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run the bootstrap
+    """
+    env = os.environ if env is None else env
+    state = env.get(STATE_DIR_VAR, "")
+    if not state:
+        raise LocationError(f"pool {pool}: {STATE_DIR_VAR} is not set: flow runs on the pool would write their state "
+                            f"into the directory their code was pulled into; set {STATE_DIR_VAR} to an absolute path "
+                            "on the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run "
+                            "the bootstrap")
+    if not Path(state).is_absolute() or "{{" in state:
+        raise LocationError(f"pool {pool}: {STATE_DIR_VAR} = {state!r} is not an absolute path; every flow run would "
+                            "resolve it against its own working directory; give an absolute path on the pool's nodes")
+    out = {var: env[var] for var in LOCATION_VARS if env.get(var)}
+    if out.get(S3_ENDPOINT_VAR):  # MLflow's S3 client reads its own variable (a MinIO or other non-AWS endpoint)
+        out.setdefault("MLFLOW_S3_ENDPOINT_URL", env.get("MLFLOW_S3_ENDPOINT_URL") or out[S3_ENDPOINT_VAR])
+    return out
+
+
+def for_deployment(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Settings:
+    """The settings of a flow run a worker started: refused when they would put state in the code directory.
+
+    A pool's job template sets the locations (:func:`pool_locations`). Without them the embedded default
+    is ``./.traingate`` in the directory the deployment's pull step chose: the code checkout (every later
+    run's code version then reads as dirty) or the image's code directory (lost with the container).
+    """
+    env = os.environ if env is None else env
+    cwd = (cwd or Path.cwd()).resolve()
+    if not env.get(STATE_DIR_VAR):
+        raise LocationError(f"{STATE_DIR_VAR} is not set for this flow run: its state would go to "
+                            f"{cwd / '.traingate'}, inside the code directory; set the pool's locations with "
+                            "`traingate pools bootstrap` (TRAINGATE_STATE_DIR in its environment) or in the worker's "
+                            "environment")
+    settings = Settings.from_env(env)
+    for root in {code_dir(), cwd}:
+        if _inside(settings.state_dir, root) and (root / "flows").is_dir():
+            raise LocationError(f"{STATE_DIR_VAR} = {env[STATE_DIR_VAR]!r} resolves to {settings.state_dir}, inside "
+                                f"the code directory {root}; give the pool a state directory outside the code")
+    return settings
+
+
+def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: "TextIO | None" = None) -> Settings:
+    """The settings a read-only command uses, after saying on ``out`` (stderr) which tracking store it reads.
+
+    A SQLite store that does not exist is refused (MLflow would create an empty one and the command
+    would show nothing, as if the runs were gone); so is an empty ``file:`` store.
+    """
+    import sys
+
+    from traingate.redact import redact
+
+    env = os.environ if env is None else env
+    settings = Settings.from_env(env)
+    where = (f"{TRACKING_URI_VAR}" if env.get(TRACKING_URI_VAR) else
+             f"{STATE_DIR_VAR}={env[STATE_DIR_VAR]}" if env.get(STATE_DIR_VAR) else
+             f"{STATE_DIR_VAR} unset: ./.traingate in {Path.cwd()}")
+    print(f"traingate {command}: reading {redact(settings.tracking_uri)} ({where})", file=out or sys.stderr)
+    uri = settings.tracking_uri
+    path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else \
+        Path(uri[len("file://"):]) if uri.startswith("file://") else None
+    if path is not None and not (path.is_file() or (path.is_dir() and any(path.iterdir()))):
+        raise LocationError(f"no tracking store at {path}: {command} reads the store your runs wrote; set "
+                            f"{STATE_DIR_VAR} to their state directory (a pool's is in its job template: "
+                            f"prefect work-pool inspect POOL) or {TRACKING_URI_VAR} to their tracking server")
+    return settings
+
+
+def export_s3_endpoint(env: "MutableMapping[str, str] | None" = None) -> None:
+    """Point MLflow's S3 client at ``TRAINGATE_S3_ENDPOINT_URL`` (MinIO, or any non-AWS S3).
+
+    MLflow reads only ``MLFLOW_S3_ENDPOINT_URL``; without it an ``s3://`` artifact location would be
+    written to AWS, not to the configured store. An explicit ``MLFLOW_S3_ENDPOINT_URL`` wins.
+    Child processes (training ranks) inherit it.
+    """
+    env = os.environ if env is None else env
+    endpoint = env.get(S3_ENDPOINT_VAR)
+    if endpoint and not env.get("MLFLOW_S3_ENDPOINT_URL"):
+        env["MLFLOW_S3_ENDPOINT_URL"] = endpoint

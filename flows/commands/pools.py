@@ -7,6 +7,11 @@ served first, so the highest class gets 1), the pool's slot limit (a global conc
 named like the pool, ``gpus_per_node x nodes``), a limit per team quota on it and the one-slot
 start lock; and the config itself as the Prefect Variable ``traingate-pools``, from which every
 job reads its rules (``tasks/slots.py``).
+
+Each pool's job template carries the locations of the bootstrap's environment (state directory,
+tracking, artifact, checkpoint and Optuna stores: ``traingate.settings.pool_locations``) as the
+default environment of every flow run on it, so no run falls back to the directory its code is in.
+A pool without a state directory is refused.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import sys
 from typing import Any
 
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
-from traingate.settings import IMAGE_VAR
+from traingate.settings import IMAGE_VAR, LocationError, pool_locations
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         _require_server()
         changes = bootstrap(cfg, image=args.image)
-    except CapacityError as e:
+    except (CapacityError, LocationError) as e:
         print(f"traingate pools: {e}", file=sys.stderr)
         return 2
     for line in changes or ["nothing changed: the server already carries this config"]:
@@ -60,7 +65,17 @@ def queue_priorities(cfg: CapacityConfig) -> dict[str, int]:
     return {name: i + 1 for i, name in enumerate(ranked)}
 
 
-def job_template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[str, Any]:
+def job_template(pool: PoolConfig, image: str | None, pool_name: str,
+                 locations: dict[str, str] | None = None) -> dict[str, Any]:
+    """The pool's base job template; ``locations`` become the default environment of its flow runs
+    (a deployment's ``env`` job variables are merged over them by Prefect, not instead of them)."""
+    base = copy.deepcopy(_template(pool, image, pool_name))
+    if locations:
+        base["variables"]["properties"]["env"]["default"] = dict(locations)
+    return base
+
+
+def _template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[str, Any]:
     from prefect.workers.process import ProcessWorker
     if pool.worker == "process":
         return ProcessWorker.get_default_base_job_template()
@@ -89,7 +104,8 @@ def job_template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[st
     return base
 
 
-def bootstrap(cfg: CapacityConfig, image: str | None = None) -> list[str]:
+def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """``env``: where the pools' locations come from (default: this process's environment)."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
@@ -98,9 +114,10 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None) -> list[str]:
 
     changes: list[str] = []
     prio = queue_priorities(cfg)
+    locations = {name: pool_locations(name, env) for name in cfg.pools}  # every pool refused before any is made
     with get_client(sync_client=True) as c:
         for name, pool in cfg.pools.items():
-            template = job_template(pool, image, name)
+            template = job_template(pool, image, name, locations[name])
             try:
                 wp = c.read_work_pool(name)
             except ObjectNotFound:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from traingate.settings import Settings
+from traingate.settings import LocationError, store_to_read
 from traingate.tracking import browse
 from traingate.tracking.runs import client
 
@@ -18,7 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    c = client(Settings.from_env().tracking_uri)
+    try:
+        c = client(store_to_read("runs").tracking_uri)
+    except LocationError as e:
+        print(f"traingate runs: {e}", file=sys.stderr)
+        return 2
     try:
         rows = browse.list_runs(c, args.experiment, args.team, args.sort, args.asc, args.limit)
     except ValueError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,11 +13,15 @@ def main(args: argparse.Namespace) -> int:
     # Imported here: `traingate show --help` must not pay for MLflow (seconds).
     from mlflow.exceptions import MlflowException
 
-    from traingate.settings import Settings
+    from traingate.settings import LocationError, store_to_read
     from traingate.tracking import browse
     from traingate.tracking.runs import client
 
-    settings = Settings.from_env()
+    try:
+        settings = store_to_read("show")
+    except LocationError as e:
+        print(f"traingate show: {e}", file=sys.stderr)
+        return 2
     try:
         print(browse.show_run(client(settings.tracking_uri), args.run_id), end="")
     except MlflowException as e:

@@ -17,20 +17,58 @@ REQUIRED_TAGS = ("traingate.run_id", "traingate.experiment", "traingate.owner", 
                  "traingate.data_snapshot", "traingate.data_uri", "traingate.spec_hash")
 
 
-def code_version(path: str | Path = ".") -> dict[str, str]:
-    """git sha + dirty flag (+ a hash of the diff when dirty); 'unknown' outside a git tree."""
+def code_version(path: str | Path | None = None) -> dict[str, str]:
+    """git sha + dirty flag (+ a hash of the diff when dirty) of the code directory, and where it was read.
+
+    ``path`` defaults to the directory this code runs from (:func:`traingate.settings.code_dir`): a git
+    checkout is read with git (``source: git``); an installed copy without ``.git`` (the training
+    image, a pip install) by the stamp written when it was built (``source: stamp``, see
+    :mod:`traingate.tracking.stamp`). Neither: ``unknown``, and the run cannot be promoted.
+    A git repository that merely encloses ``path`` (a venv inside some checkout) is not its version.
+    """
+    from traingate.settings import code_dir
+
+    root = Path(path).resolve() if path is not None else code_dir()
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=30,
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
                               check=True).stdout
     try:
-        sha = git("rev-parse", "HEAD").strip()
-    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
-        return {"sha": "unknown", "dirty": "unknown", "diff_hash": ""}
+        top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
+        sha = git("rev-parse", "HEAD").strip() if top == root else ""
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
+        sha = ""
+    if not sha:
+        from traingate.tracking.stamp import read_stamp
+
+        stamped = read_stamp(root)
+        if stamped is not None:
+            return {**stamped, "source": "stamp"}
+        return {"sha": "unknown", "dirty": "unknown", "diff_hash": "", "source": "none"}
     diff = git("diff", "HEAD")
     untracked = git("ls-files", "--others", "--exclude-standard")
     dirty = bool(diff.strip() or untracked.strip())
-    return {"sha": sha, "dirty": str(dirty).lower(),
+    return {"sha": sha, "dirty": str(dirty).lower(), "source": "git",
             "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else ""}
+
+
+def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
+    """Why code at ``version`` is not the ``commit`` CI asked for (None when it is: the same commit, clean).
+
+    >>> commit_mismatch("0123abc", {"sha": "0123abc" + "0" * 33, "dirty": "false", "source": "git"}) is None
+    True
+    >>> commit_mismatch("0123abc", {"sha": "unknown", "dirty": "unknown", "source": "none"})
+    'commit 0123abc was asked for, but the code here is unknown (source: none); the ci deployment checks the commit out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)'
+    """
+    c = commit.strip().lower()
+    if len(c) < 7 or any(ch not in "0123456789abcdef" for ch in c):
+        return f"commit = {commit!r}: pass a git commit sha (at least 7 hex digits), e.g. $(git rev-parse HEAD)"
+    sha = version.get("sha", "unknown")
+    if sha.startswith(c) and version.get("dirty") == "false":
+        return None
+    what = f"{sha}{' with uncommitted changes' if version.get('dirty') == 'true' else ''}"
+    return (f"commit {commit} was asked for, but the code here is {what} (source: {version.get('source', '?')}); "
+            "the ci deployment checks the commit out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)")
 
 
 def hash_file_uri(uri: str) -> str:

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from traingate.job.vocab import Status
 from traingate.redact import redact, redact_mapping
+from traingate.settings import export_s3_endpoint
 from traingate.spec import RunSpec
 from traingate.stage import GateDecision, StageResult, render_markdown
 from traingate.tracking.identity import REQUIRED_TAGS
@@ -36,14 +37,30 @@ _REQUEST_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,200}")  # it is quoted into a sear
 
 
 def client(tracking_uri: str) -> MlflowClient:
+    export_s3_endpoint()  # before MLflow's S3 client exists, and for the training processes started later
     return MlflowClient(tracking_uri)
 
 
+class ArtifactLocationError(ValueError):
+    """An experiment whose stored artifact location is not the configured one."""
+
+
 def experiment_id(c: MlflowClient, name: str, artifact_uri: str | None) -> str:
+    """The experiment ``name``, created with its artifact location under ``artifact_uri``.
+
+    An existing experiment keeps the location it was created with (MLflow cannot move it), so one that
+    lies elsewhere is refused: its models and reports would land outside the configured store.
+    """
+    wanted = f"{artifact_uri.rstrip('/')}/{name}" if artifact_uri else None
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    return c.create_experiment(name, artifact_location=f"{artifact_uri.rstrip('/')}/{name}" if artifact_uri else None)
+    if exp is None:
+        return c.create_experiment(name, artifact_location=wanted)
+    if wanted is not None and exp.artifact_location.rstrip("/") != wanted:
+        raise ArtifactLocationError(
+            f"experiment {name!r} stores its artifacts at {redact(exp.artifact_location)}, but TRAINGATE_ARTIFACT_URI "
+            f"puts them at {redact(wanted)}; use a new identity.experiment, or set TRAINGATE_ARTIFACT_URI to "
+            f"{redact(exp.artifact_location.rstrip('/').rsplit('/', 1)[0])}")
+    return exp.experiment_id
 
 
 def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name: str, tags: dict[str, str]) -> Run:
@@ -86,6 +103,7 @@ def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, 
         "traingate.purpose": spec.identity.purpose, "traingate.recipe": spec.recipe.name,
         "traingate.code_version": identity["code"]["sha"], "traingate.code_dirty": identity["code"]["dirty"],
         "traingate.code_diff_hash": identity["code"].get("diff_hash", ""),
+        "traingate.code_source": identity["code"].get("source", ""),
         "traingate.data_snapshot": identity["data_snapshot"], "traingate.data_uri": identity["data_uri"],
         "traingate.spec_hash": spec.spec_hash(), "traingate.work_pool": spec.resources.work_pool,
         "mlflow.user": spec.identity.owner,
