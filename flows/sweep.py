@@ -108,9 +108,14 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
                                "trials_finished": len(result.finished), "total_steps": result.steps,
                                "cost_usd": result.cost_usd, "storage": storage, "parent_run_id": parent,
                                "sweep_dir": str(out_dir)}
+    # The driver starts no trial once the trials' recorded cost reaches the sweep's budget; the end says so.
+    spent = sw.budget.max_cost_usd is not None and result.cost_usd >= sw.budget.max_cost_usd
+    budget_note = (f"; budget spent: the trials cost ${result.cost_usd:.6g} of sweep.budget.max_cost_usd "
+                   f"${sw.budget.max_cost_usd:.6g}, no further trial was started" if spent else "")
+    summary["budget_spent"] = spent
     if not best:
         publish_sweep(spec, storage, parent, summary, [], str(out_dir))
-        return Failed(message=f"sweep {study.study_name}: no trial completed", data=summary)
+        return Failed(message=f"sweep {study.study_name}: no trial completed{budget_note}", data=summary)
     winner, verdict = best[0], None
     if sw.promotion.top_k:
         verdict = reproducibility(_reproduce(spec, storage, study, parent, limits, call), sw)
@@ -131,7 +136,7 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
         if not state.is_completed():
             return Failed(message=f"promoted best spec stopped: {state.message}", data=summary)
     return Completed(message=f"sweep {study.study_name}: best trial {winner.number} "
-                             f"{sw.objectives[0].metric}={winner.values[0]:.4g}", data=summary)
+                             f"{sw.objectives[0].metric}={winner.values[0]:.4g}{budget_note}", data=summary)
 
 
 
