@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -116,12 +117,24 @@ def test_a_run_crossing_its_budget_mid_stage_is_paused_and_resumes_when_the_budg
 
 
 @pytest.mark.slow
-def test_a_spike_with_action_stop_ends_the_stage_failed_with_cause_alert(tiny_spec, state_dir, tmp_path):
+def test_a_spike_with_action_stop_ends_the_stage_failed_with_cause_alert_and_posts_the_webhook(
+        tiny_spec, state_dir, tmp_path, monkeypatch):
+    from test_notify import _server
+
+    server, posted = _server()
+    monkeypatch.setenv("TG_HOOK", f"http://127.0.0.1:{server.server_port}/hook/s3cret")
     sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@13", "alerts.loss_spike.action=stop",
-                          "stages.full.max_steps=40", name="stopped")
+                          "stages.full.max_steps=40", 'alerts.webhook_url="${env:TG_HOOK}"', name="stopped")
     assert (sup.status, sup.cause) == (Status.FAILED, Cause.ALERT)
     assert sup.error.startswith("stopped by alert loss-spike: loss-spike: train_loss")
     assert files.read_alerts(Path(job.stage_dir))[0].outcome == "stopped for good"
+    deadline = time.monotonic() + 10
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server.shutdown()
+    body = posted[0]["body"]
+    assert (body["run_id"], body["rule"], body["outcome"]) == ("stopped", "loss-spike", "stopped for good")
+    assert "s3cret" not in (Path(job.stage_dir) / "job.json").read_text()  # the reference, not the URL
 
 
 @pytest.mark.slow

@@ -39,11 +39,19 @@ def test_a_healthy_curve_raises_nothing_and_a_spike_raises_one_roll_back_once(tm
 
 def test_polls_closer_than_every_s_do_not_evaluate(tmp_path):
     m = _monitor(tmp_path, every_s=5)
-    _steps(tmp_path, _decay(60) + [5.0])
-    assert m.poll(now=100.0, held_s=1) != []
-    _steps(tmp_path, _decay(3, 62) + [9.0], first=62)
+    _steps(tmp_path, _decay(60))
+    assert m.poll(now=100.0, held_s=1) == []
+    _steps(tmp_path, [5.0], first=61)
     assert m.poll(now=102.0, held_s=3) == []
     assert [f.rule for f in m.poll(now=105.0, held_s=6)] == [Rule.LOSS_SPIKE]
+
+
+def test_the_steps_after_a_spike_still_high_against_its_baseline_are_not_each_a_new_alert(tmp_path):
+    m = _monitor(tmp_path)
+    _steps(tmp_path, _decay(60) + [5.0])
+    assert [f.at for f in m.poll(now=1.0, held_s=1)] == [61]
+    _steps(tmp_path, [4.8, 4.9, 4.7], first=62)
+    assert m.poll(now=2.0, held_s=2) == []
 
 
 def test_after_a_roll_back_the_rolled_back_steps_are_forgotten_and_a_new_spike_at_the_same_step_is_news(tmp_path):

@@ -6,7 +6,10 @@ knows (restarts, time held, price), keeps a bounded window of each series, and r
 :func:`traingate.monitor.rules.evaluate` over them. It returns each alert once:
 
 - an *event* rule (non-finite loss, loss spike, gradient-norm explosion, restart storm) fires
-  once per event, named by the step (or time) it happened at;
+  once per event, named by the step (or time) it happened at. A rule names the first event in the
+  window it is given (the last few hundred steps), so the steps after a spike, still high against
+  the baseline before it, are not each a new alert; a second, separate spike in the same window is
+  raised once the first has left it (with ``notify``; a roll-back or pause ends the window anyway);
 - a *condition* rule (stagnation, slow steps, straggler, stalls, budget, no progress) fires when
   its condition starts to hold and again only after it stopped holding.
 
@@ -126,14 +129,10 @@ class StageMonitor:
         head_end = self.step_time_head[-1][0] if self.step_time_head else -math.inf
         step_time = self.step_time_head + [p for p in self.step_time if p[0] > head_end]
         ranks = {r: sorted(t.items()) for r, t in self.ranks.items()} if len(self.ranks) > 1 else {}
-        # An event rule names the first event in its series: leave out the events already raised, so the
-        # next one is not hidden behind them (and a spike does not sit in the next one's baseline).
-        seen_loss = {at for r, at in self.seen if r in (Rule.LOSS_SPIKE, Rule.NONFINITE_LOSS)}
-        seen_grad = {at for r, at in self.seen if r == Rule.GRAD_NORM_EXPLOSION}
+        # A storm counts the restarts after the last one raised: the next needs `count` more.
         last_storm = max((at for r, at in self.seen if r == Rule.RESTART_STORM), default=-math.inf)
         restart_times = [t for t in restart_times if t > last_storm]
-        signals = Signals(loss=[p for p in self.loss if p[0] not in seen_loss], val=self.val,
-                          grad_norm=[p for p in self.grad if p[0] not in seen_grad], step_time=step_time,
+        signals = Signals(loss=list(self.loss), val=self.val, grad_norm=list(self.grad), step_time=step_time,
                           data_wait=list(self.data_wait), rank_step_times=ranks, gpu_util=list(self.gpu_util),
                           restart_times=sorted(restart_times), spend_usd=list(self.spend),
                           budget_usd=self.budget_usd, budget_scope=self.scope, heartbeats=list(self.beats))

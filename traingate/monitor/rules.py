@@ -215,6 +215,8 @@ class AlertsSpec(SpecModel):
     mitigates. The supervisor evaluates them about once a second while a stage trains."""
     enabled: bool = True
     every_s: float = Field(default=1.0, gt=0, le=60, description="how often the supervisor evaluates the rules")
+    webhook_url: str | None = Field(default=None, description="POST every alert here as JSON (Slack-compatible "
+                                    "`text`); a URL with a token belongs in the environment: ${env:NAME}")
     rollback: RollbackSpec = RollbackSpec()
     nonfinite_loss: NonfiniteLossSpec = NonfiniteLossSpec()
     loss_spike: LossSpikeSpec = LossSpikeSpec()

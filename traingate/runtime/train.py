@@ -112,6 +112,7 @@ class Trainer:
         self._start_step, self._first_step_time = 0, None
         self._last_dt: float | None = None
         self._busy: deque[list[float]] = deque(maxlen=16)  # [step, busy s]: the straggler rule's input
+        self._iter_start = time.perf_counter()
         # Rank 0's per-step record for the supervisor's alert rules (and `traingate watch`).
         self.metrics_out = files.MetricsWriter(self.out_dir) if d.is_main and job.spec.alerts.enabled else None
         ck = spec.checkpoint
@@ -225,7 +226,7 @@ class Trainer:
             with ctx:
                 loss = self.recipe.loss(self.model, batch) / self.accum
                 if last:  # the backward of the last micro-batch waits for every rank's gradients
-                    self._busy.append([self.step + 1, time.perf_counter() - t_data])
+                    self._busy.append([self.step + 1, time.perf_counter() - self._iter_start])
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         self.scaler.unscale_(self.opt)
@@ -302,6 +303,9 @@ class Trainer:
         if self.ckpt is not None:  # host buffers for the weights and AdamW's two moments, off the first save
             self.ckpt.prepare(self.module.state_dict(), copies=3)
         while self.step < self.max_steps:
+            # This rank's busy time runs from here (the end of the previous step's collectives) to its
+            # last backward: whatever it does between steps, it makes its peers wait for.
+            self._iter_start = time.perf_counter()
             self.injector.before_step(self.step, self.module)
             t0 = time.perf_counter()
             loss, gnorm, bad, stop = self._train_step()

@@ -36,6 +36,7 @@ from traingate import launch, proc
 from traingate.job import envvars, files
 from traingate.job.stagejob import Rollback, StageJob
 from traingate.job.vocab import Cause, Status, status_for
+from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
 from traingate.monitor.rules import Action, Firing
 from traingate.runtime import warm
@@ -464,6 +465,8 @@ class _Watch:
         self.hooks.info(f"{self.job.stage}: ALERT {f.severity} {f.message} -> {outcome}")
         if self.hooks.on_alert is not None:
             self.hooks.on_alert(f"alert.{f.rule}", payload)
+        if self.job.spec.alerts.webhook_url:
+            notify.post(self.job.spec.alerts.webhook_url, {"run_id": self.job.run_id, **payload}, self.hooks.info)
 
     def _track(self, beats: dict[int, files.Heartbeat]) -> None:
         a = self.attempts[-1]
