@@ -95,10 +95,11 @@ def store(tmp_path_factory):
     spec = _spec("speech-c", "speech", "gpu-h100", 1, 4)
     c1 = runs.open_pipeline_run(c, spec, art, IDENTITY, request_key="c1")
     run_dir = tmp_path / "runs" / "c1"
-    _record_job(c, c1, spec, run_dir, "smoke", [_att(0, 110, 200, 130)], before=[[_att(0, 0, 100, 20)]])
+    _record_job(c, c1, spec, run_dir, "smoke", [_att(0, 110, 200, 130)], before=[[_att(0, 0, 100, 20)]],
+                profile={"samples_per_s": 100.0})
     _record_job(c, c1, spec, run_dir, "canary", [_att(0, 0, 300, 10, Cause.WORKER_LOST, backoff=20),
                                                  _att(1, 320, 620, 340)],
-                profile={"step_time_mean_s": 0.5, "startup_s": 10.0})
+                profile={"step_time_mean_s": 0.5, "startup_s": 10.0, "samples_per_s": 300.0})
     _record_job(c, c1, spec, run_dir, "full", [_att(0, 600, 1600, 700)],
                 earlier=[_att(0, 0, 500, 50, Cause.PREEMPTED, backoff=40)])
     runs.close_pipeline_run(c, c1, True, "full")
@@ -236,6 +237,10 @@ def test_cost_command_shows_the_canary_estimate_of_full_beside_its_actual_cost(s
     assert "| experiment | attempts | slot-hours | spend | lost | lost share | idle share | succeeded | " \
            "cost per successful run | full: canary estimate / actual |" in out
     assert "| speech-c | 6 | 2.4528 | $9.81 | $3.82 | 39.0% | 8.6% | 1/1 | $9.81 | $0.4889 / $6.84 (x14.00) |" in out
+    # Smoke at 1 process 100 samples/s, canary at 4: 300 samples/s, $4 per slot-hour: efficiency 300 / (4 x 100).
+    assert f"- speech-c (run {store['ids']['c1']}): 4 processes: 3.00x the throughput of 1 (scaling efficiency " \
+           "75%); a sample costs 1.33x as much ($14.8148 vs $11.1111 per 1M samples at $4.00 per slot-hour): " \
+           "adding processes still pays off (efficiency >= 75%)." in out
 
 
 def test_cost_command_refuses_a_bad_since_and_team_in_one_line(store, monkeypatch, capsys):

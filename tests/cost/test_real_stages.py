@@ -82,3 +82,20 @@ def test_scaling_advice_from_real_canary_profiles_at_1_and_2_processes(stages):
     assert a.pays_off == (eff >= 0.75 and p2["samples_per_s"] > p1["samples_per_s"])
     print(f"\nreal canary profiles: 1 process {p1['samples_per_s']:.1f} samples/s, 2 processes "
           f"{p2['samples_per_s']:.1f} samples/s\n{a.sentence}")
+
+
+def test_scaling_advice_hand_computed_cases():
+    # 1 process 200 samples/s; 8 processes 960: efficiency 0.6, a sample costs 1/0.6 = 1.67x.
+    a = scaling.advise({"samples_per_s": 200.0}, {"samples_per_s": 960.0}, 8, price_per_slot_hour=2.5)
+    assert (a.efficiency, a.speedup, a.pays_off) == (pytest.approx(0.6), pytest.approx(4.8), False)
+    assert a.usd_per_million_samples(1) == pytest.approx(2.5 / 3600 / 200 * 1e6)   # $3.4722
+    assert a.usd_per_million_samples(8) == pytest.approx(8 * 2.5 / 3600 / 960 * 1e6)  # $5.7870
+    assert a.sentence.endswith("adding processes stops paying off (efficiency < 75%); use fewer, unless finishing "
+                               "sooner is worth the extra cost.")
+    slower = scaling.advise({"samples_per_s": 100.0}, {"samples_per_s": 90.0}, 2, price_per_slot_hour=1.0)
+    assert slower.efficiency == pytest.approx(0.45) and "2 processes are no faster than 1" in slower.sentence
+    assert scaling.advise({"samples_per_s": 100.0}, {"samples_per_s": 190.0}, 2, 1.0, min_efficiency=0.95).pays_off
+    with pytest.raises(ValueError, match=r"profile at 2 processes: samples_per_s = None; needs a measured throughput"):
+        scaling.advise({"samples_per_s": 100.0}, {}, 2, 1.0)
+    with pytest.raises(ValueError, match="processes = 1: scaling compares 1 process with 2 or more"):
+        scaling.advise({"samples_per_s": 100.0}, {"samples_per_s": 100.0}, 1, 1.0)

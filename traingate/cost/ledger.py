@@ -164,6 +164,9 @@ class Run:
     succeeded: bool
     attempts: tuple[Attempt, ...] = ()
     estimates: dict[str, float] = field(default_factory=dict)  # stage -> the stage before's estimate of its cost
+    # processes -> a stage's measured profile at that many (smoke runs 1, canary one node): scaling advice
+    profiles: dict[int, dict[str, float]] = field(default_factory=dict)
+    price_per_slot_hour: float = 0.0
 
 
 @dataclass

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
+
+from traingate.cost.ledger import Run
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,16 @@ def advise(profile_1: Mapping[str, float], profile_n: Mapping[str, float], proce
                              "(a stage that completed steps)")
         rates.append(float(sps))
     return Scaling(processes, rates[0], rates[1], price_per_slot_hour, min_efficiency)
+
+
+def by_family(runs: Iterable[Run], min_efficiency: float = 0.75) -> dict[str, tuple[str, Scaling]]:
+    """Experiment -> (run id, advice) from the first run (newest first, as gathered) that measured a profile
+    at 1 process and at more (a ladder's smoke runs 1 process, its canary a node's worth)."""
+    out: dict[str, tuple[str, Scaling]] = {}
+    for r in runs:
+        wider = [n for n in r.profiles if n > 1]
+        if r.experiment in out or 1 not in r.profiles or not wider:
+            continue
+        n = max(wider)
+        out[r.experiment] = (r.run_id, advise(r.profiles[1], r.profiles[n], n, r.price_per_slot_hour, min_efficiency))
+    return dict(sorted(out.items()))

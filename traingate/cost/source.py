@@ -101,6 +101,7 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
         spec: RunSpec = parse_spec(spec_dict)
         attempts: list[Attempt] = []
         estimates: dict[str, float] = {}
+        profiles: dict[int, dict[str, float]] = {}
         for s in stage_runs(c, rid):
             stage = s.data.tags.get("traingate.stage", "")
             if stage == "unit":
@@ -110,11 +111,16 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
                 got.skipped.append(f"{rid}/{stage}: no {RESULT_ARTIFACT} (still running, or its orchestrator died)")
                 continue
             attempts += stage_attempts(rid, stage, spec, result)
+            profile = (result.get("details") or {}).get("profile") or {}
+            if profile.get("samples_per_s"):
+                nodes, nproc = stage_world(spec, stage)
+                profiles[nodes * nproc] = profile
             if result.get("estimated_cost_usd") is not None:
                 estimates[stage] = float(result["estimated_cost_usd"])
         got.runs.append(Run(rid, tags.get("traingate.experiment", spec.identity.experiment),
                             tags.get("traingate.team", spec.identity.team),
-                            tags.get("traingate.outcome") == "passed", tuple(attempts), estimates))
+                            tags.get("traingate.outcome") == "passed", tuple(attempts), estimates,
+                            profiles, spec.pool.price_per_gpu_hour))
     return got
 
 
