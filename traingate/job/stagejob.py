@@ -88,6 +88,8 @@ class StageJob:
     eval_every: int = 0
     faults: str | None = None     # a fault plan (drills and tests; traingate.runtime.inject)
     rollbacks: tuple[Rollback, ...] = ()   # this stage's roll-backs so far, oldest first
+    # who delivers rank 0's tracking journal to MLflow: the training process itself, or its supervisor
+    tracking_delivery: str = "process"
     # money: the budget that applies (None: none) and what its scope had spent before this stage began
     budget_usd: float | None = None
     budget_scope: str = "run"

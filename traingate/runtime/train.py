@@ -124,7 +124,8 @@ class Trainer:
                                  run_id=job.run_id, stage=self.stage, spec=spec) if d.is_main else None
         self.mlflow_run_id = run_to_resume(job.mlflow_run_id, self.ckpt)  # checkpoints carry it forward
         self.tracker = make_tracker(d.rank, spec.tracking.enabled, job.tracking_uri, self.mlflow_run_id,
-                                    journal_dir=self.out_dir / "tracking")
+                                    journal_dir=self.out_dir / "tracking",
+                                    deliver=job.tracking_delivery == "process")
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
         self.stop = StopFlag(envvars.supervisor_pid())

@@ -44,6 +44,8 @@ from traingate.runtime.checkpoint import Checkpointer, step_dir
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision import causes, heartbeat, oom
 from traingate.supervision.backoff import Backoff, RetryBudget
+from traingate.tracking.journal import journal_path
+from traingate.tracking.tracker import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +182,29 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
     elif job.spec.supervision.warm_restarts:
         (hooks or Hooks()).info(f"{job.stage}: supervision.warm_restarts has no effect on a script recipe "
                                 "(its command is the user's); starting it cold")
+    delivery = _delivery(job, hooks or Hooks())
+    if delivery is not None:
+        job = dataclasses.replace(job, tracking_delivery="supervisor")
     try:
         return _supervise(job, hooks, python, seed, resumed, zygote.socket if zygote else None)
     finally:
         if zygote is not None and (why := zygote.stop()) is not None:
             (hooks or Hooks()).info(f"{job.stage}: warm restarts were off (workers started cold): {why}")
+        if delivery is not None:
+            # Everything the stage logged is in MLflow before its result is read; what an outage kept
+            # back stays in the journal for the next process of the stage or `traingate replay`.
+            delivery.close()
+
+
+def _delivery(job: StageJob, hooks: Hooks) -> Delivery | None:
+    """The delivery of rank 0's tracking journal, run here: the training processes then only journal."""
+    if not (job.spec.tracking.enabled and job.tracking_uri and job.mlflow_run_id and job.writes_heartbeats):
+        return None
+    from traingate.secrets import resolve
+
+    path = journal_path(Path(job.stage_dir))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Delivery(resolve(job.tracking_uri, field="tracking URI"), job.mlflow_run_id, path)
 
 
 def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None,

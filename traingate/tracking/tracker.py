@@ -1,10 +1,15 @@
 """The tracker a training process logs through.
 
 Rank 0 gets an :class:`MlflowTracker`: every record is appended to a local journal
-(:mod:`traingate.tracking.journal`) and a background thread delivers the journal to
+(:mod:`traingate.tracking.journal`) and a :class:`Delivery` thread delivers the journal to
 MLflow with ``log_batch``, so a step never waits on the tracking store, an outage of
 the store costs disk, not memory, and nothing is lost. Every other rank gets the
 :class:`NullTracker`, built once.
+
+Under the supervisor the delivery runs in the supervisor's process instead
+(``StageJob.tracking_delivery == "supervisor"``): the training process only appends to the
+journal and never imports MLflow, which takes seconds of CPU from every launch (a smoke
+stage launches twice) on the machine that trains. A process launched by hand delivers its own.
 
 One logical run spans process lifetimes: the process of a restarted stage writes into
 the same MLflow run (``MLFLOW_RUN_ID``), replays what its predecessor left undelivered,
@@ -87,42 +92,31 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
 
 
 class MlflowTracker(NullTracker):
-    """Journaled, background writer into an existing MLflow run (created by the orchestrator)."""
+    """Journaled writer into an existing MLflow run (created by the orchestrator); ``deliver``: run the
+    delivery thread here (a process on its own), else only journal (the supervisor delivers)."""
 
     def __init__(self, tracking_uri: str, run_id: str, journal_dir: str | Path, flush_every_s: float = 1.0,
-                 drain_timeout_s: float | None = None):
-        _fail_fast_http()
+                 drain_timeout_s: float | None = None, deliver: bool = True):
         self.tracking_uri = tracking_uri
-        self._client: Any = None
-        self._client_lock = threading.Lock()
         self.run_id = run_id
         self.journal = Journal(Path(journal_dir) / "journal.jsonl")
         self.history: History = self.journal.history()
         self._high_water = dict(self.history.high_water)
-        self.flush_every_s = flush_every_s
-        self.drain_timeout_s = envvars.tracking_drain_s() if drain_timeout_s is None \
-            else drain_timeout_s
-        self._transient: tuple[type[BaseException], ...] = (OSError,)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._error: BaseException | None = None
-        self._outage_since: float | None = None
         self.dropped_duplicates = 0
-        self._thread = threading.Thread(target=self._run, name="tracker", daemon=True)
-        self._thread.start()
+        self.delivery = Delivery(tracking_uri, run_id, self.journal, flush_every_s, drain_timeout_s) \
+            if deliver else None
+        self._client: Any = None
 
     @property
     def client(self) -> Any:
-        """The MLflow client, built on first use. The writer thread builds it as soon as it starts: importing
-        MLflow and opening its store (engine, schema check) then overlaps with the model build, data load,
-        rendezvous and checkpoint load instead of delaying the first step by seconds."""
-        with self._client_lock:
-            if self._client is None:
-                from mlflow.tracking import MlflowClient
+        if self.delivery is not None:
+            return self.delivery.client
+        if self._client is None:  # only journaling: MLflow is needed only to learn a lost journal's past
+            _fail_fast_http()
+            from mlflow.tracking import MlflowClient
 
-                self._transient = _transient_errors()
-                self._client = MlflowClient(self.tracking_uri)
-            return self._client
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
 
     # ------------------------------------------------------------ the training thread's side
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -194,7 +188,7 @@ class MlflowTracker(NullTracker):
         """No local journal but a checkpoint to resume from: ask MLflow what earlier processes logged."""
         try:
             run = self.client.get_run(self.run_id)
-        except self._transient as e:
+        except _transient_errors() as e:
             log.warning("tracking store unreachable at resume (%s); restart count and logged steps "
                         "are taken from the local journal only", str(e).splitlines()[0][:200])
             return 0
@@ -205,12 +199,56 @@ class MlflowTracker(NullTracker):
     def end_session(self, status: str) -> None:
         self.journal.append([{"end": status, "t": _now_ms()}])
 
-    # ------------------------------------------------------------ the writer thread
+    def flush(self, timeout_s: float = 60.0) -> None:
+        if self.delivery is not None:
+            self.delivery.flush(timeout_s)
+
+    def close(self) -> None:
+        if self.delivery is not None:
+            self.delivery.close()  # closes the journal too
+        else:
+            self.journal.close()
+
+
+class Delivery:
+    """Delivers a journal to its MLflow run from a background thread, in order, retrying through
+    outages; commits the delivered offset. Used by a tracker in its own process, or by the
+    supervisor for the stage it runs (the journal then has its writer in another process)."""
+
+    def __init__(self, tracking_uri: str, run_id: str, journal: Journal | Path, flush_every_s: float = 1.0,
+                 drain_timeout_s: float | None = None):
+        _fail_fast_http()
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self.journal = journal if isinstance(journal, Journal) else Journal(Path(journal))
+        self.flush_every_s = flush_every_s
+        self.drain_timeout_s = envvars.tracking_drain_s() if drain_timeout_s is None else drain_timeout_s
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._transient: tuple[type[BaseException], ...] = (OSError,)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._error: BaseException | None = None
+        self._outage_since: float | None = None
+        self._thread = threading.Thread(target=self._run, name="tracker", daemon=True)
+        self._thread.start()
+
+    @property
+    def client(self) -> Any:
+        """The MLflow client, built on first use. The thread builds it as soon as it starts: importing
+        MLflow and opening its store (engine, schema check) then overlaps with everything else."""
+        with self._client_lock:
+            if self._client is None:
+                from mlflow.tracking import MlflowClient
+
+                self._transient = _transient_errors()
+                self._client = MlflowClient(self.tracking_uri)
+            return self._client
+
     def _run(self) -> None:
         backoff = 0.0
         try:
             try:
-                self.client  # noqa: B018 - build it now, off the training thread
+                self.client  # noqa: B018 - build it now, off the caller's thread
             except self._transient as e:
                 log.warning("tracking store unreachable at start (%s); buffering in %s",
                             str(e).splitlines()[0][:200], self.journal.path)
@@ -322,9 +360,10 @@ def run_to_resume(run_id: str | None, checkpointer: Any) -> str | None:
 
 
 def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str | None,
-                 journal_dir: str | Path | None = None) -> NullTracker:
-    """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one."""
+                 journal_dir: str | Path | None = None, deliver: bool = True) -> NullTracker:
+    """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one.
+    ``deliver`` False: journal only, the supervisor delivers."""
     if rank != 0 or not enabled or not tracking_uri or not run_id:
         return NullTracker()
     return MlflowTracker(resolve(tracking_uri, field="tracking URI"), run_id,
-                         journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"))
+                         journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"), deliver=deliver)
