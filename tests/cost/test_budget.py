@@ -104,6 +104,14 @@ def test_gate_refuses_the_next_stage_naming_each_budget_its_estimate_exceeds(sto
     assert decide(canary, GateSpec(), budgets=budgets).passed
 
 
+def test_the_stage_a_gate_decides_after_counts_before_it_is_recorded(store):
+    full = _a(store["v2"], "full", 0, 8, NOW - 1800, NOW)   # $10, not in MLflow yet
+    run, _, team = budgets_for(store["c"], store["v2_spec"], store["v2"], NOW, TEAMS, sweep_run_id=store["sweep"],
+                               pending=[full])
+    assert run.spent_usd == pytest.approx(22.5) and run.left_usd == 0.0
+    assert team.spent_usd == pytest.approx(TEAM_SPENT + 10)
+
+
 def test_a_team_budget_counts_only_the_team_and_only_this_period(store):
     nlp = _spec("nlp")
     [b] = budgets_for(store["c"], nlp, "some-run", NOW, {"nlp": TeamBudget(budget_usd=500, period=Period.DAY)})

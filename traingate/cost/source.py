@@ -18,7 +18,7 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from mlflow.entities import Run as MlflowRun
 from mlflow.tracking import MlflowClient
@@ -138,13 +138,17 @@ def sweep_spend_usd(c: MlflowClient, sweep_run_id: str) -> float:
 
 def budgets_for(c: MlflowClient, spec: RunSpec, run_id: str, now: float,
                 team_budgets: Mapping[str, TeamBudget] | None = None,
-                sweep_run_id: str | None = None) -> list[BudgetLeft]:
+                sweep_run_id: str | None = None, pending: Sequence[Attempt] = ()) -> list[BudgetLeft]:
     """:func:`traingate.cost.budget.budget_left` for a stage of ``run_id`` (a pipeline run id) from what
     the tracking store holds: the team's recorded runs, and, for a sweep trial, the sweep run's trials.
-    ``team_budgets``: the pools config's (``CapacityConfig.team_budgets``), None when there is none."""
+    ``team_budgets``: the pools config's (``CapacityConfig.team_budgets``), None when there is none.
+    ``pending``: attempts of ``run_id`` not recorded yet (the stage a gate is deciding after:
+    ``[Attempt.from_record(run_id, r) for r in result.attempts]``)."""
     team = spec.identity.team
     wanted = spec.budget.max_run_usd is not None or team in (team_budgets or {})
     recorded = gather(c, team=team).runs if wanted else []
+    if pending:
+        recorded.append(Run(run_id, spec.identity.experiment, team, False, tuple(pending)))
     sw = spec.sweep
     return budget_left(run_id=run_id, team=team, runs=recorded, now=now, max_run_usd=spec.budget.max_run_usd,
                        team_budgets=team_budgets, sweep=sweep_run_id,
