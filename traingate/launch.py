@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from traingate.job.stagejob import StageJob
+from traingate.launch_nodes import fan_out_command
 from traingate.recipes.script import build_command, torchrun_args
 
 
@@ -10,7 +11,21 @@ def stage_command(job: StageJob, python: str, zygote_socket: str | None = None) 
 
     A torchrun group may restart in place ``job.inplace_restarts`` times: faster than a relaunch
     (no new agent, no re-import of the launcher), counted against the supervisor's budget.
+    A job on several nodes is the same agent on each of them (:mod:`traingate.launch_nodes`).
     """
+    if job.nodes > 1 and (not job.is_script or job.spec.recipe.script.launcher == "torchrun"):
+        return _on_every_node(job, python, _agent_command(job, python, zygote_socket))
+    return _agent_command(job, python, zygote_socket)
+
+
+def _on_every_node(job: StageJob, python: str, agent: list[str]) -> list[str]:
+    endpoint = job.spec.resources.rdzv_endpoint
+    assert endpoint, "validated by ResourcesSpec"
+    # A rendezvous of its own per attempt: a relaunch never meets an agent of the attempt before it.
+    return fan_out_command(python, job.nodes, f"{job.run_id}.{job.stage}.{job.attempt}", endpoint, agent)
+
+
+def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> list[str]:
     if job.is_script:
         return build_command(job.spec, job.stage, python, job.procs_per_node, job.nodes,
                              job.spec.resources.rdzv_endpoint)

@@ -176,12 +176,13 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
     # supervision.warm_restarts: one pre-imported zygote forks every worker of this stage's launches
     # (traingate.runtime.warm); it is this process's child, so it dies with the stage.
     zygote = None
-    if job.spec.supervision.warm_restarts and not job.is_script:
+    if job.spec.supervision.warm_restarts and not job.is_script and job.nodes == 1:
         Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
         zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
     elif job.spec.supervision.warm_restarts:
-        (hooks or Hooks()).info(f"{job.stage}: supervision.warm_restarts has no effect on a script recipe "
-                                "(its command is the user's); starting it cold")
+        why = "a script recipe (its command is the user's)" if job.is_script else \
+            f"{job.nodes} nodes (a zygote serves the workers of its own host)"
+        (hooks or Hooks()).info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
     delivery = _delivery(job, hooks or Hooks())
     if delivery is not None:
         job = dataclasses.replace(job, tracking_delivery="supervisor")
@@ -242,7 +243,10 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
     while True:
         files.clear_launch_files(stage_dir)
         left = budget.max_restarts - budget.restarts
-        job = job.launch(time.time(), inplace_restarts=left if job.writes_heartbeats and job.world_size > 1 else 0)
+        # Several nodes: no in-place restarts. Each node's agent counts its own restarts (the ranks'
+        # restart_count would disagree across nodes) and a lost node takes its agent with it.
+        inplace = job.writes_heartbeats and job.world_size > 1 and job.nodes == 1
+        job = job.launch(time.time(), inplace_restarts=left if inplace else 0)
         job.write()
         env = envvars.job_environment(job)
         cmd = launch.stage_command(job, python, zygote_socket)
