@@ -55,13 +55,15 @@ def two_host_run(hosts, tmp_path_factory) -> Callable[..., Run]:
     mp = pytest.MonkeyPatch()
     mp.setenv(NODES_VAR, hosts.nodes_var)
 
-    def run(name: str, on_tick: Callable[[Path], None] | None = None) -> Run:
+    def run(name: str, on_tick: Callable[[Path], None] | None = None,
+            stop_requested: Callable[[Path], str | None] | None = None) -> Run:
         job = derive(_spec(hosts), "full", run_id=name, run_dir=root / name, settings=Settings.from_env(),
                      checkpoint_uri=(root / name / "checkpoints").as_uri())
         log: list[str] = []
         stage_dir = Path(job.stage_dir)
         t0 = time.monotonic()
-        sup = supervise(job, Hooks(info=log.append, on_tick=(lambda: on_tick(stage_dir)) if on_tick else None),
+        sup = supervise(job, Hooks(info=log.append, on_tick=(lambda: on_tick(stage_dir)) if on_tick else None,
+                                   stop_requested=(lambda: stop_requested(stage_dir)) if stop_requested else None),
                         seed=0)
         return Run(sup, job.checkpoint_uri, stage_dir, log, time.monotonic() - t0)
 
@@ -142,3 +144,18 @@ def test_a_stopped_rank_on_host_b_is_detected_as_a_hang_and_the_stage_recovers(t
     assert first.ended_at - when < 4 + 10, f"hang seen {first.ended_at - when:.1f} s after the stop (timeout 4 s)"
     assert compare_states(_weights(final_state(undisturbed.checkpoint_uri)),
                           _weights(final_state(run.checkpoint_uri))) == []
+
+
+def test_cancelling_a_two_host_stage_checkpoints_on_both_hosts_and_ends_preempted(two_host_run, hosts):
+    def cancel_mid_stage(stage_dir: Path) -> str | None:
+        return "cancelled from the UI" if _at_step(stage_dir, KILL_AT) else None
+
+    run = two_host_run("cancelled", stop_requested=cancel_mid_stage)
+    assert run.sup.status == Status.PREEMPTED and run.sup.restarts == 0, run.sup.error
+    assert "emergency checkpoint written" in run.sup.error
+    step = final_state(run.checkpoint_uri)["train_state"]["step"]
+    assert KILL_AT <= step < STEPS
+    out = (run.stage_dir / files.STDOUT).read_text()
+    for rank in (0, 1):   # the ranks on both hosts agreed on the step of the emergency checkpoint
+        assert f"[rank {rank}] SIGTERM: writing emergency checkpoint at step {step}" in out
+    assert "stopping on request" in out and " lost: " not in out
