@@ -42,7 +42,7 @@ class Transitions:
         self.reader = dashboard.RunReader(run_dir)
         self.started = started
         self.seen: dict[str, str] = {}
-        self.attempts: dict[str, int] = {}
+        self.relaunches: dict[str, int] = {}
         self.running_since: dict[str, float] = {}
 
     def poll(self, now: float | None = None) -> tuple[dashboard.Snapshot, list[str]]:
@@ -56,11 +56,13 @@ class Transitions:
                 continue
             if line.status == "running":
                 self.running_since.setdefault(line.name, now)
-                attempts = self._attempts(line.name)
-                known = self.attempts.setdefault(line.name, attempts)
-                if attempts > known:
-                    self.attempts[line.name] = attempts
-                    out.append(f"{_PREFIX} {line.name} relaunched (attempt {attempts}): {self._last_cause(line.name)}")
+                # Each attempt that ended while the stage runs on was followed by a launch (a new
+                # supervision, smoke's second half, starts counting again: that is not a relaunch).
+                relaunches = self._ended_attempts(line.name)
+                if relaunches > self.relaunches.get(line.name, 0):
+                    out.append(f"{_PREFIX} {line.name} relaunched (launch {relaunches + 1}): "
+                               f"{self._last_cause(line.name)}")
+                self.relaunches[line.name] = relaunches
             if line.status == before or line.status == "waiting":
                 continue
             self.seen[line.name] = line.status
@@ -82,9 +84,9 @@ class Transitions:
                 f"{f' in {dashboard.duration(took)}' if took is not None else ''}, run {dashboard.usd(snap.spent_usd)}"
                 f" so far{why}")
 
-    def _attempts(self, stage: str) -> int:
+    def _ended_attempts(self, stage: str) -> int:
         state = dashboard.files.read_supervisor_state(self.reader.run_dir / stage)
-        return len(state.attempts) if state is not None else 0
+        return sum(1 for a in state.attempts if a.get("ended_at") is not None) if state is not None else 0
 
     def _last_cause(self, stage: str) -> str:
         state = dashboard.files.read_supervisor_state(self.reader.run_dir / stage)
@@ -110,8 +112,10 @@ def bar_line(snap: dashboard.Snapshot | None, width: int, waiting_s: float) -> s
         loss = f"  loss {snap.loss[-1]:.4g}" if snap.loss else ""
         eta = f"ETA {dashboard.duration(snap.eta_s)}" if snap.status == "running" else snap.status
         tail = f" {snap.step}/{snap.max_steps} {snap.fraction:4.0%}  {eta}{loss}  {dashboard.usd(snap.spent_usd)}"
-        bar_w = max(10, min(40, width - len(snap.stage) - len(tail) - 2))
-        text = f"{snap.stage:<6} {dashboard.bar(snap.fraction, bar_w)}{tail}"
+        head = f"{snap.stage:<6} "
+        # the last column stays free: a line that fills the terminal wraps on some, and \r then misses it
+        bar_w = max(10, min(40, width - 1 - len(head) - len(tail)))
+        text = f"{head}{dashboard.bar(snap.fraction, bar_w)}{tail}"
     return text[:max(1, width - 1)]
 
 

@@ -94,12 +94,12 @@ def _stage(run_dir: Path, name: str, status: str | None, attempts: int, mtime: f
     d = run_dir / name
     d.mkdir(parents=True, exist_ok=True)
     files.write_json(d / files.JOB, {"stage": name, "max_steps": 10, "nodes": 1, "procs_per_node": 2,
-                                     "pool": "cpu-local", "slots": 2, "price_per_slot_hour": 0.0})
+                                     "pool": "cpu-local", "slots": 2, "price_per_slot_hour": 0.0,
+                                     "launched_at": mtime})
+    # The supervisor records an attempt when it ends: a running stage's last launch is not in the list.
     causes = ["worker_lost"] * (attempts - 1) + ([None] if status == "completed" else [])
     runs = [{"number": i, "launched_at": mtime, "ended_at": mtime, "cause": c, "end_step": step}
             for i, c in enumerate(causes)]
-    if status is None:
-        runs.append({"number": len(runs), "launched_at": mtime})
     final = {"status": status} if status else None
     files.write_supervisor_state(d, files.SupervisorState(attempts=runs, final=final))
     os.utime(d / files.SUPERVISOR, (mtime, mtime))
@@ -119,7 +119,7 @@ def test_without_a_terminal_each_stage_transition_is_one_line_and_a_resume_does_
     assert t.poll(start + 2)[1] == ["traingate: canary running: 10 steps on 2 processes (cpu-local)"]
     assert t.poll(start + 3)[1] == []  # nothing changed: nothing printed
     _stage(run_dir, "canary", None, 2, start + 4)  # a worker was lost: relaunched
-    assert t.poll(start + 5)[1] == ["traingate: canary relaunched (attempt 2): the last one ended with worker_lost"]
+    assert t.poll(start + 5)[1] == ["traingate: canary relaunched (launch 2): the last one ended with worker_lost"]
     _stage(run_dir, "canary", "completed", 2, start + 6, step=10)
     assert t.poll(start + 7)[1] == ["traingate: canary completed at step 10/10 in 0:05, run $0.0000 so far"]
     shutil.rmtree(run_dir / "canary")
@@ -128,3 +128,16 @@ def test_without_a_terminal_each_stage_transition_is_one_line_and_a_resume_does_
         attempts=[{"number": 0, "launched_at": start + 8, "ended_at": start + 9, "cause": "user_error", "end_step": 3}],
         final={"status": "failed", "error": "user_error: bad recipe code\nTraceback ..."}))
     assert t.poll(start + 10)[1] == ["traingate: full failed at step 3/10, run $0.0000 so far: user_error: bad recipe code"]
+
+
+def test_the_bar_line_fits_the_terminal_and_says_eta_loss_and_dollars():
+    from flows.terminal import bar_line
+    from traingate.monitor.dashboard import Snapshot
+
+    snap = Snapshot("r1", 0.0, (), "canary", "running", 31, 60, 11.0, loss=(2.248,), spent_usd=0.0001)
+    for width in (60, 80, 200):
+        line = bar_line(snap, width, 0.0)
+        assert len(line) <= width - 1
+        assert line.endswith(" 31/60  52%  ETA 0:11  loss 2.248  $0.0001"), line
+    assert bar_line(snap, 80, 0.0).startswith("canary " + "█" * 16 + "░" * 14 + " ")  # 31/60 of 30 columns
+    assert bar_line(None, 80, 75.0) == "starting the run (1:15)"

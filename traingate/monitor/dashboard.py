@@ -234,17 +234,23 @@ class RunReader:
         beats = files.read_heartbeats(d)
         step = max(shown.step or 0, metrics[-1].step if metrics else 0)
         max_steps = int(job.get("max_steps") or 0)
-        rate = _rate(list(metrics)[-RATE_WINDOW:])
+        state = files.read_supervisor_state(d)
+        attempts = state.attempts if state is not None else []
+        recent = list(metrics)[-RATE_WINDOW:]
+        # The rate of this launch: a window reaching back over a restart would count its downtime as slow steps.
+        launched = _running_since(state, job) or 0.0
+        rate = _rate([m for m in recent if m.time >= launched]) or _rate(recent)
         if rate is None and 0 in beats and beats[0].step_time_s:
             rate = 1.0 / beats[0].step_time_s
         running = shown.status == "running"
         eta = (max_steps - step) / rate if running and rate and max_steps else (0.0 if not running else None)
         usd_per_s = int(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
         projected = spent + eta * usd_per_s if eta is not None else None
-        state = files.read_supervisor_state(d)
-        attempts = state.attempts if state is not None else []
         # The one rule of every restart count (`traingate show`, the runs table); roll-backs are among them.
-        restarts = sum(1 for a in attempts[:-1] if is_restart(a.get("cause")))
+        # An ended attempt was followed by another launch, unless it was the stage's last.
+        followed = attempts[:-1] if state is not None and state.final is not None else \
+            [a for a in attempts if a.get("ended_at") is not None]
+        restarts = sum(1 for a in followed if is_restart(a.get("cause")))
         rollbacks = sum(1 for a in attempts if a.get("cause") == "rollback")
         gpu = next((m.gpu_util_percent for m in reversed(metrics) if m.gpu_util_percent is not None), None)
         throughput = tuple(global_batch / (b.time - a.time) for a, b in zip(metrics, list(metrics)[1:])
@@ -276,18 +282,28 @@ class RunReader:
     @staticmethod
     def _stage_spend(stage_dir: Path, now: float) -> float:
         """What the stage held so far: its ended attempts (the ledger's rule, live.stage_spend_usd) and the
-        one still running, up to ``now``."""
+        launch still running, up to ``now``."""
         from traingate.monitor.live import stage_spend_usd
 
-        spent = stage_spend_usd(stage_dir)
         state = files.read_supervisor_state(stage_dir)
         job = files.read_json(stage_dir / files.JOB) or {}
-        if state is not None and state.final is None and state.attempts:
-            last = state.attempts[-1]
-            if last.get("ended_at") is None and last.get("launched_at") is not None:
-                rate = int(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
-                spent += max(0.0, now - float(last["launched_at"])) * rate
-        return spent
+        start = _running_since(state, job)
+        rate = int(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
+        return stage_spend_usd(stage_dir) + (max(0.0, now - start) * rate if start is not None else 0.0)
+
+
+def _running_since(state: files.SupervisorState | None, job: dict[str, Any]) -> float | None:
+    """When the launch running now started, or None when none runs. The supervisor records an attempt in
+    supervisor.json only when it ends; the running launch is the one ``job.json`` was written for."""
+    if state is None or state.final is not None:
+        return None
+    recorded = [float(a["launched_at"]) for a in state.attempts if a.get("launched_at") is not None]
+    open_ = [float(a["launched_at"]) for a in state.attempts
+             if a.get("ended_at") is None and a.get("launched_at") is not None]
+    if open_:
+        return open_[-1]
+    launched = job.get("launched_at")
+    return float(launched) if launched is not None and float(launched) > max(recorded, default=0.0) else None
 
 
 def _rate(metrics: list[files.StepMetrics]) -> float | None:
