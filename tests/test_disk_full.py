@@ -87,7 +87,7 @@ def test_a_full_checkpoint_store_stops_the_stage_at_once_with_one_line_naming_it
 def test_a_full_state_directory_stops_the_stage_at_once_with_one_line_naming_it(tiny_spec, tmp_path, state_dir,
                                                                                 small_disk):
     st = os.statvfs(small_disk)  # room for the job file and a few heartbeats, not for a stage's records
-    (small_disk / "ballast-2").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 8 * 1024))
+    (small_disk / "ballast-2").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 24 * 1024))
     sup, seconds, lines = _run(tiny_spec, tmp_path, run_dir=str(small_disk / "run"),
                                checkpoint_uri=(tmp_path / "ckpt").as_uri())
     assert sup.cause == Cause.DISK_FULL, sup.error

@@ -112,8 +112,8 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen(
         [str(Path(PYTHON).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-         "--default-artifact-root", str(home / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+         "--artifacts-destination", str(home / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home, start_new_session=True)
     wait_healthy(f"http://127.0.0.1:{port}/health", proc, home / "server.log", 240, "mlflow server")  # ~35 s busy
     yield f"http://canary-user:{PLANTED['TrackingPw']}@127.0.0.1:{port}", home
     os.killpg(proc.pid, 15)
@@ -161,7 +161,7 @@ def _every_file(root: Path) -> list[Path]:
 
 def _assert_nothing_leaked(*roots: Path) -> None:
     leaks, files = [], [p for root in roots for p in _every_file(root)]
-    assert len(files) > 40  # databases, artifacts, stage files, logs: the scan covers real output
+    assert len(files) > 40, sorted(map(str, files))  # databases, artifacts, stage files, logs: real output
     for path in files:
         data = path.read_bytes()
         leaks += [f"{name} in {path}" for name, value in PLANTED.items() if value.encode() in data]

@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from traingate.settings import NODES_VAR  # "netns:NS0,NS1,...": node i is network namespace NSi on this machine
 from traingate.spec import SpecError
 
-NODES_VAR = "TRAINGATE_NODES"   # "netns:NS0,NS1,...": node i is network namespace NSi on this machine
 POLL_S = 0.2
 STOP_GRACE_S = 15.0             # a surviving agent's time to stop its workers before SIGKILL
 _stopping: list[int] = []       # signals received: the supervisor is stopping the stage, no node was lost

@@ -36,6 +36,7 @@ LOCATION_VARS = (STATE_DIR_VAR, TRACKING_URI_VAR, ARTIFACT_URI_VAR, CHECKPOINT_U
 # A tracking server's own artifact store (its --artifacts-destination), reached through the server.
 SERVER_ARTIFACTS = "mlflow-artifacts:/"
 IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
+NODES_VAR = "TRAINGATE_NODES"  # where a multi-node job's node agents run ("netns:NS0,NS1"; traingate.launch_nodes)
 
 
 @dataclass(frozen=True)
