@@ -23,6 +23,9 @@ from mlflow.exceptions import MlflowException
 
 from tasks import slots
 from traingate import outcomes
+from traingate.cost.budget import BudgetLeft, Scope, tightest
+from traingate.cost.ledger import Attempt, charge
+from traingate.cost.source import budgets_for
 from traingate.monitor.live import run_spend_usd
 from traingate.settings import Settings
 from traingate.tracking import runs
@@ -54,12 +57,9 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
-    if job.budget_usd is None and job.spec.budget.max_run_usd is not None:
-        # The run's budget: what its stages spent so far (this one's earlier attempts included) counts.
-        job = dataclasses.replace(job, budget_usd=job.spec.budget.max_run_usd, budget_scope="run",
-                                  spent_before_usd=run_spend_usd(Path(job.run_dir)))
     gang = slots.for_job(job, say=log.info)
     with get_client(sync_client=True) as client:
+        job = _with_budget(job, client, log)
         cancelled = _cancel_watch(client)
         stopping = _either(stop_request, cancelled)
         hooks = Hooks(on_line=log.info, info=log.info,
@@ -69,11 +69,12 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
                                              gang.preempt_requested if gang is not None else None))
         t0 = time.monotonic()
         preemptions = 0
+        before: list[Supervision] = []  # smoke's first half: its attempts are charged too
         while True:
             if gang is not None and (why := gang.acquire(stopping)) is not None:
                 return _never_started(job, why, time.monotonic() - t0)
             try:
-                sup = _train(job, hooks, previous, log)
+                sup = _train(job, hooks, previous, log, before)
             except BaseException:
                 if gang is not None:
                     gang.release()
@@ -90,7 +91,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
             preemptions += 1
             previous = read_state(stage_dir)
     held = time.monotonic() - t0 - (gang.waited_s if gang is not None else 0.0)
-    result = outcomes.from_supervision(job, sup, held)
+    result = outcomes.from_supervision(job, sup, held, before=before)
     if gang is not None:
         result.metrics.update(preemptions=preemptions, queue_wait_s=round(gang.waited_s, 3))
     if sup.error:
@@ -98,7 +99,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
     return result
 
 
-def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any) -> Supervision:
+def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any, before: list[Supervision]) -> Supervision:
     if job.stage == "smoke" and not job.is_script and previous is None:
         # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
         half = max(1, job.max_steps // 2)
@@ -106,7 +107,67 @@ def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any) -> Supervision:
         first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
         if first.status != Status.COMPLETED:
             return first
+        before.append(first)
+        if job.budget_usd is not None:  # the second half's budget counts what the first half held
+            spent = sum(charge(a).usd for a in outcomes.charged_attempts(job, first))
+            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + spent)
     return supervise(job, hooks, resumed=previous)
+
+
+def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:
+    """The tightest budget over this stage (the run's ``budget.max_run_usd``; the team's per period from
+    the pools config on the server), with what its scope spent before the stage: the supervisor warns
+    at 80% and pauses the stage when it is crossed."""
+    if job.budget_usd is not None:
+        return job
+    found: list[BudgetLeft] = []
+    if job.spec.budget.max_run_usd is not None:
+        # From the run directory: it also holds this stage's earlier attempts, which MLflow does not yet.
+        found.append(_run_budget(job.spec, job.run_id, run_spend_usd(Path(job.run_dir))))
+    found += _team_budget(job.spec, job.run_id, client, log)
+    b = tightest(found)
+    if b is None:
+        return job
+    log.info("%s: budget: %s, $%.4g of $%.4g spent before this stage", job.stage, b.label, b.spent_usd, b.limit_usd)
+    return dataclasses.replace(job, budget_usd=b.limit_usd, budget_scope=str(b.scope), spent_before_usd=b.spent_usd)
+
+
+def budgets_at_gate(spec: Any, run_id: str, run_dir: str | Path, result: StageResult,
+                    settle: Callable[[], None] = lambda: None) -> list[BudgetLeft]:
+    """What is left of each budget when the gate after ``result``'s stage decides (the gate refuses the
+    next stage when its estimate does not fit): the run's from its stage directories (this stage's every
+    attempt included), the team's from the tracking store. ``settle``: waits for the run's earlier stages
+    to be recorded there (called only when a team budget applies)."""
+    log = get_run_logger()
+    found: list[BudgetLeft] = []
+    if spec.budget.max_run_usd is not None:
+        spent = run_spend_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
+        found.append(_run_budget(spec, run_id, spent))
+    with get_client(sync_client=True) as client:
+        found += _team_budget(spec, run_id, client, log, settle,
+                              pending=[Attempt.from_record(run_id, r) for r in result.attempts])
+    return found
+
+
+def _run_budget(spec: Any, run_id: str, spent_usd: float) -> BudgetLeft:
+    return BudgetLeft(Scope.RUN, run_id, spec.budget.max_run_usd, spent_usd,
+                      "raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...)")
+
+
+def _team_budget(spec: Any, run_id: str, client: Any, log: Any, settle: Callable[[], None] = lambda: None,
+                 pending: list[Attempt] | None = None) -> list[BudgetLeft]:
+    """The team's budget for the current period (pools config on the server), from its recorded runs."""
+    config = slots.read_config(client)
+    team = spec.identity.team
+    if config is None or team not in config.team_budgets:
+        return []
+    settle()
+    try:
+        return [b for b in budgets_for(runs.client(Settings.from_env().tracking_uri), spec, run_id, time.time(),
+                                       config.team_budgets, pending=pending or ()) if b.scope == Scope.TEAM]
+    except (MlflowException, OSError) as e:
+        log.warning("team budget of %s not checked: tracking store unreachable (%s)", team, e)
+        return []
 
 
 def _never_started(job: StageJob, why: str, waited_s: float) -> StageResult:
