@@ -7,6 +7,7 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.futures import PrefectFuture
 from prefect.input import RunInput
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Completed, Crashed, Failed, State
 from pydantic import BaseModel, Field
 
@@ -23,17 +24,19 @@ from tasks.data import data_snapshot
 from tasks.report import publish_stage_report
 from tasks.tracking import (close_pipeline_run, gate_passed, open_pipeline_run, open_stage_run, record_stage,
                             register_candidate)
-from tasks.train import run_stage_job
+from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
 from traingate.gates import decide
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
-from traingate.settings import Settings
+from traingate.redact import redact
+from traingate.settings import LocationError, Settings, code_dir, for_deployment
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
+from traingate.tracking.identity import code_version, commit_mismatch
 from traingate.validate import check_spec, preflight
 
 
@@ -118,7 +121,10 @@ class ResumeFrom(BaseModel):
 def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: ResumeFrom | None = None) -> State:
     """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run."""
     log = get_run_logger()
-    settings = Settings.from_env()
+    try:
+        settings = flow_settings()
+    except LocationError as e:
+        return stopped(Failed(message=str(e)), {})
     if spec is not None and resume_from is None:  # validation once, before anything is created
         check_spec(spec)
         preflight(spec, settings)
@@ -165,7 +171,8 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
             result = run_stage_job(job, resume=resuming)
         gate = spec.gate(stage)
-        decision = decide(result, gate, spec.budget.max_cost_usd)
+        decision = decide(result, gate, spec.budget.max_cost_usd,
+                          budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda: _settle(pending)))
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
         pending += [record_stage.submit(stage_run, result, decision, run_id=run_id),
                     publish_stage_report.submit(run_id, result, decision)]
@@ -194,12 +201,46 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                 return stopped(Failed(message=reason), summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
     _settle(pending)
+    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
     if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
         summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
                                               summary.get("checkpoint_uri"), run_id=run_id)
+        verb += "; " + _promotion(run_id, summary["model"])
     close_pipeline_run(run_id, True, stages[-1])
-    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
     return Completed(message=verb, data=summary)
+
+
+def flow_settings() -> Settings:
+    """A flow run a worker started (from a deployment, or under one) takes its locations from its pool and
+    refuses the embedded default, the directory its code was pulled into; a local run keeps the default."""
+    if deployment.id is not None:  # also under a deployment's flow run (ci-canary's pipeline -> ladder)
+        settings = for_deployment()
+        _children_import_this_code()
+        return settings
+    return Settings.from_env()
+
+
+def _children_import_this_code() -> None:
+    """Stage processes (torchrun's ranks, the unit stage's pytest) start in their stage directory, where a
+    plain interpreter imports the *installed* traingate, not the code this run was pulled from (ci-canary's
+    checkout of the commit under test). The code directory goes first on their PYTHONPATH."""
+    here = str(code_dir())
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, *rest])
+
+
+def _promotion(run_id: str, model: dict[str, Any]) -> str:
+    """The promotion outcome in words, also as the run's last artifact: a refused promotion must not read
+    as a plain success (the stages passed, but the run produced no candidate model)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    if model.get("registered"):
+        line = f"model promoted: models:/{model['name']}@{model['alias']} (version {model['version']})"
+    else:
+        line = f"model NOT promoted: {'; '.join(model.get('reasons', [])) or 'no reason recorded'}"
+    create_markdown_artifact(markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n",
+                             key=f"tg-{run_id}-5-promotion", description=f"traingate run {run_id}: promotion")
+    return line
 
 
 def _name_flow_run(name: str) -> None:
@@ -237,8 +278,17 @@ def _settle(pending: list[PrefectFuture]) -> None:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full") -> State:
-    """The ladder from a spec file plus ``--set`` overrides (CI, scripts)."""
+def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full",
+             commit: str | None = None) -> State:
+    """The ladder from a spec file plus ``--set`` overrides (CI, scripts).
+
+    ``commit``: the commit CI asks to test (the ``ci-canary`` deployment's pull step checks it out);
+    refused when the code running here is not that commit, so CI never reports on other code.
+    """
+    if commit is not None:
+        wrong = commit_mismatch(commit, code_version())
+        if wrong:
+            return stopped(Failed(message=wrong), {})
     return same_end(ladder(load_spec(spec_path, overrides or []), until, return_state=True))
 
 
@@ -254,5 +304,5 @@ def same_end(state: State) -> State:
     return stopped(end, data if isinstance(data, dict) else {})
 
 
-__all__ = ["Approval", "RunStopped", "ResumeFrom", "ResumePoint", "ladder", "pipeline", "same_end", "stopped",
-           "summary_of"]
+__all__ = ["Approval", "RunStopped", "ResumeFrom", "ResumePoint", "flow_settings", "ladder", "pipeline", "same_end",
+           "stopped", "summary_of"]

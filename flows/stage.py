@@ -10,14 +10,14 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed, Failed, State
 
-from flows.pipeline import stopped
+from flows.pipeline import flow_settings, stopped
 from tasks.data import data_snapshot
 from tasks.tracking import close_pipeline_run, open_pipeline_run, open_stage_run, record_stage
-from tasks.train import run_stage_job
+from tasks.train import budgets_at_gate, run_stage_job
 from traingate.gates import decide
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
-from traingate.settings import Settings
+from traingate.settings import LocationError
 from traingate.spec import RunSpec, SpecError, Stage, write_resolved
 from traingate.validate import check_spec, preflight
 
@@ -29,7 +29,10 @@ def train_stage(spec: RunSpec, stage: Stage = "full", faults: str | None = None)
     if stage == "unit":
         raise SpecError("stage = 'unit': the unit stage trains nothing; use the ladder flow for it")
     log = get_run_logger()
-    settings = Settings.from_env()
+    try:
+        settings = flow_settings()
+    except LocationError as e:
+        return stopped(Failed(message=str(e)), {})
     check_spec(spec)
     preflight(spec, settings)
     settings.ensure()
@@ -41,7 +44,8 @@ def train_stage(spec: RunSpec, stage: Stage = "full", faults: str | None = None)
     job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run,
                  faults=faults)
     result = run_stage_job(job)
-    decision = decide(result, spec.gate(stage), spec.budget.max_cost_usd)
+    decision = decide(result, spec.gate(stage), spec.budget.max_cost_usd,
+                      budgets=budgets_at_gate(spec, run_id, run_dir, result))
     record_stage(stage_run, result, decision, run_id=run_id)
     summary = {"run_id": run_id, "stage": stage, "status": str(result.status), "gate": decision.passed,
                "mlflow_run_id": stage_run, "checkpoint_uri": result.checkpoint_uri,

@@ -108,8 +108,8 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
 
     state = tmp_path / "worker-state"
     with prefect_server(tmp_path) as server, temporary_settings(updates={PREFECT_API_URL: server["url"]}):
-        env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT)}
-        env.pop("TRAINGATE_STATE_DIR", None)
+        # The pool's locations come from the bootstrap's environment (written into its job template).
+        env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT), "TRAINGATE_STATE_DIR": str(state)}
         (tmp_path / "pools.yaml").write_text(POOLS_YAML)
         boot = subprocess.run([str(BIN / "traingate"), "pools", "bootstrap", str(tmp_path / "pools.yaml")],
                               env=env, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,196 @@
+"""The deployment path as a platform team runs it: a real `prefect server start`, the pools bootstrap
+writing the pool's locations, deployments of deployments/prefect.yaml made from a copy of the code,
+and a process worker whose working directory is that copy and whose own environment names no
+location. Then CI: the ci-canary deployment on two commits of a local git repository."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server, stop_tree, tail
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(PYTHON).parent
+RUN_TIMEOUT_S = 600
+MARKER = "[commit B] "
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _source_files() -> list[str]:
+    """The working tree as a commit of it would hold it (tracked and untracked, not ignored, not deleted)."""
+    out = _git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    return sorted({f for f in out.split("\0") if f and (ROOT / f).is_file()})
+
+
+def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``d``, size and mtime, but bytecode caches (Python's own, ignored by git) and git's index
+    (reading the code version, like `git status`, refreshes its cached file times; the content is unchanged)."""
+    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.relative_to(d) != Path(".git/index")}
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any location: only the pool may give them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prodpath")
+    # The CI repository: commit A is this working tree plus a tiny spec; commit B differs in the flow's code.
+    repo = tmp / "repo"
+    for f in _source_files():
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, repo / f)
+    (repo / "ci-tiny.yaml").write_text(TINY_DIGITS)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "-c", "user.name=ci", "-c", "user.email=ci@example.com", "add", "-A")
+    _git(repo, "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-q", "-m", "A")
+    a = _git(repo, "rev-parse", "HEAD")
+    pipeline = repo / "flows" / "pipeline.py"
+    old = "return stopped(Failed(message=decision.summary()), summary)"
+    assert pipeline.read_text().count(old) == 1
+    pipeline.write_text(pipeline.read_text().replace(old, f"return stopped(Failed(message={MARKER!r} + "
+                                                          "decision.summary()), summary)"))
+    _git(repo, "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-q", "-am", "B")
+    b = _git(repo, "rev-parse", "HEAD")
+    # The worker's code directory: a clean checkout of A, as a pull step or an image leaves it.
+    code = tmp / "code"
+    _git(tmp, "clone", "-q", str(repo), str(code))
+    _git(code, "checkout", "-q", "--detach", a)
+
+    pool_state = tmp / "pool-state"
+    with prefect_server(tmp) as server:
+        (tmp / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0.05, "
+                                        "worker: process}\n")
+        env = _clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=server["env"]["PREFECT_HOME"],
+                         PREFECT_SERVER_ANALYTICS_ENABLED="false", TRAINGATE_CODE_DIR=str(code))
+        # The production stack's shared settings name the state dir; the bootstrap hands it to the pool.
+        boot = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp / "pools.yaml")], cwd=tmp,
+                              env={**env, "TRAINGATE_STATE_DIR": str(pool_state)}, capture_output=True, text=True,
+                              timeout=300)
+        assert boot.returncode == 0, boot.stdout + boot.stderr
+        p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
+                            "--name", "ladder-cpu", "--name", "ci-canary"], env=env, cwd=code, capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        before = _snapshot(code)
+        log = tmp / "worker.log"
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                [str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
+                env={**env, "TRAINGATE_CI_REPOSITORY": str(repo), "PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=code,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield {"url": server["url"], "env": env, "code": code, "repo": repo, "a": a, "b": b, "before": before,
+                   "pool_state": pool_state, "worker_log": log,
+                   "mlflow": MlflowClient(f"sqlite:///{pool_state}/mlflow.db")}
+        finally:
+            stop_tree(worker, signal.SIGINT, 20)
+
+
+def _pipeline_runs(client: MlflowClient) -> list:
+    exp = client.get_experiment_by_name("tests")
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'", order_by=["start_time ASC"])
+
+
+def _assert_code_untouched(stack) -> None:
+    after = _snapshot(stack["code"])
+    assert after == stack["before"], (f"written into the code directory: "
+                                      f"{sorted(set(after.items()) ^ set(stack['before'].items()))[:10]}")
+    status = [line for line in _git(stack["code"], "status", "--porcelain", "--ignored").splitlines()
+              if "__pycache__" not in line]
+    assert status == []
+
+
+@pytest.mark.timeout(1200)
+def test_a_deployment_run_takes_its_pools_locations_and_writes_nothing_into_its_code_directory(stack):
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+        with get_client(sync_client=True) as c:
+            pool_env = c.read_work_pool("cpu-local").base_job_template["variables"]["properties"]["env"]["default"]
+        assert pool_env == {"TRAINGATE_STATE_DIR": str(stack["pool_state"])}
+        run = run_deployment("ladder/ladder-cpu", parameters={"spec": yaml.safe_load(TINY_DIGITS), "until": "smoke"},
+                             timeout=RUN_TIMEOUT_S, poll_interval=2)
+    assert run.state.is_completed(), f"{run.state.message}; worker log: {tail(stack['worker_log'])}"
+    (first,) = _pipeline_runs(stack["mlflow"])  # in the pool's state dir
+    assert first.data.tags["traingate.reached_stage"] == "smoke"
+    # The code directory is the version, and the run left it clean (a state dir inside it would make it dirty).
+    assert (first.data.tags["traingate.code_version"], first.data.tags["traingate.code_dirty"],
+            first.data.tags["traingate.code_source"]) == (stack["a"], "false", "git")
+    assert (stack["pool_state"] / "runs" / first.info.run_id / "smoke").is_dir()
+    _assert_code_untouched(stack)
+
+
+@pytest.mark.timeout(600)
+def test_a_deployment_run_without_a_state_dir_refuses_to_start_in_one_line(stack):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+        # A deployment (or a trigger) that blanks the pool's state dir: the embedded default would be the code dir.
+        run = run_deployment("ladder/ladder-cpu", parameters={"spec": yaml.safe_load(TINY_DIGITS), "until": "smoke"},
+                             job_variables={"env": {"TRAINGATE_STATE_DIR": ""}}, timeout=RUN_TIMEOUT_S, poll_interval=2)
+    assert run.state.is_failed()
+    assert run.state.message == (
+        f"TRAINGATE_STATE_DIR is not set for this flow run: its state would go to {stack['code']}/.traingate, inside "
+        "the code directory; set the pool's locations with `traingate pools bootstrap` (TRAINGATE_STATE_DIR in its "
+        "environment) or in the worker's environment")
+    _assert_code_untouched(stack)
+
+
+@pytest.mark.timeout(1500)
+def test_ci_runs_the_commit_it_is_given_and_prints_the_gates_reason(stack):
+    def ci(commit: str, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, "-m", "flows.cli", "ci", "--commit", commit, "--spec", "ci-tiny.yaml",
+                               "--until", "smoke", *more], env=stack["env"], cwd=stack["repo"].parent,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+
+    known = {r.info.run_id for r in _pipeline_runs(stack["mlflow"])}
+    passed = ci(stack["a"][:12])
+    assert passed.returncode == 0, passed.stdout + passed.stderr + tail(stack["worker_log"])
+    assert passed.stdout.splitlines()[0] == f"ci {stack['a'][:12]}: PASSED: all 2 stages passed"
+    failing_gate = 'gates.smoke.rules=[{metric: resumed_from_step, op: ">=", value: 1000}]'
+    stopped = ci(stack["b"], "--set", failing_gate)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr + tail(stack["worker_log"])
+    # The gate's reason, as B's code words it: B's flow ran, not the worker's copy of A.
+    first = stopped.stdout.splitlines()[0]
+    assert first.startswith(f"ci {stack['b']}: FAILED: {MARKER}gate after smoke: FAILED: resumed_from_step = "), first
+    assert first.endswith("required >= 1000"), first
+
+    new = [r for r in _pipeline_runs(stack["mlflow"]) if r.info.run_id not in known]
+    assert [(r.data.tags["traingate.code_version"], r.data.tags["traingate.code_dirty"]) for r in new] == \
+        [(stack["a"], "false"), (stack["b"], "false")]
+    assert [r.data.tags["traingate.reached_stage"] for r in new] == ["smoke", "smoke"]
+    # The commits were checked out under the pool's state dir; the worker's code directory is as it was.
+    assert {p.name for p in (stack["pool_state"] / "ci").iterdir()} == {"repo.git", stack["a"], stack["b"]}
+    _assert_code_untouched(stack)
+
+
+def test_ci_without_a_server_or_with_a_bad_commit_says_so_in_one_line(tmp_path):
+    env = _clean_env(PREFECT_HOME=str(tmp_path / "ph"))
+    env.pop("PREFECT_API_URL", None)
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "ci", "--commit", "main"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (2, "traingate ci: --commit 'main' is not a git sha; pass e.g. "
+                                           "$(git rev-parse HEAD)\n")
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "ci", "--commit", "a" * 40], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("traingate ci: PREFECT_API_URL is not set"), p.stderr
