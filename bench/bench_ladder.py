@@ -81,7 +81,7 @@ def _ladder() -> tuple[float, dict[str, float]]:
     stages: dict[str, float] = {}
     names = ["unit", "smoke", "canary", "full"]
     opens = [t for t in trs if t.name.startswith("open-stage-run")]
-    reports = [t for t in trs if t.name.startswith("publish-stage-report")]
+    reports = [t for t in trs if t.name.startswith(("publish-stage-report", "report-"))]
     for name, o, r in zip(names, opens, reports):
         stages[name] = (r.end_time - o.start_time).total_seconds()
     return total, stages
