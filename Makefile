@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup test-deps demo test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,13 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/traingate run examples/digits.yaml
 
+# The native production stack's test (tests/production/test_local_stack.py) runs Debian's PostgreSQL 15.
+PG_BIN := /usr/lib/postgresql/15/bin
+test-deps:
+	test -x $(PG_BIN)/initdb || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15)
+
 ## make test: the whole suite, slow end-to-end tests included
-test: setup
+test: setup test-deps
 	$(PY) -m pytest -ra
 
 ## make bench: benchmarks; numbers go into README.md

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Create the work pools and their GPU-slot concurrency limits, idempotently.
-# A GPU class is a work pool; its GPUs are slots of a global concurrency limit of the same name
-# (a job takes all of its slots at once, so two half-started jobs can never deadlock the pool).
+# The pools bootstrap (the compose stack's pools-bootstrap service; infra/local-stack.sh runs it too):
+# waits until the Prefect API answers (a server that starts late), then creates the work pools of
+# $TRAINGATE_POOLS_CONFIG with their queues, slot limits and locations (`traingate pools bootstrap`,
+# idempotent; refuses a pool without an absolute TRAINGATE_STATE_DIR), then the deployments.
 set -euo pipefail
-pool() {  # name type slots
-  prefect work-pool inspect "$1" >/dev/null 2>&1 || prefect work-pool create "$1" --type "$2"
-  prefect gcl inspect "$1" >/dev/null 2>&1 || prefect gcl create "$1" --limit "$3"
-}
-pool cpu-local process "${CPU_SLOTS:-2}"
-pool gpu-a100  docker  "${A100_SLOTS:-64}"
-pool gpu-h100  docker  "${H100_SLOTS:-32}"
+: "${PREFECT_API_URL:?set PREFECT_API_URL to the Prefect server API}"
 cd "${TRAINGATE_CODE_DIR:-/opt/traingate}"
+wait_s="${TRAINGATE_API_WAIT_S:-300}"
+deadline=$((SECONDS + wait_s))
+until python -c 'import os, sys, urllib.request as u; u.urlopen(os.environ["PREFECT_API_URL"].rstrip("/") + "/health", timeout=5)' 2>/dev/null; do
+  if (( SECONDS >= deadline )); then
+    echo "create_pools: the Prefect API at $PREFECT_API_URL did not answer within ${wait_s}s (TRAINGATE_API_WAIT_S)" >&2
+    exit 1
+  fi
+  sleep 2
+done
+traingate pools bootstrap "${TRAINGATE_POOLS_CONFIG:-examples/pools.yaml}"
 prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
