@@ -32,7 +32,7 @@ from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
 from traingate.redact import redact
-from traingate.settings import LocationError, Settings, code_dir, for_deployment
+from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
@@ -216,8 +216,29 @@ def flow_settings() -> Settings:
     if deployment.id is not None:  # also under a deployment's flow run (ci-canary's pipeline -> ladder)
         settings = for_deployment()
         _children_import_this_code()
+        load_secret_blocks()
         return settings
     return Settings.from_env()
+
+
+def load_secret_blocks() -> list[str]:
+    """The credentials the pool names in ``TRAINGATE_SECRET_BLOCKS`` (``VAR=block``), from their Prefect
+    Secret blocks into this flow run's environment (its stage processes inherit them), unless already
+    set (a process worker's own environment). A container pool's flow runs get them no other way: a
+    container does not inherit its worker's environment and job variables are readable by everyone."""
+    from prefect.blocks.system import Secret
+
+    loaded = []
+    for var, block in secret_blocks(os.environ.get(SECRET_BLOCKS_VAR)).items():
+        if os.environ.get(var):
+            continue
+        try:
+            os.environ[var] = Secret.load(block).get()
+        except ValueError as e:  # Prefect: "Unable to find block document named ..."
+            raise LocationError(f"{SECRET_BLOCKS_VAR}: Secret block {block!r} (for ${var}) cannot be loaded ({e}); "
+                                "store it with `traingate pools secrets` where the credentials are set") from None
+        loaded.append(var)
+    return loaded
 
 
 def _children_import_this_code() -> None:

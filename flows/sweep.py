@@ -15,12 +15,12 @@ import optuna
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
-from flows.pipeline import ladder, same_end
+from flows.pipeline import flow_settings, ladder, same_end
 from tasks.sweep import (ensure_concurrency_limit, limit_name, open_sweep_run, open_trial_run, publish_sweep,
                          record_trial, release_leases, run_trial_stage)
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
-from traingate.settings import Settings
+from traingate.settings import LocationError
 from traingate.spec import RunSpec, load_spec
 from traingate.sweep import compat_optuna
 from traingate.sweep.checks import check_sweep
@@ -79,7 +79,10 @@ def sweep(spec: RunSpec, promote: bool = False) -> State:
     """Run, or resume, the hyperparameter sweep of ``spec`` (its ``sweep:`` section)."""
     log = get_run_logger()
     sw = check_sweep(spec)
-    settings = Settings.from_env().ensure()
+    try:  # from a deployment: the pool's locations and credentials
+        settings = flow_settings().ensure()
+    except LocationError as e:
+        return Failed(message=str(e))
     storage = settings.optuna_storage
     study = open_study(spec, storage, on_stale=release_leases)
     out_dir = settings.state_dir / "sweeps" / study.study_name

@@ -37,6 +37,12 @@ LOCATION_VARS = (STATE_DIR_VAR, TRACKING_URI_VAR, ARTIFACT_URI_VAR, CHECKPOINT_U
 SERVER_ARTIFACTS = "mlflow-artifacts:/"
 IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
 NODES_VAR = "TRAINGATE_NODES"  # where a multi-node job's node agents run ("netns:NS0,NS1"; traingate.launch_nodes)
+# Container pools (`traingate pools bootstrap`): the networks and volumes of every flow-run container
+# (comma-separated), and which credential variables a flow run reads from which Prefect Secret block
+# ("VAR=block-name,..."; names only: a container does not inherit its worker's environment).
+DOCKER_NETWORKS_VAR = "TRAINGATE_DOCKER_NETWORKS"
+DOCKER_VOLUMES_VAR = "TRAINGATE_DOCKER_VOLUMES"
+SECRET_BLOCKS_VAR = "TRAINGATE_SECRET_BLOCKS"
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,29 @@ class LocationError(ValueError):
     """A location that is unset or points where state must not go. One line: the variable, the value, the fix."""
 
 
+def secret_blocks(text: str | None) -> dict[str, str]:
+    """``TRAINGATE_SECRET_BLOCKS``: which environment variable comes from which Prefect Secret block.
+
+    >>> secret_blocks("AWS_SECRET_ACCESS_KEY=tg-aws-secret, PGPASSWORD=tg-pg")
+    {'AWS_SECRET_ACCESS_KEY': 'tg-aws-secret', 'PGPASSWORD': 'tg-pg'}
+    >>> secret_blocks("PGPASSWORD")
+    Traceback (most recent call last):
+    ...
+    traingate.settings.LocationError: TRAINGATE_SECRET_BLOCKS = 'PGPASSWORD': entry 'PGPASSWORD' is not VAR=block-name; write e.g. PGPASSWORD=traingate-pgpassword
+    """
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in (text or "").split(",")):
+        if not entry:
+            continue
+        var, _, block = (x.strip() for x in entry.partition("="))
+        if not (var and block and var.replace("_", "").isalnum() and var[0].isalpha()
+                and all(ch.islower() or ch.isdigit() or ch == "-" for ch in block)):
+            raise LocationError(f"{SECRET_BLOCKS_VAR} = {text!r}: entry {entry!r} is not VAR=block-name; write e.g. "
+                                "PGPASSWORD=traingate-pgpassword")
+        out[var] = block
+    return out
+
+
 def code_dir() -> Path:
     """The directory this code was installed or pulled into (it holds ``traingate/``, ``flows/``, ``tasks/``)."""
     return Path(__file__).resolve().parents[1]
@@ -107,6 +136,9 @@ def pool_locations(pool: str, env: Mapping[str, str] | None = None) -> dict[str,
         raise LocationError(f"pool {pool}: {STATE_DIR_VAR} = {state!r} is not an absolute path; every flow run would "
                             "resolve it against its own working directory; give an absolute path on the pool's nodes")
     out = {var: env[var] for var in LOCATION_VARS if env.get(var)}
+    if env.get(SECRET_BLOCKS_VAR):  # block names, not secrets: where a container's flow run finds its credentials
+        secret_blocks(env[SECRET_BLOCKS_VAR])
+        out[SECRET_BLOCKS_VAR] = env[SECRET_BLOCKS_VAR]
     if out.get(S3_ENDPOINT_VAR):  # MLflow's S3 client reads its own variable (a MinIO or other non-AWS endpoint)
         out.setdefault("MLFLOW_S3_ENDPOINT_URL", env.get("MLFLOW_S3_ENDPOINT_URL") or out[S3_ENDPOINT_VAR])
     return out

@@ -19,10 +19,12 @@ import argparse
 import copy
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
-from traingate.settings import IMAGE_VAR, LocationError, pool_locations
+from traingate.settings import (DOCKER_NETWORKS_VAR, DOCKER_VOLUMES_VAR, IMAGE_VAR, SECRET_BLOCKS_VAR, LocationError,
+                                pool_locations, secret_blocks)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,19 +33,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("config", help="pools config YAML, e.g. examples/pools.yaml")
     b.add_argument("--image", default=os.environ.get(IMAGE_VAR),
                    help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})")
+    sub.add_parser("secrets", help=f"store the credentials ${SECRET_BLOCKS_VAR} names as Prefect Secret blocks, "
+                                   "each from the variable of the same name in this environment")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config)
-        _require_server()
-        changes = bootstrap(cfg, image=args.image)
+        if args.action == "secrets":
+            _require_server("secret blocks are stored")
+            changes = store_secret_blocks()
+        else:
+            cfg = load_config(args.config)
+            _require_server()
+            changes = bootstrap(cfg, image=args.image)
     except (CapacityError, LocationError) as e:
         print(f"traingate pools: {e}", file=sys.stderr)
         return 2
     for line in changes or ["nothing changed: the server already carries this config"]:
         print(line)
     return 0
+
+
+def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
+    """Each ``VAR=block`` of ``TRAINGATE_SECRET_BLOCKS`` as a Prefect Secret block holding ``$VAR`` of ``env``.
+
+    A flow-run container does not inherit its worker's environment, and a job variable is visible to
+    everyone who reads the deployment: the credentials go to the server's Secret blocks once, from the
+    one place that holds them (the stack's secrets), and flow runs load them by name (flows/pipeline.py)."""
+    from prefect.blocks.system import Secret
+
+    env = os.environ if env is None else env
+    wanted = secret_blocks(env.get(SECRET_BLOCKS_VAR))
+    if not wanted:
+        raise CapacityError(f"{SECRET_BLOCKS_VAR} is not set: name the credentials to store, e.g. "
+                            "AWS_SECRET_ACCESS_KEY=traingate-aws-secret-access-key,PGPASSWORD=traingate-pgpassword")
+    missing = [var for var in wanted if not env.get(var)]
+    if missing:
+        raise CapacityError(f"{SECRET_BLOCKS_VAR}: {', '.join(missing)} not set in this environment; run "
+                            "`traingate pools secrets` where the credentials are set")
+    changes = []
+    for var, block in wanted.items():
+        Secret(value=env[var]).save(block, overwrite=True)
+        changes.append(f"stored secret block {block} (from ${var})")
+    return changes
 
 
 def _require_server(what: str = "pools are created") -> None:
@@ -66,17 +98,20 @@ def queue_priorities(cfg: CapacityConfig) -> dict[str, int]:
 
 
 def job_template(pool: PoolConfig, image: str | None, pool_name: str,
-                 locations: dict[str, str] | None = None) -> dict[str, Any]:
+                 locations: dict[str, str] | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The pool's base job template; ``locations`` become the default environment of its flow runs
-    (a deployment's ``env`` job variables are merged over them by Prefect, not instead of them)."""
-    base = copy.deepcopy(_template(pool, image, pool_name))
+    (a deployment's ``env`` job variables are merged over them by Prefect, not instead of them).
+    ``env``: the bootstrap's environment (a docker pool's networks and volumes)."""
+    base = copy.deepcopy(_template(pool, image, pool_name, env))
     if locations:
         base["variables"]["properties"]["env"]["default"] = dict(locations)
     return base
 
 
-def _template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[str, Any]:
+def _template(pool: PoolConfig, image: str | None, pool_name: str,
+              env: Mapping[str, str] | None = None) -> dict[str, Any]:
     from prefect.workers.process import ProcessWorker
+    env = os.environ if env is None else env
     if pool.worker == "process":
         return ProcessWorker.get_default_base_job_template()
     if not image:
@@ -84,23 +119,33 @@ def _template(pool: PoolConfig, image: str | None, pool_name: str) -> dict[str, 
                             f"pass --image or set {IMAGE_VAR} (a pinned tag, not latest)")
     if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
         raise CapacityError(f"--image {image!r}: pin a tag or digest (not latest), so every node runs the same code")
+    if pool.worker == "docker":
+        from prefect_docker.worker import DockerWorker
+
+        base = copy.deepcopy(DockerWorker.get_default_base_job_template())
+        props = base["variables"]["properties"]
+        props["image"]["default"] = image
+        # prefect-docker passes container_create_kwargs to docker's create: the node's GPUs.
+        props["container_create_kwargs"]["default"] = {
+            "device_requests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}] if pool.gpu else []}
+        # A flow-run container reaches the servers only on their network, and keeps state on the pool's volume.
+        for var, key in ((DOCKER_NETWORKS_VAR, "networks"), (DOCKER_VOLUMES_VAR, "volumes")):
+            listed = [x.strip() for x in env.get(var, "").split(",") if x.strip()]
+            if listed:
+                props[key]["default"] = listed
+        return base
     base = copy.deepcopy(ProcessWorker.get_default_base_job_template())
     props = base["variables"]["properties"]
     props["image"] = {"type": "string", "title": "Image", "default": image}
     base["job_configuration"]["image"] = "{{ image }}"
-    if pool.worker == "docker":
-        # prefect-docker passes container_create_kwargs to docker's create: the node's GPUs.
-        props["container_create_kwargs"] = {"type": "object", "title": "Container create kwargs", "default": {
-            "device_requests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}] if pool.gpu else []}}
-        base["job_configuration"]["container_create_kwargs"] = "{{ container_create_kwargs }}"
-    else:
-        props["job_manifest_gpu_limit"] = {"type": "integer", "default": pool.gpus_per_node if pool.gpu else 0,
-                                           "title": "nvidia.com/gpu per pod"}
-        base["job_configuration"]["job_manifest"] = {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
-                "name": "prefect-job", "image": "{{ image }}", "env": "{{ env }}",
-                "resources": {"limits": {"nvidia.com/gpu": "{{ job_manifest_gpu_limit }}"}}}]}}}}
+    # kubernetes
+    props["job_manifest_gpu_limit"] = {"type": "integer", "default": pool.gpus_per_node if pool.gpu else 0,
+                                       "title": "nvidia.com/gpu per pod"}
+    base["job_configuration"]["job_manifest"] = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "prefect-job", "image": "{{ image }}", "env": "{{ env }}",
+            "resources": {"limits": {"nvidia.com/gpu": "{{ job_manifest_gpu_limit }}"}}}]}}}}
     return base
 
 
@@ -117,7 +162,7 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str]
     locations = {name: pool_locations(name, env) for name in cfg.pools}  # every pool refused before any is made
     with get_client(sync_client=True) as c:
         for name, pool in cfg.pools.items():
-            template = job_template(pool, image, name, locations[name])
+            template = job_template(pool, image, name, locations[name], env)
             try:
                 wp = c.read_work_pool(name)
             except ObjectNotFound:

@@ -180,7 +180,13 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as c:
             pool_env = c.read_work_pool("cpu-local").base_job_template["variables"]["properties"]["env"]["default"]
+        # pool-secrets stored the credentials a container pool's flow runs load by name
+        from prefect.blocks.system import Secret
+        blocks = dict(e.split("=", 1) for e in settings["TRAINGATE_SECRET_BLOCKS"].split(","))
+        assert Secret.load(blocks["PGPASSWORD"]).get() == stack["secrets"]["POSTGRES_PASSWORD"]
+        assert Secret.load(blocks["AWS_SECRET_ACCESS_KEY"]).get() == stack["secrets"]["S3_SECRET_KEY"]
     assert pool_env["TRAINGATE_STATE_DIR"] == client["TRAINGATE_STATE_DIR"] == str(d / "volumes" / "state")
+    assert pool_env["TRAINGATE_SECRET_BLOCKS"] == settings["TRAINGATE_SECRET_BLOCKS"]
     assert not any(v in str(pool_env) for v in stack["secrets"].values())
 
     # down keeps the data: up again, the run and its artifacts are still there
@@ -278,7 +284,7 @@ def test_the_native_stack_runs_every_compose_service_with_its_environment_and_he
         if svc.get("healthcheck"):
             assert p.healthcheck, name
         if p.kind == "command":
-            assert p.argv[0] in {"prefect", "mlflow", "bash", "/bin/sh"}, (name, p.argv)
+            assert p.argv[0] in {"prefect", "mlflow", "traingate", "bash", "/bin/sh"}, (name, p.argv)
     # healthchecks where the brief's services need them; the bootstrap waits for a healthy server
     assert {n for n, s in raw["services"].items() if s.get("healthcheck")} >= {"postgres", "minio", "prefect-server",
                                                                              "mlflow"}

@@ -42,9 +42,11 @@ def test_a_pools_flow_runs_get_the_bootstraps_locations_merged_with_the_deployme
     assert locations == {"TRAINGATE_STATE_DIR": "/srv/traingate", "TRAINGATE_TRACKING_URI": "http://mlflow:5000",
                          "TRAINGATE_CHECKPOINT_URI": "s3://tg/ckpt", "TRAINGATE_S3_ENDPOINT_URL": "http://minio:9000",
                          "MLFLOW_S3_ENDPOINT_URL": "http://minio:9000"}
-    template = job_template(cfg.pools["gpu-a100"], "ghcr.io/acme/train:1.2.3", "gpu-a100", locations)
+    from prefect_docker.worker import DockerWorkerJobConfiguration
+
+    template = job_template(cfg.pools["gpu-a100"], "ghcr.io/acme/train:1.2.3", "gpu-a100", locations, env)
     # What a worker computes for a flow run of a deployment with its own env job variables (prefect.yaml's NCCL).
-    job = asyncio.run(ProcessJobConfiguration.from_template_and_values(
+    job = asyncio.run(DockerWorkerJobConfiguration.from_template_and_values(
         template, {"env": {"NCCL_ASYNC_ERROR_HANDLING": "1"}}))
     assert job.env == {**locations, "NCCL_ASYNC_ERROR_HANDLING": "1"}
     plain = asyncio.run(ProcessJobConfiguration.from_template_and_values(
