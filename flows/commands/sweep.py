@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from traingate.redact import redact
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file with a `sweep:` section")
@@ -35,10 +37,11 @@ def main(args: argparse.Namespace) -> int:
         for k in ("study", "stop_reason", "trials_finished", "total_steps", "best_trial", "best_value",
                   "best_params", "reproducibility", "best_spec", "parent_run_id", "promotion"):
             if k in data:
-                print(f"  {k:<16} {data[k]}")
+                print(redact(f"  {k:<16} {data[k]}"))
         for p in data.get("plots", []):
             print(f"  plot             {p}")
-    print(f"  optuna-dashboard {settings.optuna_storage}")
-    print(f"  MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri}")
+    # A PostgreSQL storage or a tracking server URL may carry a password: the terminal gets it masked.
+    print(f"  optuna-dashboard {redact(settings.optuna_storage)}")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
     print(f"  Prefect UI: PREFECT_HOME={os.environ.get('PREFECT_HOME', '')} prefect server start")
     return 0 if state.is_completed() else 1
