@@ -24,7 +24,7 @@ test-deps:
 
 ## make test: the whole suite, slow end-to-end tests included
 test: setup test-deps
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=40
 
 ## make bench: benchmarks; numbers go into README.md
 bench: setup

@@ -51,3 +51,32 @@ def test_a_failing_webhook_is_one_line_without_its_secret_url(monkeypatch):
     assert said[1].startswith("the alert webhook on 127.0.0.1 not reached (")
     assert said[2].startswith("the alert webhook not reached (")
     assert not any("T0K3N" in line for line in said)
+
+
+def test_alerts_reach_the_channel_in_the_order_they_were_raised(monkeypatch):
+    # The first answer takes 0.5 s and a threaded server records each post after answering it: posts
+    # sent side by side would be recorded second-first.
+    import time
+    from http.server import ThreadingHTTPServer
+
+    got: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            rule = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["rule"]
+            if rule == "loss-spike":
+                time.sleep(0.5)
+            self.send_response(200)
+            self.end_headers()
+            got.append(rule)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("TG_HOOK", f"http://127.0.0.1:{server.server_port}/hook")
+    notify.post("${env:TG_HOOK}", {"rule": "loss-spike", "message": "a"}, print)
+    notify.post("${env:TG_HOOK}", {"rule": "grad-norm-explosion", "message": "b"}, print).join(10)
+    server.shutdown()
+    assert got == ["loss-spike", "grad-norm-explosion"]

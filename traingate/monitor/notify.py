@@ -20,10 +20,17 @@ from traingate.secrets import resolve
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 10.0
+# Posts leave in the order the alerts were raised: each sender waits for the one before it (a loss
+# spike and the gradient-norm alert it causes at the same step must not reach the channel swapped).
+_order = threading.Lock()
+_last: threading.Thread | None = None
 
 
 def post(url_ref: str, payload: dict[str, Any], say: Callable[[str], None] = log.warning) -> threading.Thread:
-    """POST ``payload`` to the URL ``url_ref`` resolves to, in a daemon thread (returned, for tests)."""
+    """POST ``payload`` to the URL ``url_ref`` resolves to, in a daemon thread (returned, for tests).
+
+    It is sent after every post before it has been answered or has failed.
+    """
     def send() -> None:
         host = "the alert webhook"
         try:
@@ -39,6 +46,15 @@ def post(url_ref: str, payload: dict[str, Any], say: Callable[[str], None] = log
             reason = getattr(e, "reason", None) or type(e).__name__
             say(f"{host} not reached ({reason}); the alert is in alerts.jsonl and the run's logbook")
 
-    t = threading.Thread(target=send, name="alert-webhook", daemon=True)
-    t.start()
+    global _last
+    with _order:
+        before = _last
+
+        def in_order() -> None:
+            if before is not None:
+                before.join(TIMEOUT_S + 1)
+            send()
+
+        t = _last = threading.Thread(target=in_order, name="alert-webhook", daemon=True)
+        t.start()
     return t
