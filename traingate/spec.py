@@ -85,8 +85,15 @@ class ScriptRecipe(_Section):
     metrics: list[str] = Field(default_factory=list)
     tests: list[str] = Field(default_factory=list, description="pytest paths, relative to workdir")
     timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
+    # Words of command, stage_args and resume_args may name the platform's locations: ${TRAINGATE_CHECKPOINT_DIR},
+    # ${TRAINGATE_STAGE_DIR}, ${TRAINGATE_RUN_ID}, ... (traingate.job.envvars), expanded at launch.
+    resume_args: list[str] = Field(default_factory=list, description="appended on a restart when the script has "
+                                   "written a checkpoint (its own resume flag, e.g. --resume ${TRAINGATE_CHECKPOINT_DIR}/last.pt)")
+    checkpoints: str | None = Field(default=None, description="glob of the checkpoint files the script writes, "
+                                    "relative to ${TRAINGATE_CHECKPOINT_DIR}; indexed, uploaded and registered")
+    needs_cuda: bool = Field(default=False, description="the script runs on CUDA only: refused on a CPU pool")
 
-    @field_validator("command", "tests")
+    @field_validator("command", "tests", "resume_args")
     @classmethod
     def _no_empty_words(cls, words: list[str]) -> list[str]:
         for i, w in enumerate(words):
@@ -286,6 +293,11 @@ class BudgetSpec(_Section):
                                       "alerts.budget_warning.fraction, paused (resumable) when crossed mid-run")
 
 
+class PromotionSpec(_Section):
+    margin: float = Field(default=0.0, ge=0, description="a retrain's model takes @champion only if its val_loss "
+                          "beats the champion's, on the same held-out data, by more than this")
+
+
 class RunSpec(_Section):
     identity: Identity
     recipe: RecipeSpec
@@ -301,6 +313,7 @@ class RunSpec(_Section):
     alerts: AlertsSpec = AlertsSpec()
     pools: dict[str, PoolSpec] = Field(default_factory=_default_pools)
     sweep: SweepSpec | None = Field(default=None, description="hyperparameter sweep (traingate sweep SPEC)")
+    promotion: PromotionSpec = PromotionSpec()
 
     @field_validator("pools")
     @classmethod
