@@ -1,6 +1,7 @@
 """How a StageJob is started: its command line. A pure function of the job."""
 from __future__ import annotations
 
+from traingate.job.envvars import script_arg_values
 from traingate.job.stagejob import StageJob
 from traingate.launch_nodes import fan_out_command
 from traingate.recipes.script import build_command, torchrun_args
@@ -28,7 +29,7 @@ def _on_every_node(job: StageJob, python: str, agent: list[str]) -> list[str]:
 def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> list[str]:
     if job.is_script:
         return build_command(job.spec, job.stage, python, job.procs_per_node, job.nodes,
-                             job.spec.resources.rdzv_endpoint)
+                             job.spec.resources.rdzv_endpoint, values=script_arg_values(job), resume=job.script_resume)
     tail = ["-m", "traingate.runtime.train", "--job", str(job.job_path)]
     if zygote_socket is not None:
         # Warm restarts (supervision.warm_restarts): a thin entry that has the stage's zygote fork the

@@ -237,6 +237,15 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
     for t in s.tests:
         if not (workdir / t.split("::")[0]).exists():
             raise SpecError(f"recipe.script.tests: {t!r} does not exist in {s.workdir!r}; fix the path")
+    if s.needs_cuda and spec.pool.gpus_per_node == 0:
+        raise SpecError(f"recipe.script.needs_cuda = true: work pool {spec.resources.work_pool!r} is a CPU pool "
+                        "(gpus_per_node 0) and the script would fail there; set resources.work_pool to a GPU pool")
+    from traingate.job.envvars import SCRIPT_ARG_VARS
+    from traingate.recipes.script import check_args, check_glob
+
+    check_args(spec, SCRIPT_ARG_VARS)
+    if s.checkpoints is not None:
+        check_glob(s.checkpoints)
     if spec.data.uri:
         _check_uri("data.uri", spec.data.uri, _data_schemes())
         if _scheme(spec.data.uri) == "file":  # remote data is probed by preflight

@@ -36,6 +36,9 @@ INJECT = "TRAINGATE_INJECT"                # fault plan, see traingate.runtime.i
 FAULT = "TRAINGATE_FAULT"                  # "<phase>@<step>": SIGKILL at that phase of a checkpoint save
 RECORD_SAMPLES = "TRAINGATE_RECORD_SAMPLES"  # "1": each rank logs the sample ids of every step
 TRACKING_DRAIN_S = "TRAINGATE_TRACKING_DRAIN_S"  # how long a closing tracker keeps delivering to a dead store
+# The names a script's command, stage_args and resume_args may reference as ${NAME}, expanded at launch
+# (traingate.recipes.script.expand). Locations and ids only: nothing secret ever reaches argv this way.
+SCRIPT_ARG_VARS = (RUN_ID, STAGE, STAGE_DIR, CHECKPOINT_DIR, RESTART_CAUSE, RESTART_COUNT, JOB)
 # torchrun's own: how many times it restarted the worker group in place.
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -46,7 +49,7 @@ def job_environment(job: "StageJob", base: Mapping[str, str] | None = None,
     env = dict(os.environ if base is None else base)
     env.update({
         JOB: str(job.job_path), RUN_ID: job.run_id, STAGE: job.stage, STAGE_DIR: job.stage_dir,
-        CHECKPOINT_DIR: job.checkpoint_uri, SUPERVISOR_PID: str(supervisor_pid or os.getpid()),
+        CHECKPOINT_DIR: _checkpoint_dir(job), SUPERVISOR_PID: str(supervisor_pid or os.getpid()),
         "PYTHONUNBUFFERED": "1",
     })
     for var in (RESTART_CAUSE, RESTART_COUNT, MLFLOW_RUN_ID):
@@ -64,6 +67,19 @@ def job_environment(job: "StageJob", base: Mapping[str, str] | None = None,
     # smoke stage and bare benchmarks measure the same thing.
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def _checkpoint_dir(job: "StageJob") -> str:
+    # A script writes plain files into a local directory (it cannot write s3://); a built-in recipe
+    # reads its StageJob and sees the checkpoint URI itself.
+    return job.checkpoint_dir if job.is_script else job.checkpoint_uri
+
+
+def script_arg_values(job: "StageJob") -> dict[str, str]:
+    """What each of :data:`SCRIPT_ARG_VARS` stands for in one launch of a script (the values its
+    environment holds; the restart variables are "" and "0" on a first launch)."""
+    return {RUN_ID: job.run_id, STAGE: job.stage, STAGE_DIR: job.stage_dir, CHECKPOINT_DIR: _checkpoint_dir(job),
+            RESTART_CAUSE: str(job.restart_cause or ""), RESTART_COUNT: str(job.attempt), JOB: str(job.job_path)}
 
 
 def job_path(env: Mapping[str, str] | None = None) -> Path | None:

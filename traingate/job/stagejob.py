@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from traingate.job import files
 from traingate.job.vocab import Cause
@@ -94,6 +95,8 @@ class StageJob:
     budget_usd: float | None = None
     budget_scope: str = "run"
     spent_before_usd: float = 0.0
+    # a script's launch that appends recipe.script.resume_args: a restart, and the script left a checkpoint
+    script_resume: bool = False
 
     # ---------------------------------------------------------------- derived facts
     @property
@@ -107,6 +110,18 @@ class StageJob:
     @property
     def is_script(self) -> bool:
         return self.spec.recipe.name == "script"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The local directory a script writes its checkpoints into (``${TRAINGATE_CHECKPOINT_DIR}``): the
+        checkpoint URI's own path when it is local, else ``<stage dir>/checkpoints``, which traingate
+        uploads to the URI (a script writes files; it cannot write to s3://)."""
+        uri = self.checkpoint_uri
+        if uri.startswith("file://"):
+            return urlsplit(uri).path
+        if "://" not in uri:
+            return uri
+        return str(Path(self.stage_dir) / "checkpoints")
 
     @property
     def writes_heartbeats(self) -> bool:

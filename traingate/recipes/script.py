@@ -11,20 +11,42 @@ gives the step, every other named group is a metric.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable, Mapping
 
-from traingate.spec import RunSpec
+from traingate.spec import RunSpec, SpecError
 
 PYTHONS = ("python", "python3")
+# ${TRAINGATE_...} in an argument; ${env:NAME} (a secret) is not matched: it never goes into argv from here.
+_PLATFORM_REF = re.compile(r"\$\{(TRAINGATE_[A-Za-z0-9_]*)\}")
 
 
 def build_command(spec: RunSpec, stage: str, python: str, nproc: int, nnodes: int = 1,
-                  rdzv_endpoint: str | None = None) -> list[str]:
-    """The command line for one stage of a script recipe (stage args appended)."""
+                  rdzv_endpoint: str | None = None, values: Mapping[str, str] | None = None,
+                  resume: bool = False) -> list[str]:
+    """The command line for one stage of a script recipe: stage args appended, then ``resume_args`` when
+    ``resume``; ``${TRAINGATE_...}`` words expanded from ``values`` (envvars.script_arg_values).
+
+    >>> from traingate.spec import load_spec_text
+    >>> spec = load_spec_text("identity: {experiment: e, owner: o, team: t, purpose: p}\\n"
+    ...     "recipe: {name: script, script: {command: [./train.sh, --out, '${TRAINGATE_CHECKPOINT_DIR}'], "
+    ...     "resume_args: [--resume]}}")
+    >>> from traingate.job.envvars import CHECKPOINT_DIR
+    >>> build_command(spec, "full", "py", 1, values={CHECKPOINT_DIR: "/ck"}, resume=True)
+    ['./train.sh', '--out', '/ck', '--resume']
+    """
     s = spec.recipe.script
     assert s is not None
-    cmd = [*s.command, *s.stage_args.get(stage, [])]
+    cmd = [*s.command, *s.stage_args.get(stage, []), *(s.resume_args if resume else [])]
+    if values is not None:
+        cmd = expand(cmd, values, "recipe.script.command")
     if s.launcher == "torchrun":
         if cmd[0] not in PYTHONS:
             raise ValueError(f"recipe.script.command = {s.command!r}: launcher torchrun needs a python command "
@@ -33,6 +55,31 @@ def build_command(spec: RunSpec, stage: str, python: str, nproc: int, nnodes: in
     if cmd[0] in PYTHONS:
         cmd[0] = python  # the environment traingate runs in, not whatever `python` is on PATH
     return cmd
+
+
+def expand(words: list[str], values: Mapping[str, str], field: str) -> list[str]:
+    """``words`` with every ``${TRAINGATE_NAME}`` replaced by its value; an unknown name is a SpecError."""
+    out = []
+    for i, word in enumerate(words):
+        def value(m: re.Match[str], i: int = i, word: str = word) -> str:
+            name = m.group(1)
+            if name not in values:
+                raise SpecError(f"{field}[{i}] = {word!r}: ${{{name}}} is not a location traingate provides; use "
+                                f"one of {', '.join('${' + v + '}' for v in sorted(values))}")
+            return values[name]
+        out.append(_PLATFORM_REF.sub(value, word))
+    return out
+
+
+def check_args(spec: RunSpec, names: tuple[str, ...]) -> None:
+    """Refuse, before anything starts, an argument that names a ``${TRAINGATE_...}`` not in ``names``."""
+    s = spec.recipe.script
+    assert s is not None
+    stand_in = {n: "x" for n in names}
+    expand(s.command, stand_in, "recipe.script.command")
+    for stage, words in s.stage_args.items():
+        expand(words, stand_in, f"recipe.script.stage_args.{stage}")
+    expand(s.resume_args, stand_in, "recipe.script.resume_args")
 
 
 def torchrun_args(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> list[str]:
@@ -93,3 +140,200 @@ def summarize(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
     out["nonfinite_steps"] = float(nonfinite)
     out["steps"] = float(steps)
     return out
+
+
+# ---------------------------------------------------------------- output progress (the heartbeat of a script)
+
+class OutputProgress:
+    """What a script's output says about its progress, for hang detection: the lines it printed and
+    the last step its metric regexes matched (``step`` groups). Fed line by line from the output reader.
+
+    ``step_progress``: progress is the metric step (the spec's regexes name one), else the line count.
+    """
+
+    def __init__(self, patterns: list[str]):
+        self._step_rx = [rx for rx in (re.compile(p) for p in patterns) if "step" in rx.groupindex]
+        self.step_progress = bool(self._step_rx)
+        self.lines = 0
+        self.step: int | None = None
+        self.last: float | None = None   # when progress was last made (time.time())
+        self._lock = threading.Lock()
+
+    def feed(self, line: str) -> None:
+        step = None
+        for rx in self._step_rx:
+            for m in rx.finditer(line):
+                if m.group("step") is not None:
+                    step = int(m.group("step"))
+        with self._lock:
+            self.lines += 1
+            if step is not None and step != self.step:
+                self.step = step
+                if self.step_progress:
+                    self.last = time.time()
+            if not self.step_progress:
+                self.last = time.time()
+
+    def reading(self) -> tuple[int, float] | None:
+        """(progress counter, when it last advanced), or None before the first progress."""
+        with self._lock:
+            if self.last is None:
+                return None
+            return (self.step if self.step_progress and self.step is not None else self.lines), self.last
+
+    def hook(self, then: Callable[[str], None] | None) -> Callable[[str], None]:
+        def on_line(line: str) -> None:
+            self.feed(line)
+            if then is not None:
+                then(line)
+        return on_line
+
+
+# ---------------------------------------------------------------- the checkpoints a script writes
+
+INDEX = ".traingate-index.json"  # at the checkpoint root; a dot-file, so no script glob matches it
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class ScriptCheckpoint:
+    """One file the script wrote that its ``recipe.script.checkpoints`` glob declares."""
+    path: str            # relative to the checkpoint dir, '/'-separated
+    size: int
+    sha256: str
+    step: int | None     # the last number in the file's name (ckpt_000040.pt -> 40), if any
+    mtime: float
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint's file name holds: its last number.
+
+    >>> step_of("ckpt_000040.pt"), step_of("epoch3-step120.pt"), step_of("last.pt")
+    (40, 120, None)
+    """
+    found = _DIGITS.findall(PurePosixPath(name).name.split(".")[0])
+    return int(found[-1]) if found else None
+
+
+def check_glob(pattern: str) -> None:
+    p = PurePosixPath(pattern)
+    if p.is_absolute() or ".." in p.parts or pattern.startswith("$"):
+        raise SpecError(f"recipe.script.checkpoints = {pattern!r}: a glob relative to ${{TRAINGATE_CHECKPOINT_DIR}} "
+                        "is expected; write e.g. 'ckpt_*.pt' or 'epoch_*/model.pt'")
+
+
+def _declared(local_dir: Path, pattern: str | None) -> list[Path]:
+    if not local_dir.is_dir():
+        return []
+    found = local_dir.glob(pattern) if pattern else local_dir.rglob("*")
+    return sorted(p for p in found if p.is_file() and p.name != INDEX and not p.name.startswith(f"{INDEX}."))
+
+
+def has_checkpoint(local_dir: str | Path, pattern: str | None) -> bool:
+    """Whether the script has written a checkpoint: its glob matches a file (no glob: the dir is not empty)."""
+    return bool(_declared(Path(local_dir), pattern))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def index_checkpoints(local_dir: str | Path, pattern: str | None,
+                      known: Mapping[str, ScriptCheckpoint] | None = None) -> list[ScriptCheckpoint]:
+    """Every declared checkpoint file under ``local_dir``, oldest first. ``known``: an earlier index; a file
+    with the same size and mtime keeps its hash (a multi-GB file is not re-read after every attempt)."""
+    root = Path(local_dir)
+    out = []
+    for p in _declared(root, pattern):
+        st = p.stat()
+        rel = p.relative_to(root).as_posix()
+        old = (known or {}).get(rel)
+        same = old is not None and old.size == st.st_size and old.mtime == st.st_mtime
+        out.append(ScriptCheckpoint(rel, st.st_size, old.sha256 if same and old else _sha256(p), step_of(rel),
+                                    st.st_mtime))
+    return sorted(out, key=lambda c: (c.mtime, c.step if c.step is not None else -1, c.path))
+
+
+def newest(entries: list[ScriptCheckpoint]) -> ScriptCheckpoint | None:
+    """The last checkpoint written (by time; the step in the name breaks a tie)."""
+    return entries[-1] if entries else None
+
+
+def read_index(uri: str) -> list[ScriptCheckpoint]:
+    """The index published at a checkpoint URI ([] when there is none)."""
+    from traingate.runtime.storage import Storage
+
+    store = Storage(uri)
+    if not store.exists(INDEX):
+        return []
+    data = json.loads(store.read_bytes(INDEX))
+    return [ScriptCheckpoint(**e) for e in data["checkpoints"]]
+
+
+def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[ScriptCheckpoint]:
+    """Index the declared checkpoints in ``local_dir`` and make ``uri`` hold them and the index.
+
+    A remote URI gets every new or changed file, loses the files the script has since deleted (its own
+    retention), and gets the index last: an index names only files that are there.
+    """
+    from traingate.runtime.storage import Storage
+
+    store = Storage(uri)
+    before = {c.path: c for c in read_index(uri)}
+    entries = index_checkpoints(local_dir, pattern, before)
+    local = store.is_local and Path(store.uri().removeprefix("file://")).resolve() == Path(local_dir).resolve()
+    if not local:
+        for c in entries:
+            old = before.get(c.path)
+            if old is None or old.sha256 != c.sha256:
+                store.put_file(str(Path(local_dir) / c.path), c.path)
+    index = {"checkpoints": [asdict(c) for c in entries], "newest": newest(entries).path if entries else None}
+    store.write_bytes(INDEX, json.dumps(index, indent=1).encode())
+    if not local:
+        for gone in set(before) - {c.path for c in entries}:
+            store.rm(gone)
+    return entries
+
+
+def restore(uri: str, local_dir: str | Path, pattern: str | None) -> list[ScriptCheckpoint]:
+    """Bring a published checkpoint set back into an empty ``local_dir`` (a resume on another host):
+    the files the index names, each checked against its sha256. Nothing happens when the dir has one."""
+    from traingate.runtime.storage import Storage
+
+    root = Path(local_dir)
+    store = Storage(uri)
+    if has_checkpoint(root, pattern) or (store.is_local and Path(store.uri().removeprefix("file://")) == root):
+        return []
+    entries = read_index(uri)
+    for c in entries:
+        dest = root / c.path
+        fetch(uri, c, dest)
+    return entries
+
+
+def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
+    """Copy checkpoint ``c`` from ``uri`` to ``dest``, verified against its sha256 (OSError if it differs)."""
+    from traingate.runtime.storage import Storage
+
+    import fsspec
+
+    from traingate.runtime.storage import Storage, storage_options
+    from traingate.secrets import resolve
+
+    store = Storage(uri)  # its retry policy; the copy streams to disk instead of reading the file into memory
+    resolved = resolve(uri, field="checkpoint location")
+    fs, root = fsspec.core.url_to_fs(resolved, **storage_options(resolved))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    store.retry(f"download {c.path}", lambda: fs.get_file(f"{root.rstrip('/')}/{c.path}", str(tmp)))
+    got = _sha256(tmp)
+    if got != c.sha256:
+        tmp.unlink()
+        raise OSError(f"checkpoint {store.uri(c.path)}: sha256 {got[:12]}... differs from its index's "
+                      f"{c.sha256[:12]}...; it was changed after it was published")
+    tmp.replace(dest)
+    return dest

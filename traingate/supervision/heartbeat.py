@@ -29,6 +29,8 @@ class HangDetector:
     world_size: int
     launched_at: float
     final_step: int | None = None
+    # What a "step" is: a training step (heartbeats), or a script's output line / metric step (its output).
+    progress: str = "step"
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, when it last advanced)
     _exited: set[int] = field(default_factory=set)  # gone, preempting or finishing
 
@@ -64,10 +66,16 @@ class HangDetector:
         if len(self._last) < self.world_size:
             if now - self.launched_at > self.startup_timeout_s:
                 missing = sorted(set(range(self.world_size)) - set(self._last))
+                if self.progress != "step":
+                    return (f"the script printed no {self.progress} within {self.startup_timeout_s:.0f} s of launch "
+                            "(supervision.startup_timeout_s)")
                 return (f"rank(s) {missing} wrote no heartbeat within {self.startup_timeout_s:.0f} s of launch "
                         "(supervision.startup_timeout_s)")
             return None
         for rank, step, still, finishing, limit in self._overdue(now)[:1]:
+            if self.progress != "step":
+                return (f"the script printed no new {self.progress} for {still:.1f} s after {self.progress} {step} "
+                        f"(timeout {limit:.1f} s, supervision.hang_timeout_s)")
             what = f"finishing after step {step}" if finishing else f"stuck at step {step}"
             return f"rank {rank} {what} for {still:.1f} s (timeout {limit:.1f} s)"
         return None

@@ -39,6 +39,7 @@ from traingate.job.vocab import Cause, Status, status_for
 from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
 from traingate.monitor.rules import Action, Firing
+from traingate.recipes import script as script_recipe
 from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
 from traingate.spec import apply_overrides, parse_spec
@@ -246,7 +247,8 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         # Several nodes: no in-place restarts. Each node's agent counts its own restarts (the ranks'
         # restart_count would disagree across nodes) and a lost node takes its agent with it.
         inplace = job.writes_heartbeats and job.world_size > 1 and job.nodes == 1
-        job = job.launch(time.time(), inplace_restarts=left if inplace else 0)
+        job = job.launch(time.time(), inplace_restarts=left if inplace else 0,
+                         script_resume=_script_resumes(job, hooks) if job.is_script else False)
         job.write()
         env = envvars.job_environment(job)
         cmd = launch.stage_command(job, python, zygote_socket)
@@ -254,8 +256,11 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         attempts.append(attempt)
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
         cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
-        tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, hooks.on_line, TAIL_LINES)
-        watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started)
+        # A script writes no heartbeat: its output is its progress (hang detection, the step it reached).
+        progress = script_recipe.OutputProgress(job.spec.recipe.script.metrics) if job.is_script else None
+        on_line = progress.hook(hooks.on_line) if progress is not None else hooks.on_line
+        tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, on_line, TAIL_LINES)
+        watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started, progress)
         remaining = max(1.0, deadline - time.monotonic())
         try:
             result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree),
@@ -292,7 +297,11 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
         attempt.detail = watch.hang if verdict.cause == Cause.HANG else verdict.detail
         record.write(attempts)
+        unpublished = _publish_script_checkpoints(job, hooks) if job.is_script else None
 
+        if verdict.completed and unpublished is not None:
+            err = f"{Cause.TRANSIENT_IO}: the script finished, but {unpublished}"
+            return finish(result, Status.FAILED, err, None, Cause.TRANSIENT_IO)
         if verdict.completed:
             return finish(result, Status.COMPLETED, None, None, None)
         if watch.stop is not None and watch.alert_stop is not None and watch.alert_stop.action == Action.STOP:
@@ -342,8 +351,10 @@ class _Watch:
     """What the supervisor does every tick while one launch runs."""
 
     def __init__(self, job: StageJob, hang_s: float, attempts: list[Attempt], budget: RetryBudget, hooks: Hooks,
-                 record: _Record, monitor: StageMonitor | None = None, started: float = 0.0):
+                 record: _Record, monitor: StageMonitor | None = None, started: float = 0.0,
+                 progress: script_recipe.OutputProgress | None = None):
         self.job, self.hang_s, self.attempts, self.budget, self.hooks = job, hang_s, attempts, budget, hooks
+        self.progress = progress
         self.record = record
         self.monitor, self.started = monitor, started
         self.rollback: Rollback | None = None     # an alert ordered a roll-back: the tree is being killed
@@ -359,9 +370,13 @@ class _Watch:
         self.detector = self._detector(attempts[-1].launched_at)
 
     def _detector(self, since: float) -> heartbeat.HangDetector | None:
-        if not self.job.writes_heartbeats:
-            return None  # a user's script writes none: only its time limit applies
         sup = self.job.spec.supervision
+        if self.progress is not None:
+            # A user's script: one "rank" whose heartbeat is its output; its steps are its own (no final step).
+            what = "metric step" if self.progress.step_progress else "output line"
+            return heartbeat.HangDetector(self.hang_s, sup.startup_timeout_s, 1, since, None, progress=what)
+        if not self.job.writes_heartbeats:
+            return None
         return heartbeat.HangDetector(self.hang_s, sup.startup_timeout_s, self.job.world_size, since,
                                       self.job.max_steps)
 
@@ -378,6 +393,8 @@ class _Watch:
             return True
         if self.detector is None:
             return False
+        if self.progress is not None:
+            return self._tick_script(tree, now)
         beats = files.read_heartbeats(self.stage_dir)
         every_word = files.read_last_words(self.stage_dir)
         # An incarnation shows itself by its heartbeats, or by its last words if it failed before its first.
@@ -435,6 +452,21 @@ class _Watch:
         if now - self.ckpt_check >= sup.checkpoint_check_s and 0 in beats:
             self.ckpt_check = now
             self._check_staleness(beats[0], now)
+        return False
+
+    def _tick_script(self, tree: proc.ProcessTree, now: float) -> bool:
+        """Hang detection of a script from its output, by the same detector (and rule) as recipes' heartbeats."""
+        assert self.progress is not None and self.detector is not None
+        if (reading := self.progress.reading()) is not None:
+            counter, when = reading
+            self.detector.observe({0: files.Heartbeat(rank=0, step=counter, time=when, pid=tree.pid)}, now)
+        if self.progress.step is not None:
+            self.attempts[-1].end_step = self.progress.step
+        if (why := self.detector.stalled(now)) is not None:
+            self.hang = why
+            self.hooks.info(f"{self.job.stage}: hang detected: {why}; killing the script's tree")
+            tree.stop_requested = True
+            tree.signal_group(signal.SIGKILL)  # a hung script cannot be trusted to act on SIGTERM
         return False
 
     def _act(self, f: Firing, tree: proc.ProcessTree) -> bool:
@@ -534,7 +566,13 @@ class _Watch:
 
     def restarted(self, attempt: Attempt, cause: Cause, number: int, delay: float, overrides: list[str],
                   inplace: bool = False) -> None:
-        resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
+        if self.job.is_script:
+            s = self.job.spec.recipe.script
+            last = script_recipe.newest(script_recipe.index_checkpoints(self.job.checkpoint_dir, s.checkpoints)) \
+                if s.resume_args else None
+            resume_step = last.step if last is not None else None
+        else:
+            resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
         event = {"stage": self.job.stage, "run_id": self.job.run_id, "cause": str(cause), "detail": attempt.detail,
                  "restart": number, "backoff_s": round(delay, 3), "failed_at_step": attempt.end_step,
                  "resume_from_step": resume_step or 0, "inplace": inplace,
@@ -546,6 +584,9 @@ class _Watch:
             self.hooks.on_restart(event)
 
     def observe_end(self, attempt: Attempt) -> None:
+        if self.progress is not None:
+            attempt.end_step = self.progress.step
+            return
         beats = {r: b for r, b in files.read_heartbeats(self.stage_dir).items()
                  if b.restart_count == self.restart_count}
         self._track(beats)
@@ -566,6 +607,46 @@ class _Watch:
             if self.hooks.on_alert is not None:
                 self.hooks.on_alert("checkpoint.stale", {"stage": self.job.stage, "reason": why, "step": beat.step,
                                                          "last_checkpoint_step": last_step})
+
+
+def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
+    """Whether this launch of a script appends its resume_args: a restart (a relaunch, or `traingate resume`)
+    after the script wrote a checkpoint. Its checkpoint dir is made first; a resume on a host without the
+    local copy brings the published one back from a remote checkpoint URI."""
+    s = job.spec.recipe.script
+    Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if job.attempt == 0 or not s.resume_args:
+        return False
+    if restored := script_recipe.restore(job.checkpoint_uri, job.checkpoint_dir, s.checkpoints):
+        hooks.info(f"{job.stage}: {len(restored)} checkpoint file(s) brought back from {job.checkpoint_uri}")
+    if script_recipe.has_checkpoint(job.checkpoint_dir, s.checkpoints):
+        return True
+    hooks.info(f"{job.stage}: restart {job.attempt}: the script left no checkpoint yet "
+               f"({s.checkpoints or 'an empty checkpoint dir'}); it starts over, without its resume_args")
+    return False
+
+
+def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
+    """Index (and upload, to a remote URI) what the script declared it writes; after every launch, so a
+    restart on another host finds them. Returns why it failed, for a storage error, else None."""
+    from traingate.validate import storage_failure
+
+    s = job.spec.recipe.script
+    if s.checkpoints is None:
+        return None
+    try:
+        entries = script_recipe.publish(job.checkpoint_dir, s.checkpoints, job.checkpoint_uri)
+    except Exception as e:  # noqa: BLE001 - storage errors are reported; anything else is a bug and raised
+        why = storage_failure(e)
+        if why is None:
+            raise
+        msg = f"its checkpoints were not published to {job.checkpoint_uri}: {why}"
+        hooks.info(f"{job.stage}: {msg}")
+        return msg
+    last = script_recipe.newest(entries)
+    hooks.info(f"{job.stage}: {len(entries)} checkpoint file(s) indexed at {job.checkpoint_uri}"
+               + (f", newest {last.path}" if last is not None else ""))
+    return None
 
 
 def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, monitor: StageMonitor | None) -> StageJob:

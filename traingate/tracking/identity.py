@@ -52,6 +52,78 @@ def code_version(path: str | Path | None = None) -> dict[str, str]:
             "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else ""}
 
 
+# Never part of a project's content: git's own store and what Python caches beside the code.
+_SKIP_DIRS = frozenset({".git", "__pycache__"})
+_SKIP_SUFFIXES = (".pyc",)
+
+
+def content_version(root: str | Path, exclude: tuple[str | Path, ...] = ()) -> dict[str, str]:
+    """The code version of a directory without git: sha256 over every file's relative path and bytes, in
+    path order (``source: content``). Skips .git, __pycache__, *.pyc and the ``exclude`` directories (the
+    state dir, when a project keeps it inside). A symlink counts as its target text, never followed.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / "train.py").write_text("print(1)")
+    >>> v = content_version(d); v["source"], v["sha"][:7], v["dirty"]
+    ('content', 'sha256:', 'false')
+    >>> _ = (d / "train.py").write_text("print(2)"); content_version(d)["sha"] != v["sha"]
+    True
+    """
+    import os
+
+    top = Path(root).resolve()
+    skip = {Path(e).resolve() for e in exclude}
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and (here / d).resolve() not in skip
+                             and not (here / d).is_symlink())
+        for name in sorted([*filenames, *(d for d in os.listdir(here) if (here / d).is_symlink()
+                                          and (here / d).is_dir())]):
+            path = here / name
+            if name.endswith(_SKIP_SUFFIXES):
+                continue
+            rel = path.relative_to(top).as_posix()
+            h.update(f"{len(rel)}:{rel}\0".encode())
+            if path.is_symlink():
+                h.update(b"link:" + os.readlink(path).encode())
+                continue
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+            h.update(b"\0")
+    # Every byte is in the hash, so there is nothing uncommitted to flag.
+    return {"sha": f"sha256:{h.hexdigest()}", "dirty": "false", "diff_hash": "", "source": "content"}
+
+
+def script_code_version(workdir: str | Path, state_dir: str | Path | None = None) -> dict[str, str]:
+    """The code version of a script project: git's (sha + dirty, this directory's changes) when the workdir is
+    in a git work tree, else :func:`content_version` of the workdir, so a git-less project is still promotable."""
+    root = Path(workdir).resolve()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    try:
+        sha = git("rev-parse", "HEAD").strip()
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
+        sha = ""
+    if not sha:
+        return content_version(root, exclude=(state_dir,) if state_dir is not None else ())
+    diff = git("diff", "HEAD", "--", ".")
+    untracked = git("ls-files", "--others", "--exclude-standard", "--", ".")
+    dirty = bool(diff.strip() or untracked.strip())
+    return {"sha": sha, "dirty": str(dirty).lower(), "source": "git",
+            "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else ""}
+
+
+def run_code_version(spec: Any, state_dir: str | Path | None = None) -> dict[str, str]:
+    """The code a run trains with: a script recipe's project (its workdir), else traingate's own code."""
+    script = spec.recipe.script
+    if script is not None:
+        return script_code_version(script.workdir, state_dir)
+    return code_version()
+
+
 def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
     """Why code at ``version`` is not the ``commit`` CI asked for (None when it is: the same commit, clean).
 
@@ -72,13 +144,30 @@ def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
 
 
 def hash_file_uri(uri: str) -> str:
+    """The content hash of the data at ``uri``: a file's bytes, or a directory's files (relative paths and
+    bytes, in path order), so a script's ``data.uri`` may name either."""
     import fsspec
 
+    from traingate.runtime.storage import storage_options
+
+    fs, root = fsspec.core.url_to_fs(uri, **storage_options(uri))
     h = hashlib.sha256()
-    with fsspec.open(uri, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    # An http(s) URL is one object: asking HTTP whether it is a "directory" would download and parse it.
+    web = {"http", "https"} & set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    if web or not fs.isdir(root):
+        with fs.open(root, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    base = root.rstrip("/")
+    for path in sorted(fs.find(base)):
+        rel = path[len(base):].lstrip("/")
+        h.update(f"{len(rel)}:{rel}\0".encode())
+        with fs.open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return "dir-" + h.hexdigest()
 
 
 def environment_snapshot() -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from mlflow.entities import LoggedModelStatus
@@ -70,8 +70,12 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
     Safe to call again for the same run (see the module docstring): the same version comes back.
     """
     ok, reasons = can_promote(c, stage_run_id)
-    if ok and (spec.recipe.name == "script" or not checkpoint_uri):
-        ok, reasons = False, ["no model checkpoint: script recipes register their own models"]
+    script = spec.recipe.script
+    if ok and script is not None and script.checkpoints is None:
+        ok, reasons = False, ["no model checkpoint: the script declares no recipe.script.checkpoints, so traingate "
+                              "does not know which file is its model (script recipes register their own models)"]
+    elif ok and not checkpoint_uri:
+        ok, reasons = False, ["no model checkpoint: the full stage reported no checkpoint URI"]
     if not ok:
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
@@ -80,6 +84,9 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
 
     name = model_name(spec)
     version = registered_version(c, name, stage_run_id)
+    if version is None and script is not None:
+        assert checkpoint_uri is not None
+        version = _register_script_checkpoint(c, name, stage_run_id, checkpoint_uri)
     if version is None:
         model_uri = logged_model_uri(c, stage_run_id) or _log_final_model(c, spec, stage_run_id, checkpoint_uri)
         tags = c.get_run(stage_run_id).data.tags
@@ -90,6 +97,56 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
             "traingate.code_version": tags.get("traingate.code_version", ""),
             "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")})
     return take_alias_if_better(c, name, version.version, stage_run_id, alias)
+
+
+SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registered checkpoint file
+
+
+def _version_tags(c: MlflowClient, stage_run_id: str) -> dict[str, str]:
+    tags = c.get_run(stage_run_id).data.tags
+    return {"traingate.run_id": tags.get("traingate.run_id", ""), "traingate.stage_run_id": stage_run_id,
+            "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
+            "traingate.code_version": tags.get("traingate.code_version", ""),
+            "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")}
+
+
+def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, checkpoint_uri: str) -> ModelVersion:
+    """The newest checkpoint file a script declared, logged into the stage run (``checkpoint/<file>``, the
+    index beside it under ``checkpoints/``) and registered as a version of ``name`` whose source is that
+    artifact directory. The file is the model: traingate does not know how to load it, its user does.
+
+    MLflow 3's ``register_model`` accepts only logged models for a ``runs:/`` URI; a model version whose
+    source is a run's artifact directory is created with the client directly (the same record).
+    """
+    import json
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    from traingate.recipes import script
+    from traingate.redact import redact
+
+    entries = script.read_index(checkpoint_uri)
+    last = script.newest(entries)
+    if last is None:
+        raise ValueError(f"no declared checkpoint under {checkpoint_uri} (its index is empty or missing); the "
+                         "script wrote no file matching recipe.script.checkpoints, so there is no model to register")
+    with tempfile.TemporaryDirectory(prefix="tg-script-model-") as tmp:
+        local = script.fetch(checkpoint_uri, last, Path(tmp) / "model" / PurePosixPath(last.path).name)
+        c.log_artifact(stage_run_id, str(local), SCRIPT_MODEL_PATH)
+        index = Path(tmp) / "script-index.json"
+        index.write_text(json.dumps({"uri": redact(checkpoint_uri), "registered": last.path,
+                                     "checkpoints": [e.__dict__ for e in entries]}, indent=1))
+        c.log_artifact(stage_run_id, str(index), "checkpoints")
+    try:
+        c.create_registered_model(name)
+    except MlflowException as e:
+        # Already there: an earlier version, or another run registering at the same moment. Anything else is not.
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    tags = {**_version_tags(c, stage_run_id), "traingate.checkpoint_file": last.path,
+            "traingate.checkpoint_sha256": last.sha256, "traingate.checkpoint_step": str(last.step or "")}
+    return c.create_model_version(name, f"runs:/{stage_run_id}/{SCRIPT_MODEL_PATH}", run_id=stage_run_id, tags=tags)
 
 
 def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str) -> str:
