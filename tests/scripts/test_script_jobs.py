@@ -291,3 +291,21 @@ def test_a_script_without_metric_steps_is_watched_by_its_output_lines(tmp_path, 
     sup, *_ = supervised(job)
     assert [a.cause for a in sup.attempts] == [Cause.HANG, None]
     assert "printed no new output line for" in sup.attempts[0].detail and "after output line 3" in sup.attempts[0].detail
+
+
+def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_its_reason(tmp_path, state_dir):
+    from traingate.stage import StageResult
+
+    workdir = copy_project(tmp_path, "jsonl_latest")
+    spec = script_spec(workdir, {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}"],
+                                 "metrics": [r'"step": (?P<step>\d+), "loss": (?P<loss>[0-9.eE+-]+)']},
+                       data={"uri": (workdir / "data.csv").as_uri()})
+    tracked = Tracked(spec)
+    result = StageResult(stage="full", status=Status.COMPLETED, metrics={"nonfinite_steps": 0.0, "steps": 80.0})
+    decision = decide(result, spec.gate("full"))
+    runs.record_stage(tracked.client, tracked.stage_run, result, decision)
+    out = register_candidate(tracked.client, spec, tracked.stage_run, None)
+    assert out == {"registered": False, "reasons": [
+        "no model checkpoint: the script declares no recipe.script.checkpoints, so traingate does not know which "
+        "file is its model (script recipes register their own models)"]}  # identity complete: only this reason
+    assert not tracked.client.search_registered_models()

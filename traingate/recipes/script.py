@@ -287,9 +287,12 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
     entries = index_checkpoints(local_dir, pattern, before)
     local = store.is_local and Path(store.uri().removeprefix("file://")).resolve() == Path(local_dir).resolve()
     if not local:
+        fs, root = _filesystem(uri)
         for c in entries:
             old = before.get(c.path)
             if old is None or old.sha256 != c.sha256:
+                if store.is_local:  # a local copy does not make its parents; S3 has none to make
+                    fs.makedirs(str(PurePosixPath(root) / c.path).rsplit("/", 1)[0], exist_ok=True)
                 store.put_file(str(Path(local_dir) / c.path), c.path)
     index = {"checkpoints": [asdict(c) for c in entries], "newest": newest(entries).path if entries else None}
     store.write_bytes(INDEX, json.dumps(index, indent=1).encode())
@@ -319,14 +322,10 @@ def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
     """Copy checkpoint ``c`` from ``uri`` to ``dest``, verified against its sha256 (OSError if it differs)."""
     from traingate.runtime.storage import Storage
 
-    import fsspec
-
-    from traingate.runtime.storage import Storage, storage_options
-    from traingate.secrets import resolve
+    from traingate.runtime.storage import Storage
 
     store = Storage(uri)  # its retry policy; the copy streams to disk instead of reading the file into memory
-    resolved = resolve(uri, field="checkpoint location")
-    fs, root = fsspec.core.url_to_fs(resolved, **storage_options(resolved))
+    fs, root = _filesystem(uri)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.part")
     store.retry(f"download {c.path}", lambda: fs.get_file(f"{root.rstrip('/')}/{c.path}", str(tmp)))
@@ -337,3 +336,13 @@ def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
                       f"{c.sha256[:12]}...; it was changed after it was published")
     tmp.replace(dest)
     return dest
+
+
+def _filesystem(uri: str):  # -> (fsspec filesystem, root path)
+    import fsspec
+
+    from traingate.runtime.storage import storage_options
+    from traingate.secrets import resolve
+
+    resolved = resolve(uri, field="checkpoint location")
+    return fsspec.core.url_to_fs(resolved, **storage_options(resolved))
