@@ -20,7 +20,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Completed, Crashed, Failed, State
 from pydantic import BaseModel, Field
 
-from tasks.data import data_snapshot
+from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
 from tasks.tracking import (close_pipeline_run, gate_passed, open_pipeline_run, open_stage_run, record_stage,
                             register_candidate)
@@ -33,6 +33,7 @@ from traingate.job.vocab import Status
 from traingate.plan import ResumePoint, resume_point, stages_until
 from traingate.redact import redact
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
+from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
@@ -126,6 +127,8 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     except LocationError as e:
         return stopped(Failed(message=str(e)), {})
     if spec is not None and resume_from is None:  # validation once, before anything is created
+        if has_latest(spec.data.uri):  # one version for the whole run: its identity and every stage read it
+            spec = newest_snapshot(spec)
         check_spec(spec)
         preflight(spec, settings)
     settings.ensure()

@@ -1,4 +1,4 @@
-"""Data boundary: read the dataset once to fingerprint it for the run's identity."""
+"""Data boundary: find the newest snapshot, and read the dataset once to fingerprint it for the run's identity."""
 from __future__ import annotations
 
 from prefect import task
@@ -6,8 +6,15 @@ from prefect.cache_policies import NONE
 
 from traingate.recipes import get_recipe
 from traingate.secrets import resolve
+from traingate.snapshots import resolve_spec
 from traingate.spec import RunSpec
 from traingate.tracking.identity import hash_file_uri
+
+
+@task(name="newest-snapshot", cache_policy=NONE)
+def newest_snapshot(spec: RunSpec) -> RunSpec:
+    """``spec`` with a ``{latest}`` in ``data.uri`` resolved to the newest version (traingate.snapshots)."""
+    return resolve_spec(spec)
 
 
 @task(name="data-snapshot", cache_policy=NONE)
