@@ -39,6 +39,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
     "ci": ("flows.commands.ci", "run the ci-canary deployment on a commit, wait, print the gate's reason"),
     "cost": ("flows.commands.cost", "spend, idle share, time lost to failures, cost per successful run per experiment"),
+    "retrain": ("flows.commands.retrain", "retrain on the newest data snapshot; the new model takes @champion only if better"),
 }
 
 
