@@ -308,4 +308,11 @@ def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_i
     assert out == {"registered": False, "reasons": [
         "no model checkpoint: the script declares no recipe.script.checkpoints, so traingate does not know which "
         "file is its model (script recipes register their own models)"]}  # identity complete: only this reason
+    # Declared, but nothing written under the checkpoint URI: refused with that reason, not an error.
+    declared = spec.model_copy(deep=True)
+    declared.recipe.script.checkpoints = "ckpt_*.pt"
+    empty = (tmp_path / "empty").as_uri()
+    out = register_candidate(tracked.client, declared, tracked.stage_run, empty)
+    assert out["reasons"] == [f"no model checkpoint: the script wrote no file matching recipe.script.checkpoints "
+                              f"('ckpt_*.pt') under {empty}"]
     assert not tracked.client.search_registered_models()

@@ -183,3 +183,14 @@ def test_a_script_project_in_git_is_versioned_by_git(tmp_path):
     (proj / "train.py").write_text("print(2)\n")
     v = script_code_version(proj)
     assert v["dirty"] == "true" and len(v["diff_hash"]) == 16
+
+
+def test_the_resumable_script_example_is_a_valid_spec_whose_launch_names_its_checkpoint_dir(tmp_path):
+    from traingate.spec import load_spec
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "script_project2"
+    spec = load_spec(example / "spec.yaml", [f"data.uri={(example / 'data.csv').as_uri()}"])
+    check_spec(spec)
+    job = job_of(spec, tmp_path)
+    assert stage_command(job, "/py")[:4] == ["/py", "train.py", "--ckpt-dir", job.checkpoint_dir]
+    assert spec.recipe.script.workdir == str(example)

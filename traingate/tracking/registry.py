@@ -21,6 +21,7 @@ from mlflow.entities import LoggedModelStatus
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
+from traingate.redact import redact
 from traingate.settings import Settings
 
 from traingate.spec import RunSpec
@@ -76,6 +77,9 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
                               "does not know which file is its model (script recipes register their own models)"]
     elif ok and not checkpoint_uri:
         ok, reasons = False, ["no model checkpoint: the full stage reported no checkpoint URI"]
+    elif ok and script is not None and not _script_checkpoint_written(c, spec, stage_run_id, checkpoint_uri):
+        ok, reasons = False, [f"no model checkpoint: the script wrote no file matching recipe.script.checkpoints "
+                              f"({script.checkpoints!r}) under {redact(checkpoint_uri or '')}"]
     if not ok:
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
@@ -89,14 +93,17 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
         version = _register_script_checkpoint(c, name, stage_run_id, checkpoint_uri)
     if version is None:
         model_uri = logged_model_uri(c, stage_run_id) or _log_final_model(c, spec, stage_run_id, checkpoint_uri)
-        tags = c.get_run(stage_run_id).data.tags
         mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global
-        version = mlflow.register_model(model_uri, name, tags={
-            "traingate.run_id": tags.get("traingate.run_id", ""), "traingate.stage_run_id": stage_run_id,
-            "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
-            "traingate.code_version": tags.get("traingate.code_version", ""),
-            "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")})
+        version = mlflow.register_model(model_uri, name, tags=_version_tags(c, stage_run_id))
     return take_alias_if_better(c, name, version.version, stage_run_id, alias)
+
+
+def _script_checkpoint_written(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None) -> bool:
+    """A version registered already (a retry), or an index at the checkpoint URI that names a file."""
+    from traingate.recipes import script
+
+    return registered_version(c, model_name(spec), stage_run_id) is not None or \
+        bool(checkpoint_uri and script.read_index(checkpoint_uri))
 
 
 SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registered checkpoint file
@@ -124,13 +131,10 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
     from mlflow.exceptions import MlflowException
 
     from traingate.recipes import script
-    from traingate.redact import redact
 
     entries = script.read_index(checkpoint_uri)
     last = script.newest(entries)
-    if last is None:
-        raise ValueError(f"no declared checkpoint under {checkpoint_uri} (its index is empty or missing); the "
-                         "script wrote no file matching recipe.script.checkpoints, so there is no model to register")
+    assert last is not None, "checked by _script_checkpoint_written"
     with tempfile.TemporaryDirectory(prefix="tg-script-model-") as tmp:
         local = script.fetch(checkpoint_uri, last, Path(tmp) / "model" / PurePosixPath(last.path).name)
         c.log_artifact(stage_run_id, str(local), SCRIPT_MODEL_PATH)
