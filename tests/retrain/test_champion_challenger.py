@@ -1,18 +1,108 @@
-"""The retrain flow on real ladders (Prefect test harness, MLflow sqlite, torchrun): the first retrain takes
-@champion; a worse model on a new snapshot does not, a better one does; unchanged data is skipped."""
+"""Scheduled retraining end to end: a real `prefect server start`, the pools bootstrap, the
+`digits-nightly-retrain` deployment of deployments/prefect.yaml, a process worker, MLflow on SQLite
+in the pool's state dir, real torchrun ladders.
+
+The platform team points the deployment at a tiny char-gpt spec whose data.uri names ``{latest}`` and
+sets its schedule a few seconds ahead: the server's scheduler creates the run by itself and the worker
+runs it; that retrain (no champion yet) takes @champion. Then retrains run here against the same server
+and store: unchanged data is skipped; a worse model on a new snapshot is not promoted; a better one is.
+"""
 from __future__ import annotations
 
+import datetime
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
-from traingate.settings import Settings
+from tgtest import PYTHON, ROOT, prefect_server, stop_tree, tail
 from traingate.spec import load_spec_text
 
 from retrain_data import publish, tiny_chargpt
 
 pytestmark = pytest.mark.slow
 
+BIN = Path(PYTHON).parent
 MODEL = "retrain-tests-char-gpt"
+DEPLOYMENT = "retrain/digits-nightly-retrain"
+RUN_TIMEOUT_S = 420
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any location: only the pool gives them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retrain")
+    pool_state, corpus = tmp / "pool-state", tmp / "corpus"
+    with prefect_server(tmp) as server:
+        (tmp / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0.05, "
+                                        "worker: process}\n")
+        env = _clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=server["env"]["PREFECT_HOME"],
+                         PREFECT_SERVER_ANALYTICS_ENABLED="false", TRAINGATE_CODE_DIR=str(ROOT))
+        boot = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp / "pools.yaml")], cwd=tmp,
+                              env={**env, "TRAINGATE_STATE_DIR": str(pool_state)}, capture_output=True, text=True,
+                              timeout=300)
+        assert boot.returncode == 0, boot.stdout + boot.stderr
+        p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
+                            "--name", "digits-nightly-retrain"], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        log = tmp / "worker.log"
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                [str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
+                env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            yield {"url": server["url"], "pool_state": pool_state, "corpus": corpus, "worker_log": log,
+                   "mlflow": MlflowClient(f"sqlite:///{pool_state}/mlflow.db")}
+        finally:
+            stop_tree(worker, signal.SIGINT, 20)
+
+
+@pytest.fixture(scope="module")
+def scheduled(stack):
+    """The deployment edited as a platform team does (its spec, its schedule 8 s from now); the run the
+    server's scheduler creates, once the worker has finished it."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    publish(stack["corpus"], "2026-11-20", seed=1)
+    spec = yaml.safe_load(tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt"))
+    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}), get_client(sync_client=True) as c:
+        d = c.read_deployment_by_name(DEPLOYMENT)
+        assert d.entrypoint == "flows/retrain.py:retrain"
+        c.update_deployment(d.id, DeploymentUpdate(parameters={"spec": spec}))
+        for s in c.read_deployment_schedules(d.id):
+            c.delete_deployment_schedule(d.id, s.id)
+        due = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=8)
+        c.create_deployment_schedules(d.id, [(IntervalSchedule(interval=datetime.timedelta(days=1),
+                                                               anchor_date=due), True)])
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            runs = [r for r in c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])))
+                    if r.state is not None and r.state.is_final()]
+            if runs:
+                break
+            assert time.monotonic() < deadline, f"no finished scheduled run; worker log: {tail(stack['worker_log'])}"
+            time.sleep(2)
+    return {"run": runs[0], "due": due}
+
+
+def _champion(c: MlflowClient) -> str:
+    return str(c.get_registered_model(MODEL).aliases["champion"])
 
 
 def _runs(c: MlflowClient) -> list:
@@ -20,85 +110,91 @@ def _runs(c: MlflowClient) -> list:
     return c.search_runs([exp.experiment_id]) if exp else []
 
 
-def _champion(c: MlflowClient) -> str:
-    return str(c.get_registered_model(MODEL).aliases["champion"])
+@pytest.mark.timeout(900)
+def test_a_schedule_a_few_seconds_ahead_starts_a_retrain_on_the_worker_that_takes_the_first_champion(stack,
+                                                                                                   scheduled):
+    run = scheduled["run"]
+    assert run.auto_scheduled and run.expected_start_time == scheduled["due"]
+    assert run.state.is_completed(), f"{run.state.message}; worker log: {tail(stack['worker_log'])}"
+    assert run.state.message.startswith(f"{MODEL} v1 took @champion: no champion yet"), run.state.message
+    c = stack["mlflow"]  # the pool's store: the worker's flow run took its locations from the pool
+    assert _champion(c) == "1"
+    (full,) = c.search_runs([c.get_experiment_by_name("retrain-tests").experiment_id],
+                            "tags.`traingate.stage` = 'full'")
+    assert full.data.tags["traingate.data_uri"] == f"{stack['corpus'].as_uri()}/2026-11-20/input.txt"
+    assert full.data.tags["traingate.retrain.decision"] == "promoted"
+    assert "retrain.challenger_val_loss" in full.data.metrics and "retrain.champion_val_loss" not in full.data.metrics
 
 
 @pytest.mark.timeout(900)
-def test_a_worse_model_is_not_promoted_a_better_one_is_and_unchanged_data_is_skipped(prefect_harness, state_dir,
-                                                                                     tmp_path):
+def test_unchanged_data_is_skipped_a_worse_model_is_not_promoted_and_a_better_one_is(stack, scheduled, monkeypatch):
     from prefect.artifacts import Artifact
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.retrain import retrain
 
-    corpus = tmp_path / "corpus"
-    spec_text = tiny_chargpt(f"{corpus.as_uri()}/{{latest}}/input.txt")
-    c = MlflowClient(Settings.from_env().tracking_uri)
-
-    # 1. No champion yet: the first retrain's model takes it.
-    publish(corpus, "2026-11-20", seed=1)
-    first = retrain(load_spec_text(spec_text), return_state=True)
-    assert first.is_completed(), first.message
-    assert first.message.startswith(f"{MODEL} v1 took @champion: no champion yet"), first.message
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(stack["pool_state"]))  # the store the scheduled run wrote
+    spec_text = tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt")
+    c = stack["mlflow"]
     assert _champion(c) == "1"
-    full = c.get_run(first.result()["stages"]["full"]["mlflow_run_id"])
-    assert full.data.tags["traingate.data_uri"] == f"{corpus.as_uri()}/2026-11-20/input.txt"  # the identity's
-    assert full.data.tags["traingate.retrain.decision"] == "promoted"
+    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+        # The champion's snapshot is still the newest: skipped, Completed, no ladder and no new MLflow run.
+        before = len(_runs(c))
+        snapshot = c.get_model_version(MODEL, "1").tags["traingate.data_snapshot"]
+        skipped = retrain(load_spec_text(spec_text), return_state=True)
+        assert skipped.is_completed()
+        assert skipped.message.startswith(f"skipped: data unchanged since champion v1 of {MODEL} "
+                                          f"(snapshot {snapshot[:12]}, "), skipped.message
+        assert len(_runs(c)) == before
 
-    # 2. The same snapshot again: skipped, Completed, no ladder and no new MLflow run.
-    before = len(_runs(c))
-    snapshot = full.data.tags["traingate.data_snapshot"]
-    skipped = retrain(load_spec_text(spec_text), return_state=True)
-    assert skipped.is_completed()
-    assert skipped.message.startswith(f"skipped: data unchanged since champion v1 of {MODEL} "
-                                      f"(snapshot {snapshot[:12]}, "), skipped.message
-    assert len(_runs(c)) == before
+        # A new snapshot, but a crippled run (2 full steps): worse on the same held-out data, not promoted.
+        publish(stack["corpus"], "2026-11-21", seed=2)
+        worse = retrain(load_spec_text(spec_text, ["stages.full.max_steps=2"]), return_state=True)
+        assert worse.is_completed(), worse.message
+        out = worse.result()["retrain"]
+        assert (out["promoted"], out["champion_version"], out["version"]) == (False, "1", "2")
+        assert out["champion_val_loss"] < out["challenger_val_loss"]
+        assert worse.message.startswith(f"{MODEL} v2 NOT promoted, @champion stays at v1: challenger val_loss "), \
+            worse.message
+        assert _champion(c) == "1"
+        run = c.get_run(worse.result()["stages"]["full"]["mlflow_run_id"])
+        assert run.data.metrics["retrain.champion_val_loss"] == pytest.approx(out["champion_val_loss"])
+        assert run.data.metrics["retrain.challenger_val_loss"] == pytest.approx(out["challenger_val_loss"])
+        assert run.data.metrics["retrain.margin"] == 0.0
+        assert (run.data.tags["traingate.retrain.decision"], run.data.tags["traingate.retrain.champion_version"]) == \
+            ("not promoted", "1")
+        assert run.data.tags["traingate.data_uri"] == f"{stack['corpus'].as_uri()}/2026-11-21/input.txt"
+        artifact = Artifact.get(f"retrain-{MODEL}")
+        assert artifact is not None and "v2 NOT promoted" in artifact.data and "champion_val_loss" in artifact.data
 
-    # 3. A new snapshot, but a crippled run (2 full steps): scored worse on the same held-out data, not promoted.
-    publish(corpus, "2026-11-21", seed=2)
-    worse = retrain(load_spec_text(spec_text, ["stages.full.max_steps=2"]), return_state=True)
-    assert worse.is_completed(), worse.message
-    out = worse.result()["retrain"]
-    assert not out["promoted"] and out["champion_version"] == "1" and out["version"] == "2"
-    assert out["champion_val_loss"] < out["challenger_val_loss"]
-    assert worse.message.startswith(f"{MODEL} v2 NOT promoted, @champion stays at v1: challenger val_loss "), \
-        worse.message
-    assert _champion(c) == "1"
-    run = c.get_run(worse.result()["stages"]["full"]["mlflow_run_id"])
-    assert run.data.metrics["retrain.champion_val_loss"] == pytest.approx(out["champion_val_loss"])
-    assert run.data.metrics["retrain.challenger_val_loss"] == pytest.approx(out["challenger_val_loss"])
-    assert run.data.metrics["retrain.margin"] == 0.0
-    assert (run.data.tags["traingate.retrain.decision"], run.data.tags["traingate.retrain.champion_version"]) == \
-        ("not promoted", "1")
-    artifact = Artifact.get("retrain-retrain-tests-char-gpt")
-    assert artifact is not None and "v2 NOT promoted" in artifact.data and "champion_val_loss" in artifact.data
-
-    # 4. A newer snapshot, trained longer: better than the champion by more than the margin, promoted.
-    publish(corpus, "2026-11-22", seed=3)
-    better = retrain(load_spec_text(spec_text, ["stages.full.max_steps=120", "promotion.margin=0.01"]),
-                     return_state=True)
-    assert better.is_completed(), better.message
-    out = better.result()["retrain"]
-    assert out["promoted"] and out["champion_version"] == "1" and out["version"] == "3", out
-    assert out["champion_val_loss"] - out["challenger_val_loss"] > 0.01
-    assert better.message.startswith(f"{MODEL} v3 took @champion: challenger val_loss "), better.message
-    assert _champion(c) == "3"
-    run = c.get_run(better.result()["stages"]["full"]["mlflow_run_id"])
-    assert run.data.tags["traingate.retrain.decision"] == "promoted"
-    assert run.data.tags["traingate.data_uri"] == f"{corpus.as_uri()}/2026-11-22/input.txt"
-    assert c.get_model_version(MODEL, "3").tags["traingate.champion_decision"].startswith("promoted: ")
+        # A newer snapshot, trained longer: beats the champion by more than the margin, promoted.
+        publish(stack["corpus"], "2026-11-22", seed=3)
+        better = retrain(load_spec_text(spec_text, ["stages.full.max_steps=100", "promotion.margin=0.01"]),
+                         return_state=True)
+        assert better.is_completed(), better.message
+        out = better.result()["retrain"]
+        assert (out["promoted"], out["champion_version"], out["version"]) == (True, "1", "3"), out
+        assert out["champion_val_loss"] - out["challenger_val_loss"] > 0.01
+        assert better.message.startswith(f"{MODEL} v3 took @champion: challenger val_loss "), better.message
+        assert _champion(c) == "3"
+        assert c.get_model_version(MODEL, "3").tags["traingate.champion_decision"].startswith("promoted: ")
 
 
 @pytest.mark.timeout(600)
-def test_a_retrain_whose_ladder_fails_a_gate_ends_failed_and_moves_no_alias(prefect_harness, state_dir, tmp_path):
+def test_a_retrain_whose_ladder_fails_a_gate_ends_failed_and_moves_no_alias(stack, scheduled, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows.retrain import retrain
 
-    corpus = tmp_path / "corpus"
-    publish(corpus, "2026-11-20", seed=1)
-    spec = load_spec_text(tiny_chargpt(f"{corpus.as_uri()}/{{latest}}/input.txt", experiment="retrain-gate"),
-                          ["optim.lr=0"])  # the canary's loss does not fall
-    state = retrain(spec, return_state=True)
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(stack["pool_state"]))
+    c = stack["mlflow"]
+    held, versions = _champion(c), len(c.search_model_versions(f"name = '{MODEL}'"))
+    publish(stack["corpus"], "2026-11-23", seed=4)
+    spec = load_spec_text(tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt"),
+                          ['gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'])
+    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+        state = retrain(spec, return_state=True)
     assert state.is_failed()
-    assert state.message.startswith("gate after canary: FAILED: loss_decrease_fraction"), state.message
-    c = MlflowClient(Settings.from_env().tracking_uri)
-    assert c.search_registered_models("name = 'retrain-gate-char-gpt'") == []
+    assert state.message.startswith("gate after unit: FAILED: tests_passed = "), state.message
+    assert _champion(c) == held
+    assert len(c.search_model_versions(f"name = '{MODEL}'")) == versions
