@@ -234,6 +234,16 @@ def has_checkpoint(local_dir: str | Path, pattern: str | None) -> bool:
     return bool(_declared(Path(local_dir), pattern))
 
 
+def latest_step(local_dir: str | Path, pattern: str | None) -> int | None:
+    """The step in the name of the newest declared checkpoint (None: none, or its name holds no number).
+    By file times alone: a restart's log line must not wait for hashing gigabytes."""
+    found = _declared(Path(local_dir), pattern)
+    if not found:
+        return None
+    last = max(found, key=lambda p: (p.stat().st_mtime, step_of(p.name) or -1, p.as_posix()))
+    return step_of(last.relative_to(local_dir).as_posix())
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

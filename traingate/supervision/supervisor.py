@@ -568,9 +568,7 @@ class _Watch:
                   inplace: bool = False) -> None:
         if self.job.is_script:
             s = self.job.spec.recipe.script
-            last = script_recipe.newest(script_recipe.index_checkpoints(self.job.checkpoint_dir, s.checkpoints)) \
-                if s.resume_args else None
-            resume_step = last.step if last is not None else None
+            resume_step = script_recipe.latest_step(self.job.checkpoint_dir, s.checkpoints) if s.resume_args else None
         else:
             resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
         event = {"stage": self.job.stage, "run_id": self.job.run_id, "cause": str(cause), "detail": attempt.detail,
