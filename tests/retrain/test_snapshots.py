@@ -66,3 +66,22 @@ def test_s3_prefix_resolves_by_pointer_and_by_name_and_sees_a_snapshot_published
     assert resolve_latest(uri) == "s3://tg-test/corpus/2026-11-22/input.txt"
     s3.put_object(Bucket="tg-test", Key="corpus/LATEST", Body=b"2026-11-19")
     assert resolve_latest(uri) == "s3://tg-test/corpus/2026-11-19/input.txt"
+
+
+def test_traingate_retrain_without_a_snapshot_exits_2_with_one_line_and_starts_nothing(tmp_path):
+    import os
+    import subprocess
+
+    from tgtest import PYTHON, ROOT
+
+    spec = tmp_path / "spec.yaml"
+    uri = f"{tmp_path.as_uri()}/corpus/{{latest}}/input.txt"
+    spec.write_text(tiny_chargpt(uri))
+    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "ph")}
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "retrain", str(spec)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == (f"traingate: invalid spec: data.uri = {uri!r}: no snapshot under {tmp_path.as_uri()}/corpus/ "
+                        "(no LATEST pointer file and no version directory holding input.txt); publish one there or "
+                        "name a version instead of {latest}\n")
+    assert not (tmp_path / "state").exists()
