@@ -88,9 +88,11 @@ def _version() -> str:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    from traingate.snapshots import resolve_spec
     from traingate.validate import check_spec, preflight
 
-    spec = load_spec(args.spec, args.overrides)
+    # data.uri's {latest} is resolved once, here: the ladder and every stage read that same version.
+    spec = resolve_spec(load_spec(args.spec, args.overrides))
     samples = check_spec(spec)
     if args.cmd == "run":
         # Every store the run will use answers before anything is created (`validate` stays offline).

@@ -21,6 +21,7 @@ from tasks.sweep import (ensure_concurrency_limit, limit_name, open_sweep_run, o
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.settings import LocationError
+from traingate.snapshots import resolve_spec
 from traingate.spec import RunSpec, load_spec
 from traingate.sweep import compat_optuna
 from traingate.sweep.checks import check_sweep
@@ -78,6 +79,7 @@ def _reproduce(spec: RunSpec, storage_url: str, study: optuna.Study, parent: str
 def sweep(spec: RunSpec, promote: bool = False) -> State:
     """Run, or resume, the hyperparameter sweep of ``spec`` (its ``sweep:`` section)."""
     log = get_run_logger()
+    spec = resolve_spec(spec)  # data.uri's {latest}: every trial trains on the version resolved now
     sw = check_sweep(spec)
     try:  # from a deployment: the pool's locations and credentials
         settings = flow_settings().ensure()

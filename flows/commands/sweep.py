@@ -16,12 +16,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from traingate.settings import Settings
-    from traingate.spec import load_spec
     from traingate.secrets import protect_spec
+    from traingate.settings import Settings
+    from traingate.snapshots import resolve_spec
+    from traingate.spec import load_spec
     from traingate.sweep.checks import check_sweep
 
-    spec = load_spec(args.spec, args.overrides)
+    spec = resolve_spec(load_spec(args.spec, args.overrides))  # data.uri's {latest}: the version of now
     check_sweep(spec)  # every error before Prefect starts
     spec = protect_spec(spec)  # the flow-run parameters hold ${env:} references, not secrets
     settings = Settings.from_env().ensure()

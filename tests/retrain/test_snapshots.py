@@ -85,3 +85,22 @@ def test_traingate_retrain_without_a_snapshot_exits_2_with_one_line_and_starts_n
                         "(no LATEST pointer file and no version directory holding input.txt); publish one there or "
                         "name a version instead of {latest}\n")
     assert not (tmp_path / "state").exists()
+
+
+def test_traingate_validate_prints_the_spec_with_the_newest_snapshot_it_would_train_on(tmp_path):
+    import os
+    import subprocess
+
+    import yaml
+
+    from tgtest import PYTHON, ROOT
+
+    publish(tmp_path / "corpus", "2026-11-20", seed=0)
+    publish(tmp_path / "corpus", "2026-11-21", seed=1)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(tiny_chargpt(f"{tmp_path.as_uri()}/corpus/{{latest}}/input.txt"))
+    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "ph")}
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "validate", str(spec)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert yaml.safe_load(p.stdout)["data"]["uri"] == f"{tmp_path.as_uri()}/corpus/2026-11-21/input.txt"
