@@ -24,7 +24,7 @@ from traingate.settings import Settings
 from traingate.spec import RunSpec
 from traingate.stage import GateDecision, StageResult
 from traingate.tracking import journal, runs
-from traingate.tracking.identity import code_version, environment_snapshot
+from traingate.tracking.identity import environment_snapshot, run_code_version
 
 _DELAYS_S = [1, 5, 15]
 _MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=_DELAYS_S)
@@ -43,8 +43,9 @@ def request_key(kind: str) -> str:
 @task(name="open-pipeline-run", **_MLFLOW)
 def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str) -> str:
     s = Settings.from_env()
-    identity = {"code": code_version(), "data_snapshot": data_snapshot, "data_uri": data_uri,
-                "environment": environment_snapshot()}
+    # A script run is versioned by its project (git, or the content of a git-less one), not by traingate.
+    identity = {"code": run_code_version(spec, s.state_dir), "data_snapshot": data_snapshot,
+                "data_uri": data_uri, "environment": environment_snapshot()}
     return runs.open_pipeline_run(runs.client(s.tracking_uri), spec, s.artifact_uri, identity,
                                   request_key=request_key("pipeline"))
 

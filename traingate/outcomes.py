@@ -82,7 +82,8 @@ def from_supervision(job: StageJob, sup: Supervision, duration_s: float,
         steps = metrics.get("steps", 0)
         profile = {"step_time_mean_s": sup.proc.duration_s / steps} if steps else {}
         details.update(series={k: v[-200:] for k, v in series.items()})
-        checkpoint_uri = None
+        # A script's checkpoints are traingate's only when it declares them (indexed and published there).
+        checkpoint_uri = job.checkpoint_uri if s.checkpoints is not None else None
     else:
         data = files.read_result(stage_dir)
         metrics = dict(data.metrics) if data else {}

@@ -105,8 +105,9 @@ class Tracked:
         decision = decide(result, spec.gate("full"))
         assert decision.passed, decision.reasons
         runs.record_stage(self.client, self.stage_run, result, decision)
-        # outcomes gives a script's result no checkpoint URI yet (a file the lead owns): the job's is passed.
-        return register_candidate(self.client, spec, self.stage_run, job.checkpoint_uri)
+        # The stage's result names the checkpoint URI the script's declared files were published to.
+        assert result.checkpoint_uri == job.checkpoint_uri
+        return register_candidate(self.client, spec, self.stage_run, result.checkpoint_uri)
 
     def registered_file(self, spec: Any, version: str) -> Path:
         import mlflow
