@@ -37,7 +37,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "pools": ("flows.commands.pools", "create the work pools, queues, slot and quota limits of a pools config on the server"),
     "queue": ("flows.commands.queue", "running and waiting training jobs per pool: position, class, team, slots, wait"),
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
-    "ci": ("flows.commands.ci", "run the ci-canary deployment on a commit, wait, print the gate's reason"),
+    "ci": ("flows.commands.ci", "CI verdict as exit code: a spec's cheap stages here, or the ci-canary deployment on --commit"),
     "cost": ("flows.commands.cost", "spend, idle share, time lost to failures, cost per successful run per experiment"),
     "retrain": ("flows.commands.retrain", "retrain on the newest data snapshot; the new model takes @champion only if better"),
 }

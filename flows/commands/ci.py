@@ -1,32 +1,101 @@
-"""`traingate ci --commit SHA`: what CI calls on merge. Runs the `ci-canary` deployment on that commit.
+"""`traingate ci`: what CI calls on merge; its exit code is the verdict (0 passed, 1 a gate or anything
+else stopped the ladder, 2 bad input).
 
-Triggers the deployment through the Prefect API (PREFECT_API_URL), waits for the flow run and
-prints how it ended with the gate's reason, which `prefect deployment run --watch` does not show.
-Exit 0 when the ladder passed, 1 when a gate (or anything else) stopped it, 2 on bad input.
+- `traingate ci SPEC [--until unit|smoke|canary]`: the ladder's cheap stages of the checked-out code, run
+  here against the Prefect server of PREFECT_API_URL, or a temporary one when it is unset.
+- `traingate ci --commit SHA`: the `ci-canary` deployment on that commit, on the pool's worker.
+
+Both print how the run ended with the gate's reason (which `prefect deployment run --watch` does not show)
+and write a markdown summary to --summary, or to $GITHUB_STEP_SUMMARY when GitHub Actions sets it.
+deployments/ci/github-actions.yml calls both.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+from pathlib import Path
+from typing import Any
 
+from traingate.redact import redact
 from traingate.spec import STAGES
 
 DEPLOYMENT = "pipeline/ci-canary"
+CHEAP = ("unit", "smoke", "canary")  # what a merge may spend; full training is the pool's, not CI's
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--commit", required=True, help="the commit to test (a sha of the repository the pool's "
-                   "worker clones: TRAINGATE_CI_REPOSITORY)")
+    p.add_argument("spec", nargs="?", help="spec file: run its cheap stages here (default up to canary)")
+    p.add_argument("--summary", metavar="FILE", help="append a markdown summary here (default: "
+                   "$GITHUB_STEP_SUMMARY when set)")
+    p.add_argument("--commit", help="instead: run the ci-canary deployment on this commit (a sha of the "
+                   "repository the pool's worker clones: TRAINGATE_CI_REPOSITORY)")
     p.add_argument("--deployment", default=DEPLOYMENT, help=f"default {DEPLOYMENT}")
-    p.add_argument("--spec", help="spec file inside the commit (default: the deployment's)")
+    p.add_argument("--spec", dest="spec_path",
+                   help="with --commit: spec file inside the commit (default: the deployment's)")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                    help="override a spec field (repeatable)")
-    p.add_argument("--until", choices=STAGES, help="last stage (default: the deployment's)")
+    p.add_argument("--until", choices=STAGES, help="last stage (default: canary for a spec file, the "
+                   "deployment's for --commit)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.spec and args.commit:
+        return _refuse("give a spec file (run here) or --commit SHA (run the deployment), not both")
+    if args.spec:
+        return _local(args)
+    if not args.commit:
+        return _refuse("give a spec file (traingate ci examples/digits.yaml) or --commit $(git rev-parse HEAD)")
+    return _deployment(args)
+
+
+def _refuse(why: str) -> int:
+    print(f"traingate ci: {why}", file=sys.stderr)
+    return 2
+
+
+def _local(args: argparse.Namespace) -> int:
+    """The cheap stages of SPEC in this process, as `traingate run --until` does, with a CI verdict."""
+    from flows.cli import _load, _summary, guard_this_process, interrupted
+    from traingate.secrets import protect_spec
+    from traingate.settings import Settings
+
+    until = args.until or "canary"
+    if until not in CHEAP:
+        return _refuse(f"--until {until!r}: CI runs the cheap stages {', '.join(CHEAP)}; train full on a pool "
+                       "(traingate run, or the ladder deployment)")
+    args.overrides = args.overrides or []
+    args.cmd, args.until = "run", until  # _load: validation and preflight of every store, as `run` does
+    spec, _ = _load(args)
+    spec = protect_spec(spec)
+    settings = Settings.from_env()
+    settings.ensure()
+    guard_this_process(spec.supervision.preempt_grace_s)
+    from flows.pipeline import ladder
+
+    try:
+        state = ladder(spec, until, return_state=True)
+    except KeyboardInterrupt:
+        from flows.cli import _claimed_run
+
+        return interrupted(_claimed_run(settings))
+    summary = _summary(state) or {}
+    passed = state.is_completed()
+    verdict = "PASSED" if passed else "FAILED"
+    message = redact(state.message or state.name)
+    print(f"ci {args.spec} up to {until}: {verdict}: {message}")
+    for stage, info in summary.get("stages", {}).items():
+        print(f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+              f"${info['cost_usd']:.4f}  restarts {info['restarts']}  mlflow run {info['mlflow_run_id']}")
+    if summary:
+        print(f"  traingate run: {summary['run_id']}  (traingate show {summary['run_id']})")
+    _write_summary(args, f"traingate ci: {args.spec} up to {until}", verdict, message, summary)
+    return 0 if passed else 1
+
+
+def _deployment(args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[0-9a-fA-F]{7,40}", args.commit):
         print(f"traingate ci: --commit {args.commit!r} is not a git sha; pass e.g. $(git rev-parse HEAD)",
               file=sys.stderr)
@@ -40,8 +109,8 @@ def main(args: argparse.Namespace) -> int:
               "set it (e.g. http://prefect:4200/api)", file=sys.stderr)
         return 2
     params: dict = {"commit": args.commit}
-    if args.spec:
-        params["spec_path"] = args.spec
+    if args.spec_path:
+        params["spec_path"] = args.spec_path
     if args.overrides is not None:
         params["overrides"] = args.overrides
     if args.until:
@@ -58,6 +127,23 @@ def main(args: argparse.Namespace) -> int:
               f"({state.type.value if state else 'no state'})")
         return 1
     verdict = "PASSED" if state.is_completed() else state.type.value
-    print(f"ci {args.commit}: {verdict}: {state.message or state.name}")
+    message = redact(state.message or state.name)
+    print(f"ci {args.commit}: {verdict}: {message}")
     print(f"  prefect flow run: {run.name} ({run.id})")
+    _write_summary(args, f"traingate ci: commit {args.commit} ({args.deployment})", verdict, message, {})
     return 0 if state.is_completed() else 1
+
+
+def _write_summary(args: argparse.Namespace, title: str, verdict: str, message: str, summary: dict[str, Any]) -> None:
+    """Markdown a CI system shows beside the job (GitHub's step summary is appended to, one block per step)."""
+    path = args.summary or os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    lines = [f"## {title}: {verdict}", "", message.replace("\n", " "), ""]
+    if summary.get("stages"):
+        lines += ["| stage | status | gate | cost (USD) | restarts |", "|---|---|---|---:|---:|"]
+        lines += [f"| {stage} | {info['status']} | {'passed' if info['gate'] else '**failed**'} | "
+                  f"{info['cost_usd']:.4f} | {info['restarts']} |" for stage, info in summary["stages"].items()]
+        lines += ["", f"traingate run `{summary['run_id']}`: `traingate show {summary['run_id']}`", ""]
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")

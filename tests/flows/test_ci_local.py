@@ -1,0 +1,82 @@
+"""`traingate ci SPEC`: the ladder's cheap stages of the checked-out code, with the exit code as the verdict
+(0 passed, 1 a gate refused, 2 bad input), a summary for the CI log and a markdown summary file; on a
+temporary Prefect server, or on the one PREFECT_API_URL names. The example GitHub workflow that calls it
+passes GitHub's workflow schema (SchemaStore's, bundled with check-jsonschema)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tgtest import PYTHON, ROOT, prefect_server
+
+WORKFLOW = ROOT / "deployments" / "ci" / "github-actions.yml"
+
+
+def _ci(tmp_path: Path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**(env or os.environ), "TRAINGATE_STATE_DIR": str(tmp_path / "state")}
+    env.setdefault("PREFECT_HOME", str(tmp_path / "prefect"))
+    return subprocess.run([PYTHON, "-m", "flows.cli", "ci", *argv], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_ci_passes_with_exit_0_on_a_temporary_server_and_writes_the_github_step_summary(tiny_spec, tmp_path):
+    summary = tmp_path / "step-summary.md"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    p = _ci(tmp_path, str(tiny_spec()), "--until", "smoke", env={**env, "GITHUB_STEP_SUMMARY": str(summary)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"ci {tiny_spec()} up to smoke: PASSED: all 2 stages passed" in p.stdout
+    stages = [line.split()[:4] for line in p.stdout.splitlines() if line.startswith(("  unit", "  smoke"))]
+    assert stages == [["unit", "completed", "gate", "passed"], ["smoke", "completed", "gate", "passed"]]
+    md = summary.read_text()
+    assert md.startswith(f"## traingate ci: {tiny_spec()} up to smoke: PASSED\n")
+    assert "| unit | completed | passed |" in md and "| smoke | completed | passed |" in md
+
+
+@pytest.mark.slow
+def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(tiny_spec, tmp_path):
+    rule = 'gates.smoke.rules=[{metric: resumed_from_step, op: ">=", value: 1000}]'
+    (tmp_path / "server").mkdir()
+    with prefect_server(tmp_path / "server") as server:
+        p = _ci(tmp_path, str(tiny_spec()), "--until", "smoke", "--set", rule, "--summary", "ci.md",
+                env=server["env"])
+        from prefect import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as c:
+            runs = c.read_flow_runs()
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "up to smoke: FAILED: gate after smoke: FAILED: resumed_from_step = " in p.stdout
+    assert [r.state.type.value for r in runs] == ["FAILED"]  # on that server, not on a temporary one
+    md = (tmp_path / "ci.md").read_text()
+    assert ": FAILED\n" in md.splitlines(keepends=True)[0] and "| smoke | completed | **failed** |" in md
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["missing.yaml"], "missing.yaml"),
+    ([], "give a spec file (traingate ci examples/digits.yaml) or --commit"),
+    (["examples/digits.yaml", "--until", "full"], "--until 'full': CI runs the cheap stages unit, smoke, canary"),
+    (["examples/digits.yaml", "--commit", "abc1234"], "give a spec file (run here) or --commit SHA"),
+    (["examples/digits.yaml", "--set", "optim.lr=fast"], "optim.lr"),
+])
+def test_ci_refuses_bad_input_with_exit_2_in_one_line_and_starts_nothing(tmp_path, argv, why):
+    argv = [str(ROOT / a) if a.endswith(".yaml") else a for a in argv]
+    p = _ci(tmp_path, *argv)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert why in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_the_example_github_workflow_passes_githubs_workflow_schema_and_calls_traingate_ci(tmp_path):
+    exe = Path(PYTHON).parent / "check-jsonschema"
+    check = [str(exe) if exe.exists() else "check-jsonschema", "--builtin-schema", "vendor.github-workflows"]
+    p = subprocess.run([*check, str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = WORKFLOW.read_text()
+    assert "run: traingate ci examples/digits.yaml --until canary" in text and "traingate ci --commit" in text
+    broken = tmp_path / "broken.yml"  # the check can fail: a job without runs-on is not a workflow
+    broken.write_text(text.replace("    runs-on: ubuntu-latest\n", "", 1))
+    assert subprocess.run([*check, str(broken)], capture_output=True, text=True, timeout=120).returncode == 1
