@@ -1,0 +1,105 @@
+"""Trigger to first training step: the ladder deployment on the native production stack's running server and
+worker, against `traingate run` with its temporary Prefect server, in the same invocation.
+
+The stack is infra/local-stack.sh (Prefect and MLflow servers on PostgreSQL, S3 on moto, a process worker
+per pool), brought up once before the clock starts: it is the long-running service a team triggers from
+the UI. Both runs take the demo spec (examples/digits.yaml) to its smoke stage; "first step" is the time of
+the smoke stage's first line in metrics.jsonl (rank 0's clock), "run" is until the run's final state.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "examples" / "digits.yaml"
+PYTHON = sys.executable
+TIMEOUT_S = 900
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
+            "TRAINGATE_PYTHON": PYTHON, **extra}
+
+
+def _first_step(state: Path, deadline: float) -> float:
+    from traingate.job import files
+
+    while time.monotonic() < deadline:
+        for stage_dir in state.glob("runs/*/smoke"):
+            if metrics := files.read_metrics(stage_dir):
+                return metrics[0].time
+        time.sleep(0.05)
+    raise TimeoutError(f"no smoke step under {state} in {TIMEOUT_S} s")
+
+
+def _stack(d: Path, action: str) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(ROOT / "infra" / "local-stack.sh"), action], env=_bare_env(TRAINGATE_STACK_DIR=str(d)),
+                       cwd=d.parent, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"local-stack.sh {action} failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p
+
+
+def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    d = tmp / "stack"
+    if os.geteuid() == 0:  # PostgreSQL runs as the postgres user: the temp dir must be searchable
+        tmp.chmod(0o711)
+    t0 = time.monotonic()
+    up = _stack(d, "up")
+    up_s = time.monotonic() - t0
+    client = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line and not line.startswith("#"))
+    state = Path(client["TRAINGATE_STATE_DIR"])
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"]}):
+            start = time.time()
+            run = run_deployment("ladder/ladder-cpu", timeout=0,
+                                 parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"})
+            first = _first_step(state, time.monotonic() + TIMEOUT_S)
+            from prefect import get_client
+
+            with get_client(sync_client=True) as c:
+                while not (fr := c.read_flow_run(run.id)).state.is_final():
+                    time.sleep(0.2)
+            done = time.time()
+        if not fr.state.is_completed():
+            raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
+    finally:
+        _stack(d, "down")
+    return {"first": first - start, "run": done - start}, up_s
+
+
+def _traingate_run(tmp: Path) -> dict[str, float]:
+    state = tmp / "run-state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TRAINGATE_", "MLFLOW_"))}
+    env.update(TRAINGATE_STATE_DIR=str(state), PREFECT_HOME=str(tmp / "prefect-home"))
+    start = time.time()
+    with open(tmp / "run.log", "wb") as log:
+        p = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(SPEC), "--until", "smoke"], cwd=ROOT, env=env,
+                             stdout=log, stderr=subprocess.STDOUT)
+        first = _first_step(state, time.monotonic() + TIMEOUT_S)
+        if p.wait(timeout=TIMEOUT_S) != 0:
+            raise RuntimeError(f"traingate run failed: {(tmp / 'run.log').read_text()[-2000:]}")
+    return {"first": first - start, "run": time.time() - start}
+
+
+def main() -> str:
+    with tempfile.TemporaryDirectory(prefix="tg-bench-stack-") as t:
+        tmp = Path(t)
+        local = _traingate_run(tmp)
+        stack, up_s = _on_stack(tmp)
+    rows = [("trigger -> first smoke step (s)", "first"), ("trigger -> run Completed, unit + smoke (s)", "run")]
+    out = ["| measure | ladder deployment on the running stack | `traingate run` (temporary server) | ratio |",
+           "|---|---:|---:|---:|"]
+    out += [f"| {label} | {stack[k]:.1f} | {local[k]:.1f} | {stack[k] / local[k]:.2f}x |" for label, k in rows]
+    out.append(f"\n(stack up, once, before the clock: {up_s:.1f} s)")
+    return "\n".join(out)
