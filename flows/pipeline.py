@@ -204,7 +204,8 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                 return stopped(Failed(message=reason), summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
     _settle(pending)
-    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else f"all {len(stages)} stages passed"
+    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else \
+        (f"all {len(stages)} stages passed" if len(stages) > 1 else f"{stages[0]} passed")
     if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
         summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
                                               summary.get("checkpoint_uri"), run_id=run_id)

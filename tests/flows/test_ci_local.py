@@ -26,22 +26,22 @@ def _ci(tmp_path: Path, *argv: str, env: dict | None = None) -> subprocess.Compl
 def test_ci_passes_with_exit_0_on_a_temporary_server_and_writes_the_github_step_summary(tiny_spec, tmp_path):
     summary = tmp_path / "step-summary.md"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    p = _ci(tmp_path, str(tiny_spec()), "--until", "smoke", env={**env, "GITHUB_STEP_SUMMARY": str(summary)})
+    p = _ci(tmp_path, str(tiny_spec()), "--until", "unit", env={**env, "GITHUB_STEP_SUMMARY": str(summary)})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert f"ci {tiny_spec()} up to smoke: PASSED: all 2 stages passed" in p.stdout
-    stages = [line.split()[:4] for line in p.stdout.splitlines() if line.startswith(("  unit", "  smoke"))]
-    assert stages == [["unit", "completed", "gate", "passed"], ["smoke", "completed", "gate", "passed"]]
+    assert f"ci {tiny_spec()} up to unit: PASSED: unit passed" in p.stdout
+    stages = [line.split()[:4] for line in p.stdout.splitlines() if line.startswith("  unit")]
+    assert stages == [["unit", "completed", "gate", "passed"]]
     md = summary.read_text()
-    assert md.startswith(f"## traingate ci: {tiny_spec()} up to smoke: PASSED\n")
-    assert "| unit | completed | passed |" in md and "| smoke | completed | passed |" in md
+    assert md.startswith(f"## traingate ci: {tiny_spec()} up to unit: PASSED\n")
+    assert "| unit | completed | passed |" in md
 
 
 @pytest.mark.slow
 def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(tiny_spec, tmp_path):
-    rule = 'gates.smoke.rules=[{metric: resumed_from_step, op: ">=", value: 1000}]'
+    rule = 'gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'
     (tmp_path / "server").mkdir()
     with prefect_server(tmp_path / "server") as server:
-        p = _ci(tmp_path, str(tiny_spec()), "--until", "smoke", "--set", rule, "--summary", "ci.md",
+        p = _ci(tmp_path, str(tiny_spec()), "--until", "unit", "--set", rule, "--summary", "ci.md",
                 env=server["env"])
         from prefect import get_client
         from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -49,10 +49,10 @@ def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_u
         with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as c:
             runs = c.read_flow_runs()
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "up to smoke: FAILED: gate after smoke: FAILED: resumed_from_step = " in p.stdout
+    assert "up to unit: FAILED: gate after unit: FAILED: tests_passed = " in p.stdout
     assert [r.state.type.value for r in runs] == ["FAILED"]  # on that server, not on a temporary one
     md = (tmp_path / "ci.md").read_text()
-    assert ": FAILED\n" in md.splitlines(keepends=True)[0] and "| smoke | completed | **failed** |" in md
+    assert ": FAILED\n" in md.splitlines(keepends=True)[0] and "| unit | completed | **failed** |" in md
 
 
 @pytest.mark.parametrize("argv, why", [

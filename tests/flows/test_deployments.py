@@ -110,25 +110,20 @@ def test_ladder_deployment_runs_a_spec_mapping_and_a_resume_through_the_api(depl
     assert set(runspec["required"]) == {"identity", "recipe"}
     assert schema["properties"]["resume_from"]["anyOf"][0] == {"$ref": "#/definitions/ResumeFrom"}
 
+    # A run of a RunSpec mapping stopped after smoke, continued at canary by the resume deployment.
     spec = yaml.safe_load(TINY_DIGITS)
-    _trigger("ladder/ladder-cpu", {"spec": spec, "until": "canary"}, deployed["worker_log"])
-    client = MlflowClient(Settings.from_env({"TRAINGATE_STATE_DIR": str(deployed["state"])}).tracking_uri)
-    (first,) = _pipeline_runs(client).values()
-    assert first.info.status == "FINISHED"
-    assert first.data.tags["traingate.reached_stage"] == "canary"
-    assert first.data.params["optim.lr"] == "0.05"  # the mapping's value, not the deployment's demo spec
-    assert _stages(client, first) == {"unit", "smoke", "canary"}
-
-    # A run stopped after smoke, continued at canary by the resume deployment: the same MLflow run.
     _trigger("ladder/ladder-cpu", {"spec": spec, "until": "smoke"}, deployed["worker_log"])
-    stopped = next(r for rid, r in _pipeline_runs(client).items() if rid != first.info.run_id)
+    client = MlflowClient(Settings.from_env({"TRAINGATE_STATE_DIR": str(deployed["state"])}).tracking_uri)
+    (stopped,) = _pipeline_runs(client).values()
+    assert stopped.info.status == "FINISHED"
     assert stopped.data.tags["traingate.reached_stage"] == "smoke"
+    assert stopped.data.params["optim.lr"] == "0.05"  # the mapping's value, not the deployment's demo spec
     assert _stages(client, stopped) == {"unit", "smoke"}
     run_id = stopped.info.run_id
     _trigger("ladder/ladder-resume", {"resume_from": {"run_id": run_id, "stage": "canary"}, "until": "canary"},
              deployed["worker_log"])
     runs = _pipeline_runs(client)
-    assert len(runs) == 2, "a resume continues the run; it opens no new one"
+    assert list(runs) == [run_id], "a resume continues the run; it opens no new one"
     resumed = runs[run_id]
     assert resumed.info.status == "FINISHED" and resumed.data.tags["traingate.reached_stage"] == "canary"
     assert _stages(client, resumed) == {"unit", "smoke", "canary"}
