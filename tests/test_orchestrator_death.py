@@ -174,8 +174,7 @@ def _kill_cli_and_check(cli: Cli, stage: str) -> tuple[str, str]:
     return run_id, flow_run_id
 
 
-# smoke (its own stop-and-resume) and full (a torchrun stage; canary runs the same launch path)
-@pytest.mark.parametrize("stage", ["smoke", "full"])
+@pytest.mark.parametrize("stage", ["smoke", "canary", "full"])
 def test_sigkill_of_the_cli_mid_stage_leaves_no_process_and_resume_completes_the_pipeline(tiny_spec, tmp_path,
                                                                                            stage):
     rng = random.Random(f"orchestrator-death-{stage}")
