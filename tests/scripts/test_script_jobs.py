@@ -38,11 +38,13 @@ from traingate.tracking.registry import model_name, register_candidate
 from traingate.validate import check_spec
 
 PROJECTS = Path(__file__).resolve().parent / "projects"
+# The JSON-lines script with ckpt_000040.pt files and --resume-from-latest is the shipped example.
+JSONL_LATEST = Path(__file__).resolve().parents[2] / "examples" / "script_project2"
 
 
-def copy_project(tmp_path: Path, name: str) -> Path:
+def copy_project(tmp_path: Path, source: Path) -> Path:
     dest = tmp_path / "project"
-    shutil.copytree(PROJECTS / name, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -148,7 +150,7 @@ TORCH_SCRIPT = {
 @pytest.mark.slow
 def test_torch_script_killed_mid_full_resumes_through_its_resume_flag_and_its_checkpoint_is_registered(
         tmp_path, state_dir):
-    workdir = copy_project(tmp_path, "torch_resume")
+    workdir = copy_project(tmp_path, PROJECTS / "torch_resume")
     spec = script_spec(workdir, TORCH_SCRIPT, data={"uri": (workdir / "data").as_uri()})
     tracked = Tracked(spec)
     assert tracked.identity["code"]["source"] == "content"  # a git-less project: still a complete identity
@@ -195,7 +197,7 @@ def test_jsonl_script_killed_mid_full_resumes_from_its_latest_ckpt_and_its_check
         tmp_path, state_dir, s3_server):
     import boto3
 
-    workdir = copy_project(tmp_path, "jsonl_latest")
+    workdir = copy_project(tmp_path, JSONL_LATEST)
     script = {
         "command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}", "--sleep", "0.03"],
         "stage_args": {"full": ["--max-steps", "100"]},
@@ -246,7 +248,7 @@ def test_jsonl_script_killed_mid_full_resumes_from_its_latest_ckpt_and_its_check
 @pytest.mark.slow
 def test_a_script_stage_stopped_after_a_kill_continues_with_traingate_resume_through_its_resume_flag(
         tmp_path, state_dir):
-    workdir = copy_project(tmp_path, "jsonl_latest")
+    workdir = copy_project(tmp_path, JSONL_LATEST)
     script = {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}", "--sleep", "0.02"],
               "stage_args": {"full": ["--max-steps", "60"]}, "resume_args": ["--resume-from-latest"],
               "checkpoints": "ckpt_*.pt", "metrics": [r'"step": (?P<step>\d+), "loss": (?P<loss>[0-9.eE+-]+)']}
@@ -268,7 +270,7 @@ def test_a_script_stage_stopped_after_a_kill_continues_with_traingate_resume_thr
 
 @pytest.mark.slow
 def test_a_script_that_stops_printing_is_killed_as_hung_and_restarted(tmp_path, state_dir):
-    workdir = copy_project(tmp_path, "hangs_once")
+    workdir = copy_project(tmp_path, PROJECTS / "hangs_once")
     spec = script_spec(workdir, {"command": ["python", "train.py", "${TRAINGATE_STAGE_DIR}"],
                                  "metrics": [r"step (?P<step>\d+) loss (?P<loss>[0-9.]+)"]},
                        supervision={"hang_timeout_s": 2, "backoff_base_s": 0}, tracking={"enabled": False})
@@ -284,7 +286,7 @@ def test_a_script_that_stops_printing_is_killed_as_hung_and_restarted(tmp_path, 
 
 @pytest.mark.slow
 def test_a_script_without_metric_steps_is_watched_by_its_output_lines(tmp_path, state_dir):
-    workdir = copy_project(tmp_path, "hangs_once")
+    workdir = copy_project(tmp_path, PROJECTS / "hangs_once")
     spec = script_spec(workdir, {"command": ["python", "train.py", "${TRAINGATE_STAGE_DIR}"]},
                        supervision={"hang_timeout_s": 1.5, "backoff_base_s": 0}, tracking={"enabled": False},
                        gates={"canary": {"rules": [{"metric": "nonfinite_steps", "op": "==", "value": 0}]}})
@@ -297,7 +299,7 @@ def test_a_script_without_metric_steps_is_watched_by_its_output_lines(tmp_path, 
 def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_its_reason(tmp_path, state_dir):
     from traingate.stage import StageResult
 
-    workdir = copy_project(tmp_path, "jsonl_latest")
+    workdir = copy_project(tmp_path, JSONL_LATEST)
     spec = script_spec(workdir, {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}"],
                                  "metrics": [r'"step": (?P<step>\d+), "loss": (?P<loss>[0-9.eE+-]+)']},
                        data={"uri": (workdir / "data.csv").as_uri()})

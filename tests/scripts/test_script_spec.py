@@ -20,7 +20,7 @@ from traingate.spec import SpecError, parse_spec
 from traingate.tracking.identity import content_version, script_code_version
 from traingate.validate import check_spec
 
-PROJECT = Path(__file__).resolve().parent / "projects" / "jsonl_latest"
+PROJECT = Path(__file__).resolve().parents[2] / "examples" / "script_project2"
 
 
 def tree(script: dict, **sections) -> dict:
