@@ -126,3 +126,52 @@ def prefect_server(tmp_path: Path):
         yield {"url": url, "env": env}
     finally:
         stop_tree(proc, signal.SIGTERM, 30)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any location: only a pool gives them."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
+    return {**env, "PATH": f"{Path(PYTHON).parent}{os.pathsep}{env.get('PATH', '')}", **extra}
+
+
+@contextlib.contextmanager
+def pool_worker(tmp: Path, server: dict, code: Path, deployments: list[str], worker_cwd: Path,
+                worker_env: dict[str, str] | None = None, before_worker=None):
+    """On ``server``: the cpu-local pool bootstrapped as `traingate pools bootstrap` does (state dir
+    ``tmp/pool-state``), ``deployments`` of deployments/prefect.yaml deployed from ``code``, and a process
+    worker polling every 2 s; yields {"env", "pool_state", "worker_log", "mlflow"}."""
+    import signal
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    bin_dir = Path(PYTHON).parent
+    pool_state = tmp / "pool-state"
+    (tmp / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0.05, "
+                                    "worker: process}\n")
+    env = clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=server["env"]["PREFECT_HOME"],
+                    PREFECT_SERVER_ANALYTICS_ENABLED="false", TRAINGATE_CODE_DIR=str(code))
+    # The production stack's shared settings name the state dir; the bootstrap hands it to the pool.
+    boot = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp / "pools.yaml")], cwd=tmp,
+                          env={**env, "TRAINGATE_STATE_DIR": str(pool_state)}, capture_output=True, text=True,
+                          timeout=300)
+    assert boot.returncode == 0, boot.stdout + boot.stderr
+    names = [w for name in deployments for w in ("--name", name)]
+    p = subprocess.run([str(bin_dir / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
+                        *names], env=env, cwd=code, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    if before_worker is not None:
+        before_worker()
+    log = tmp / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [str(bin_dir / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
+            env={**env, **(worker_env or {}), "PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=worker_cwd, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield {"env": env, "pool_state": pool_state, "worker_log": log,
+               "mlflow": MlflowClient(f"sqlite:///{pool_state}/mlflow.db")}
+    finally:
+        stop_tree(worker, signal.SIGINT, 20)

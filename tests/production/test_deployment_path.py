@@ -4,9 +4,7 @@ and a process worker whose working directory is that copy and whose own environm
 location. Then CI: the ci-canary deployment on two commits of a local git repository."""
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -14,11 +12,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server, stop_tree, tail
+from tgtest import PYTHON, ROOT, TINY_DIGITS, clean_env, pool_worker, prefect_server, tail
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(PYTHON).parent
 RUN_TIMEOUT_S = 600
 MARKER = "[commit B] "
 
@@ -38,12 +35,6 @@ def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
     (reading the code version, like `git status`, refreshes its cached file times; the content is unchanged)."""
     return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts and p.relative_to(d) != Path(".git/index")}
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any location: only the pool may give them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
-    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -71,34 +62,14 @@ def stack(tmp_path_factory):
     _git(tmp, "clone", "-q", str(repo), str(code))
     _git(code, "checkout", "-q", "--detach", a)
 
-    pool_state = tmp / "pool-state"
-    with prefect_server(tmp) as server:
-        (tmp / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0.05, "
-                                        "worker: process}\n")
-        env = _clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=server["env"]["PREFECT_HOME"],
-                         PREFECT_SERVER_ANALYTICS_ENABLED="false", TRAINGATE_CODE_DIR=str(code))
-        # The production stack's shared settings name the state dir; the bootstrap hands it to the pool.
-        boot = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp / "pools.yaml")], cwd=tmp,
-                              env={**env, "TRAINGATE_STATE_DIR": str(pool_state)}, capture_output=True, text=True,
-                              timeout=300)
-        assert boot.returncode == 0, boot.stdout + boot.stderr
-        p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
-                            "--name", "ladder-cpu", "--name", "ci-canary"], env=env, cwd=code, capture_output=True,
-                           text=True, timeout=600)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        before = _snapshot(code)
-        log = tmp / "worker.log"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
-                env={**env, "TRAINGATE_CI_REPOSITORY": str(repo), "PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=code,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield {"url": server["url"], "env": env, "code": code, "repo": repo, "a": a, "b": b, "before": before,
-                   "pool_state": pool_state, "worker_log": log,
-                   "mlflow": MlflowClient(f"sqlite:///{pool_state}/mlflow.db")}
-        finally:
-            stop_tree(worker, signal.SIGINT, 20)
+    snapshots: list[dict] = []
+    with prefect_server(tmp) as server, pool_worker(
+            tmp, server, code, ["ladder-cpu", "ci-canary"], worker_cwd=code,
+            worker_env={"TRAINGATE_CI_REPOSITORY": str(repo)},
+            before_worker=lambda: snapshots.append(_snapshot(code))) as pool:
+        yield {"url": server["url"], "env": pool["env"], "code": code, "repo": repo, "a": a, "b": b,
+               "before": snapshots[0], "pool_state": pool["pool_state"], "worker_log": pool["worker_log"],
+               "mlflow": pool["mlflow"]}
 
 
 def _pipeline_runs(client: MlflowClient) -> list:
@@ -185,7 +156,7 @@ def test_ci_runs_the_commit_it_is_given_and_prints_the_gates_reason(stack):
 
 
 def test_ci_without_a_server_or_with_a_bad_commit_says_so_in_one_line(tmp_path):
-    env = _clean_env(PREFECT_HOME=str(tmp_path / "ph"))
+    env = clean_env(PREFECT_HOME=str(tmp_path / "ph"))
     env.pop("PREFECT_API_URL", None)
     p = subprocess.run([PYTHON, "-m", "flows.cli", "ci", "--commit", "main"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)

@@ -10,63 +10,31 @@ and store: unchanged data is skipped; a worse model on a new snapshot is not pro
 from __future__ import annotations
 
 import datetime
-import os
-import signal
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, prefect_server, stop_tree, tail
+from tgtest import ROOT, pool_worker, prefect_server, tail
 from traingate.spec import load_spec_text
 
 from retrain_data import publish, tiny_chargpt
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(PYTHON).parent
 MODEL = "retrain-tests-char-gpt"
 DEPLOYMENT = "retrain/digits-nightly-retrain"
 RUN_TIMEOUT_S = 420
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any location: only the pool gives them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
-    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retrain")
-    pool_state, corpus = tmp / "pool-state", tmp / "corpus"
-    with prefect_server(tmp) as server:
-        (tmp / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0.05, "
-                                        "worker: process}\n")
-        env = _clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=server["env"]["PREFECT_HOME"],
-                         PREFECT_SERVER_ANALYTICS_ENABLED="false", TRAINGATE_CODE_DIR=str(ROOT))
-        boot = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp / "pools.yaml")], cwd=tmp,
-                              env={**env, "TRAINGATE_STATE_DIR": str(pool_state)}, capture_output=True, text=True,
-                              timeout=300)
-        assert boot.returncode == 0, boot.stdout + boot.stderr
-        p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
-                            "--name", "digits-nightly-retrain"], env=env, cwd=ROOT, capture_output=True, text=True,
-                           timeout=600)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        log = tmp / "worker.log"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
-                env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        try:
-            yield {"url": server["url"], "pool_state": pool_state, "corpus": corpus, "worker_log": log,
-                   "mlflow": MlflowClient(f"sqlite:///{pool_state}/mlflow.db")}
-        finally:
-            stop_tree(worker, signal.SIGINT, 20)
+    with prefect_server(tmp) as server, pool_worker(tmp, server, ROOT, ["digits-nightly-retrain"],
+                                                    worker_cwd=tmp) as pool:
+        yield {"url": server["url"], "pool_state": pool["pool_state"], "corpus": tmp / "corpus",
+               "worker_log": pool["worker_log"], "mlflow": pool["mlflow"]}
 
 
 @pytest.fixture(scope="module")
