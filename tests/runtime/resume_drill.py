@@ -149,25 +149,34 @@ class Drill:
         except (FileNotFoundError, ValueError):
             return None
 
-    def _pace_until(self, proc: subprocess.Popen, step: int, slice_s: float = 0.002) -> list[psutil.Process] | None:
-        """Run the tree in short slices until rank 0 reports ``step``; return the tree, left stopped.
+    @staticmethod
+    def stop_at(step: int) -> dict[str, str]:
+        """The launch environment that makes rank 0 SIGSTOP itself once it has done ``step`` steps.
 
-        None if the process exited first.
+        The process stops itself (TRAINGATE_INJECT ``stop@step:0``), so where the kill lands does
+        not depend on how soon this thread is scheduled again: on a loaded 2-core box a tiny
+        model can run to its end between two looks from outside.
         """
+        return {"TRAINGATE_INJECT": f"stop@{step}:0"}
+
+    def _pace_until(self, proc: subprocess.Popen, step: int) -> list[psutil.Process] | None:
+        """Wait for rank 0 to stop itself at ``step`` (launched with ``stop_at(step)``); stop the rest
+        of the tree too and return it, left stopped. None if the process exited first."""
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        # Startup runs free; the first heartbeat is written just before the first step.
-        while self.heartbeat(0) is None and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
         while time.monotonic() < deadline:
-            tree = self._tree(proc)
-            self._signal(tree, signal.SIGSTOP)
             if proc.poll() is not None:
                 return None
             hb = self.heartbeat(0)
             if hb is not None and hb["step"] >= step:
-                return tree
-            self._signal(tree, signal.SIGCONT)
-            time.sleep(slice_s)
+                try:
+                    stopped = psutil.Process(hb["pid"]).status() == psutil.STATUS_STOPPED
+                except psutil.NoSuchProcess:
+                    stopped = False
+                if stopped:
+                    tree = self._tree(proc)
+                    self._signal(tree, signal.SIGSTOP)
+                    return tree
+            time.sleep(0.01)
         self._signal(self._tree(proc), signal.SIGKILL)
         raise AssertionError(f"{self.name}: step {step} not reached in {LAUNCH_TIMEOUT_S:.0f} s")
 
@@ -211,7 +220,7 @@ class Drill:
     def kill_at(self, step: int) -> Interruption:
         """SIGKILL every process of the run, from outside, once rank 0 has done ``step`` steps."""
         start = self.latest()[0]
-        proc = self._launch()
+        proc = self._launch(self.stop_at(step))
         tree = self._pace_until(proc, step)
         if tree is None:
             raise AssertionError(f"{self.name}: exited ({proc.returncode}) before the kill at step {step}:\n"
@@ -243,7 +252,7 @@ class Drill:
     def sigterm_at(self, step: int, rank: int | None = None) -> Interruption:
         """SIGTERM one process once rank 0 has done ``step`` steps: rank ``rank``'s worker, or the launcher."""
         start = self.latest()[0]
-        proc = self._launch()
+        proc = self._launch(self.stop_at(step))
         tree = self._pace_until(proc, step)
         if tree is None:
             raise AssertionError(f"{self.name}: exited before the SIGTERM at step {step}:\n{self._stderr()[-3000:]}")
