@@ -57,8 +57,11 @@ def two_host_run(hosts, tmp_path_factory) -> Callable[..., Run]:
 
     def run(name: str, on_tick: Callable[[Path], None] | None = None,
             stop_requested: Callable[[Path], str | None] | None = None) -> Run:
+        # A disturbed run is paced (rank 0 sleeps 0.1 s a step: 3 s in all) so that the disturbance,
+        # polled every supervisor tick, lands mid-stage; unpaced, 30 tiny steps can end before it.
+        paced = on_tick is not None or stop_requested is not None
         job = derive(_spec(hosts), "full", run_id=name, run_dir=root / name, settings=Settings.from_env(),
-                     checkpoint_uri=(root / name / "checkpoints").as_uri())
+                     checkpoint_uri=(root / name / "checkpoints").as_uri(), faults="slow@0:0" if paced else None)
         log: list[str] = []
         stage_dir = Path(job.stage_dir)
         t0 = time.monotonic()
