@@ -139,7 +139,11 @@ def test_killed_sweep_resumes_keeping_finished_trials_and_requeueing_running_one
     overrides = ONE_PROC + ["stages.canary.max_steps=240", "checkpoint.every_steps=20"]
     s = _settings()
     name = study_name(load_spec(path, overrides))
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TRAINGATE_STATE_DIR": str(state_dir)}
+    # The killed driver's trials are paced from step 45 (rank 0 sleeps 0.1 s a step), so the kill
+    # polled below finds one between 45 and 200 however fast the box runs tiny steps; the resumed
+    # sweep (in this process, without the variable) runs at full speed.
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TRAINGATE_STATE_DIR": str(state_dir),
+           "TRAINGATE_INJECT": "slow@45:0"}
     cmd = [PYTHON, "-m", "flows.cli", "sweep", str(path), *[a for o in overrides for a in ("--set", o)]]
     driver = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
                               stdout=open(tmp_path / "driver.log", "w"), stderr=subprocess.STDOUT)
