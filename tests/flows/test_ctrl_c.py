@@ -23,7 +23,7 @@ def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_co
            "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0"}
     out = tmp_path / "run.out"
     cli = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--until", "smoke",
-                            "--set", "stages.smoke.max_steps=20"], cwd=ROOT, env=env, stdout=open(out, "w"),
+                            "--set", "stages.smoke.max_steps=40"], cwd=ROOT, env=env, stdout=open(out, "w"),
                            stderr=subprocess.STDOUT, start_new_session=True)
     runs = tmp_path / "state" / "runs"
     try:
