@@ -205,9 +205,11 @@ def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position
     deadline = time.monotonic() + 30
     while len(holders) < 1 and time.monotonic() < deadline:  # prod (2 free slots) starts; late waits on quota
         time.sleep(0.2)
-    time.sleep(3.0)  # late has published itself as waiting
-    assert queue.main(argparse.Namespace(pool=pool)) == 0
-    out = capsys.readouterr().out
+    out = ""
+    while "1 waiting" not in out and time.monotonic() < deadline:  # until late has published itself as waiting
+        time.sleep(0.5)
+        assert queue.main(argparse.Namespace(pool=pool)) == 0
+        out = capsys.readouterr().out
     assert f"pool {pool}: 4/4 slots in use, 2 running, 1 waiting" in out, out
     assert "running  big-full" in out and "running  prod-full" in out
     assert "#1       late-full" in out and "quota of 2" in out, out
