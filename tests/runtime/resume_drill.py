@@ -149,23 +149,20 @@ class Drill:
         except (FileNotFoundError, ValueError):
             return None
 
-    @staticmethod
-    def stop_at(step: int) -> dict[str, str]:
-        """The launch environment that makes rank 0 SIGSTOP itself once it has done ``step`` steps.
+    def _launch_stopped_at(self, step: int) -> tuple[subprocess.Popen, list[psutil.Process] | None]:
+        """Launch with rank 0 set to SIGSTOP itself once it has done ``step`` steps (TRAINGATE_INJECT
+        ``stop@step:0``), wait for that, stop the rest of the tree too and return it, left stopped
+        (None if the process exited first).
 
-        The process stops itself (TRAINGATE_INJECT ``stop@step:0``), so where the kill lands does
-        not depend on how soon this thread is scheduled again: on a loaded 2-core box a tiny
-        model can run to its end between two looks from outside.
+        The process stops itself, so where the kill lands does not depend on how soon this thread
+        is scheduled again: on a loaded 2-core box a tiny model can run to its end between two looks
+        from outside.
         """
-        return {"TRAINGATE_INJECT": f"stop@{step}:0"}
-
-    def _pace_until(self, proc: subprocess.Popen, step: int) -> list[psutil.Process] | None:
-        """Wait for rank 0 to stop itself at ``step`` (launched with ``stop_at(step)``); stop the rest
-        of the tree too and return it, left stopped. None if the process exited first."""
+        proc = self._launch({"TRAINGATE_INJECT": f"stop@{step}:0"})
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                return None
+                return proc, None
             hb = self.heartbeat(0)
             if hb is not None and hb["step"] >= step:
                 try:
@@ -175,7 +172,7 @@ class Drill:
                 if stopped:
                     tree = self._tree(proc)
                     self._signal(tree, signal.SIGSTOP)
-                    return tree
+                    return proc, tree
             time.sleep(0.01)
         self._signal(self._tree(proc), signal.SIGKILL)
         raise AssertionError(f"{self.name}: step {step} not reached in {LAUNCH_TIMEOUT_S:.0f} s")
@@ -220,8 +217,7 @@ class Drill:
     def kill_at(self, step: int) -> Interruption:
         """SIGKILL every process of the run, from outside, once rank 0 has done ``step`` steps."""
         start = self.latest()[0]
-        proc = self._launch(self.stop_at(step))
-        tree = self._pace_until(proc, step)
+        proc, tree = self._launch_stopped_at(step)
         if tree is None:
             raise AssertionError(f"{self.name}: exited ({proc.returncode}) before the kill at step {step}:\n"
                                  f"{self._stderr()[-3000:]}")
@@ -252,8 +248,7 @@ class Drill:
     def sigterm_at(self, step: int, rank: int | None = None) -> Interruption:
         """SIGTERM one process once rank 0 has done ``step`` steps: rank ``rank``'s worker, or the launcher."""
         start = self.latest()[0]
-        proc = self._launch(self.stop_at(step))
-        tree = self._pace_until(proc, step)
+        proc, tree = self._launch_stopped_at(step)
         if tree is None:
             raise AssertionError(f"{self.name}: exited before the SIGTERM at step {step}:\n{self._stderr()[-3000:]}")
         pid = proc.pid if rank is None else self.heartbeat(rank)["pid"]

@@ -66,8 +66,7 @@ def _outage(root: Path, env: dict, moto) -> dict:
                       "checkpoint: {every_steps: null, every_minutes: 0.0005, keep_last: 100}\n")
     drill = Drill("outage", spec, 1, root, checkpoint_uri="s3://tg-test/drills/outage/full", env=env)
     start = drill.latest()[0]
-    proc = drill._launch(drill.stop_at(5))
-    tree = drill._pace_until(proc, 5)
+    proc, tree = drill._launch_stopped_at(5)
     assert tree is not None, drill._stderr()[-3000:]
     moto.stop()
     t_down = time.monotonic()
