@@ -9,9 +9,10 @@ and starts nothing: validation runs before Prefect or MLflow is touched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import yaml
 
@@ -123,16 +124,12 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)")
     if args.dry_run:
         return 0
-    settings.ensure()
-    guard_this_process(spec.supervision.preempt_grace_s)
-    from flows.pipeline import ladder
     from flows.terminal import follow_run
 
-    try:
-        with follow_run(settings):  # a progress bar in a terminal, one line per stage transition elsewhere
-            state = ladder(spec, args.until, return_state=True)
-    except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
-        return interrupted(_claimed_run(settings))
+    # A progress bar in a terminal, one line per stage transition elsewhere.
+    state = run_ladder_here(spec, args.until, settings, follow=follow_run)
+    if isinstance(state, int):
+        return state
     summary = _summary(state)
     print()
     print(f"pipeline {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
@@ -153,6 +150,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
     print(f"  Prefect UI: PREFECT_HOME={os.environ['PREFECT_HOME']} prefect server start")
     return 0 if state.is_completed() else 1
+
+
+def run_ladder_here(spec: Any, until: str, settings: Settings,
+                    follow: Callable[[Settings], ContextManager[Any]] | None = None) -> Any:
+    """The ladder flow in this process, as `run` and `ci` start it: the state dir made, the process
+    guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given.
+
+    Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
+    """
+    from flows.pipeline import ladder
+
+    settings.ensure()
+    guard_this_process(spec.supervision.preempt_grace_s)
+    try:
+        with follow(settings) if follow is not None else contextlib.nullcontext():
+            return ladder(spec, until, return_state=True)
+    except KeyboardInterrupt:
+        return interrupted(_claimed_run(settings))
 
 
 def guard_this_process(grace_s: float) -> None:

@@ -58,7 +58,7 @@ def _refuse(why: str) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     """The cheap stages of SPEC in this process, as `traingate run --until` does, with a CI verdict."""
-    from flows.cli import _load, _summary, guard_this_process, interrupted
+    from flows.cli import _load, _summary, run_ladder_here
     from traingate.secrets import protect_spec
     from traingate.settings import Settings
 
@@ -70,17 +70,9 @@ def _local(args: argparse.Namespace) -> int:
     args.cmd, args.until = "run", until  # _load: validation and preflight of every store, as `run` does
     spec, _ = _load(args)
     spec = protect_spec(spec)
-    settings = Settings.from_env()
-    settings.ensure()
-    guard_this_process(spec.supervision.preempt_grace_s)
-    from flows.pipeline import ladder
-
-    try:
-        state = ladder(spec, until, return_state=True)
-    except KeyboardInterrupt:
-        from flows.cli import _claimed_run
-
-        return interrupted(_claimed_run(settings))
+    state = run_ladder_here(spec, until, Settings.from_env())
+    if isinstance(state, int):
+        return state
     summary = _summary(state) or {}
     passed = state.is_completed()
     verdict = "PASSED" if passed else "FAILED"
