@@ -6,6 +6,7 @@
 A spec error prints one line naming the field, the value and the fix, exits 2,
 and starts nothing: validation runs before Prefect or MLflow is touched.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,21 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("flows.commands.watch", "live view of a run: progress, ETA, loss, ranks, alerts, restarts, dollars"),
     "note": ("flows.commands.note", "add a timestamped note to a run's logbook"),
     "replay": ("flows.commands.replay", "deliver a run's journals to the tracking store after it was lost"),
-    "pools": ("flows.commands.pools", "create the work pools, queues, slot and quota limits of a pools config on the server"),
+    "pools": (
+        "flows.commands.pools",
+        "create the work pools, queues, slot and quota limits of a pools config on the server",
+    ),
     "queue": ("flows.commands.queue", "running and waiting training jobs per pool: position, class, team, slots, wait"),
     "simulate": ("flows.commands.simulate", "replay a job trace through the scheduling policies and compare them"),
-    "ci": ("flows.commands.ci", "CI verdict as exit code: a spec's cheap stages here, or the ci-canary deployment on --commit"),
+    "ci": (
+        "flows.commands.ci",
+        "CI verdict as exit code: a spec's cheap stages here, or the ci-canary deployment on --commit",
+    ),
     "cost": ("flows.commands.cost", "spend, idle share, time lost to failures, cost per successful run per experiment"),
-    "retrain": ("flows.commands.retrain", "retrain on the newest data snapshot; the new model takes @champion only if better"),
+    "retrain": (
+        "flows.commands.retrain",
+        "retrain on the newest data snapshot; the new model takes @champion only if better",
+    ),
 }
 
 
@@ -62,8 +72,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("spec", help="RunSpec YAML file")
-        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field, e.g. --set optim.lr=0.001 (repeatable)")
+        sp.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a spec field, e.g. --set optim.lr=0.001 (repeatable)",
+        )
 
     v = sub.add_parser("validate", help="validate a spec and print it fully resolved")
     spec_args(v)
@@ -120,8 +136,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     prior = latest_canary_profile(settings, spec.identity.experiment, spec.recipe.name)
     print(render(plan(spec, samples, args.until, profile=prior), spec))
     if prior:
-        print(f"(estimates from the latest canary of {spec.identity.experiment!r}: "
-              f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)")
+        print(
+            f"(estimates from the latest canary of {spec.identity.experiment!r}: "
+            f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)"
+        )
     if args.dry_run:
         return 0
     from flows.terminal import follow_run
@@ -136,8 +154,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary:
         print(f"  traingate run / MLflow parent run: {summary['run_id']}")
         for stage, info in summary["stages"].items():
-            print(f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
-                  f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}")
+            print(
+                f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+                f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}"
+            )
         if summary.get("checkpoint_uri"):
             print(f"  checkpoint:      {redact(summary['checkpoint_uri'])}")
         model = summary.get("model") or {}
@@ -152,8 +172,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if state.is_completed() else 1
 
 
-def run_ladder_here(spec: Any, until: str, settings: Settings,
-                    follow: Callable[[Settings], ContextManager[Any]] | None = None) -> Any:
+def run_ladder_here(
+    spec: Any, until: str, settings: Settings, follow: Callable[[Settings], ContextManager[Any]] | None = None
+) -> Any:
     """The ladder flow in this process, as `run` and `ci` start it: the state dir made, the process
     guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given.
 
@@ -188,8 +209,11 @@ def guard_this_process(grace_s: float) -> None:
         if supervisor.stop_request():
             raise KeyboardInterrupt
         supervisor.request_stop("interrupted (Ctrl-C)")
-        print("traingate: Ctrl-C: preempting the running stage at a checkpoint (Ctrl-C again to abort now)",
-              file=sys.stderr, flush=True)
+        print(
+            "traingate: Ctrl-C: preempting the running stage at a checkpoint (Ctrl-C again to abort now)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     signal.signal(signal.SIGINT, on_sigint)
 
@@ -202,8 +226,11 @@ def interrupted(run_id: str | None) -> int:
     if run_id is None:
         print("traingate: aborted (Ctrl-C) before a run was created; nothing to resume", file=sys.stderr)
     else:
-        print(f"traingate: aborted (Ctrl-C) without waiting for a checkpoint: run {run_id}; continue with: "
-              f"traingate resume {run_id}", file=sys.stderr)
+        print(
+            f"traingate: aborted (Ctrl-C) without waiting for a checkpoint: run {run_id}; continue with: "
+            f"traingate resume {run_id}",
+            file=sys.stderr,
+        )
     return EXIT_INTERRUPTED
 
 
@@ -212,8 +239,11 @@ def _claimed_run(settings: Settings) -> str | None:
     orchestrator (the ladder records it as it starts, traingate.tracking.stale.claim)."""
     from traingate.tracking import stale
 
-    mine = [d for d in (settings.state_dir / "runs").glob("*")
-            if (o := stale.read_orchestrator(d)) is not None and o.pid == os.getpid()]
+    mine = [
+        d
+        for d in (settings.state_dir / "runs").glob("*")
+        if (o := stale.read_orchestrator(d)) is not None and o.pid == os.getpid()
+    ]
     return max(mine, key=lambda d: (d / stale.ORCHESTRATOR).stat().st_mtime).name if mine else None
 
 

@@ -17,6 +17,7 @@ boto, uvicorn) log to their own loggers. :func:`install` redacts all of them:
 
 The CLI calls it once at start; calling it again (after importing Prefect) only adds filters.
 """
+
 from __future__ import annotations
 
 import logging
@@ -118,9 +119,12 @@ def _redact_uncaught() -> None:
         if issubclass(args.exc_type, SystemExit):  # as threading's own hook: a thread's exit is no error
             return
         name = args.thread.name if args.thread is not None else "?"
-        sys.stderr.write(redact(f"Exception in thread {name}:\n"
-                                + "".join(traceback.format_exception(args.exc_type, args.exc_value,
-                                                                     args.exc_traceback))))
+        sys.stderr.write(
+            redact(
+                f"Exception in thread {name}:\n"
+                + "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+            )
+        )
 
     excepthook._traingate_redacting = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook

@@ -4,6 +4,7 @@
 Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 ``pipeline`` is the thin entry for a spec file plus ``--set`` overrides.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,14 @@ from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
-from tasks.tracking import (close_pipeline_run, gate_passed, open_pipeline_run, open_stage_run, record_stage,
-                            register_candidate)
+from tasks.tracking import (
+    close_pipeline_run,
+    gate_passed,
+    open_pipeline_run,
+    open_stage_run,
+    record_stage,
+    register_candidate,
+)
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
 from traingate.gates import decide
@@ -111,11 +118,15 @@ class Approval(RunInput):
 
 class ResumeFrom(BaseModel):
     """Continue an earlier run: its interrupted stage from the latest checkpoint, then the rest."""
+
     run_id: str = Field(min_length=1, description="the traingate run id (`traingate run` printed it)")
     stage: Stage | None = Field(default=None, description="default: the run's first unfinished training stage")
-    overrides: list[str] = Field(default_factory=list, description="spec changes for the rest of the run, e.g. "
-                                 "budget.max_run_usd=20 after a budget pause (a checkpoint refuses changes it "
-                                 "depends on)")
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="spec changes for the rest of the run, e.g. "
+        "budget.max_run_usd=20 after a budget pause (a checkpoint refuses changes it "
+        "depends on)",
+    )
 
 
 @flow(name="ladder", log_prints=True)
@@ -151,52 +162,79 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     _name_flow_run(run_id if point is None else f"{run_id}-resume")
     run_dir = settings.state_dir / "runs" / run_id
     stale.claim(run_dir, str(flow_run.id))  # this process now runs the pipeline (a resume takes it over)
-    summary: dict[str, Any] = {"run_id": run_id, "flow_run_id": str(flow_run.id), "stages": {},
-                               "run_dir": str(run_dir), "resumed": point is not None}
+    summary: dict[str, Any] = {
+        "run_id": run_id,
+        "flow_run_id": str(flow_run.id),
+        "stages": {},
+        "run_dir": str(run_dir),
+        "resumed": point is not None,
+    }
     if not stages:
-        if point is not None and until == "full" and "full" in point.mlflow_run_ids \
-                and gate_passed(point.mlflow_run_ids["full"]):
+        if (
+            point is not None
+            and until == "full"
+            and "full" in point.mlflow_run_ids
+            and gate_passed(point.mlflow_run_ids["full"])
+        ):
             # Every stage ran but the orchestrator died before the end: promote and close, as it would have.
             full = read_result(run_dir / "full")
-            summary["model"] = register_candidate(spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None,
-                                                  run_id=run_id)
+            summary["model"] = register_candidate(
+                spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None, run_id=run_id
+            )
             close_pipeline_run(run_id, True, "full")
-            return Completed(message=f"run {run_id}: every stage had passed; promotion and close finished", data=summary)
+            return Completed(
+                message=f"run {run_id}: every stage had passed; promotion and close finished", data=summary
+            )
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     pending: list[PrefectFuture] = []
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
         stage_run = (point.mlflow_run_ids.get(stage) if resuming else None) or open_stage_run(run_id, stage)
         if stage == "unit":
-            result = run_unit_tests.with_options(task_run_name=stage)(spec, str(run_dir / "spec.yaml"),
-                                                                      str(run_dir / stage))
+            result = run_unit_tests.with_options(task_run_name=stage)(
+                spec, str(run_dir / "spec.yaml"), str(run_dir / stage)
+            )
         else:
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
             result = run_stage_job(job, resume=resuming)
         gate = spec.gate(stage)
-        decision = decide(result, gate, spec.budget.max_cost_usd,
-                          budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda: _settle(pending)))
+        decision = decide(
+            result,
+            gate,
+            spec.budget.max_cost_usd,
+            budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda: _settle(pending)),
+        )
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
-        pending += [record_stage.submit(stage_run, result, decision, run_id=run_id),
-                    publish_stage_report.submit(run_id, result, decision)]
-        summary["stages"][stage] = {"status": str(result.status), "gate": decision.passed,
-                                    "mlflow_run_id": stage_run, "checkpoint_uri": result.checkpoint_uri,
-                                    "cost_usd": result.cost_usd, "restarts": result.metrics.get("restarts", 0),
-                                    "resumed_from_step": result.metrics.get("resumed_from_step", 0)}
+        pending += [
+            record_stage.submit(stage_run, result, decision, run_id=run_id),
+            publish_stage_report.submit(run_id, result, decision),
+        ]
+        summary["stages"][stage] = {
+            "status": str(result.status),
+            "gate": decision.passed,
+            "mlflow_run_id": stage_run,
+            "checkpoint_uri": result.checkpoint_uri,
+            "cost_usd": result.cost_usd,
+            "restarts": result.metrics.get("restarts", 0),
+            "resumed_from_step": result.metrics.get("resumed_from_step", 0),
+        }
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
         if result.status == Status.PREEMPTED:  # cancelled from the UI/API: checkpointed, resumable
             _settle(pending)
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
-            return stopped(Cancelled(message=f"{stage} preempted at a checkpoint; continue with: "
-                                             f"traingate resume {run_id}"), summary)
+            return stopped(
+                Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}"),
+                summary,
+            )
         if not decision.passed:
             _settle(pending)
             close_pipeline_run(run_id, False, stage, decision.summary())
             return stopped(Failed(message=decision.summary()), summary)
         log.info(decision.summary())
         if gate.require_approval and i + 1 < len(stages):
-            answer = pause_flow_run(wait_for_input=Approval, timeout=int(gate.approval_timeout_s),
-                                    key=f"approve-{stages[i + 1]}")
+            answer = pause_flow_run(
+                wait_for_input=Approval, timeout=int(gate.approval_timeout_s), key=f"approve-{stages[i + 1]}"
+            )
             if not answer.approve:
                 reason = f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
                 _settle(pending)
@@ -204,11 +242,15 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
                 return stopped(Failed(message=reason), summary)
             log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
     _settle(pending)
-    verb = f"resumed {stages[0]}; reached {stages[-1]}" if point is not None else \
-        (f"all {len(stages)} stages passed" if len(stages) > 1 else f"{stages[0]} passed")
+    verb = (
+        f"resumed {stages[0]}; reached {stages[-1]}"
+        if point is not None
+        else (f"all {len(stages)} stages passed" if len(stages) > 1 else f"{stages[0]} passed")
+    )
     if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
-        summary["model"] = register_candidate(spec, summary["stages"]["full"]["mlflow_run_id"],
-                                              summary.get("checkpoint_uri"), run_id=run_id)
+        summary["model"] = register_candidate(
+            spec, summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
+        )
         verb += "; " + _promotion(run_id, summary["model"])
     close_pipeline_run(run_id, True, stages[-1])
     return Completed(message=verb, data=summary)
@@ -239,8 +281,10 @@ def load_secret_blocks() -> list[str]:
         try:
             os.environ[var] = Secret.load(block).get()
         except ValueError as e:  # Prefect: "Unable to find block document named ..."
-            raise LocationError(f"{SECRET_BLOCKS_VAR}: Secret block {block!r} (for ${var}) cannot be loaded ({e}); "
-                                "store it with `traingate pools secrets` where the credentials are set") from None
+            raise LocationError(
+                f"{SECRET_BLOCKS_VAR}: Secret block {block!r} (for ${var}) cannot be loaded ({e}); "
+                "store it with `traingate pools secrets` where the credentials are set"
+            ) from None
         loaded.append(var)
     return loaded
 
@@ -263,8 +307,11 @@ def _promotion(run_id: str, model: dict[str, Any]) -> str:
         line = f"model promoted: models:/{model['name']}@{model['alias']} (version {model['version']})"
     else:
         line = f"model NOT promoted: {'; '.join(model.get('reasons', [])) or 'no reason recorded'}"
-    create_markdown_artifact(markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n",
-                             key=f"tg-{run_id}-5-promotion", description=f"traingate run {run_id}: promotion")
+    create_markdown_artifact(
+        markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n",
+        key=f"tg-{run_id}-5-promotion",
+        description=f"traingate run {run_id}: promotion",
+    )
     return line
 
 
@@ -279,6 +326,7 @@ def _close_stale_runs(settings: Settings) -> None:
     """Close the MLflow runs and Prefect flow runs of pipelines whose orchestrator died, with the cause."""
     log = get_run_logger()
     with get_client(sync_client=True) as client:
+
         def state_of(flow_run_id: str) -> str | None:
             try:
                 state = client.read_flow_run(flow_run_id).state
@@ -288,8 +336,13 @@ def _close_stale_runs(settings: Settings) -> None:
 
         closed = stale.sweep(tracking_runs.client(settings.tracking_uri), settings.state_dir, state_of)
         for s in closed:
-            log.warning("run %s (%s%s) was left RUNNING by a dead orchestrator: closed as KILLED (%s)",
-                        s.mlflow_run_id, s.kind, f" {s.stage}" if s.stage else "", s.cause)
+            log.warning(
+                "run %s (%s%s) was left RUNNING by a dead orchestrator: closed as KILLED (%s)",
+                s.mlflow_run_id,
+                s.kind,
+                f" {s.stage}" if s.stage else "",
+                s.cause,
+            )
         for flow_run_id, cause in {s.flow_run_id: s.cause for s in closed if s.flow_run_id}.items():
             if state_of(flow_run_id) in stale.LIVE_FLOW_STATES:
                 client.set_flow_run_state(flow_run_id, Crashed(message=f"orchestrator lost: {cause}"), force=True)
@@ -303,8 +356,9 @@ def _settle(pending: list[PrefectFuture]) -> None:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline(spec_path: str, overrides: list[str] | None = None, until: Stage = "full",
-             commit: str | None = None) -> State:
+def pipeline(
+    spec_path: str, overrides: list[str] | None = None, until: Stage = "full", commit: str | None = None
+) -> State:
     """The ladder from a spec file plus ``--set`` overrides (CI, scripts).
 
     ``commit``: the commit CI asks to test (the ``ci-canary`` deployment's pull step checks it out);
@@ -329,5 +383,15 @@ def same_end(state: State) -> State:
     return stopped(end, data if isinstance(data, dict) else {})
 
 
-__all__ = ["Approval", "RunStopped", "ResumeFrom", "ResumePoint", "flow_settings", "ladder", "pipeline", "same_end",
-           "stopped", "summary_of"]
+__all__ = [
+    "Approval",
+    "RunStopped",
+    "ResumeFrom",
+    "ResumePoint",
+    "flow_settings",
+    "ladder",
+    "pipeline",
+    "same_end",
+    "stopped",
+    "summary_of",
+]

@@ -6,6 +6,7 @@
 
 The ``digits-nightly-retrain`` deployment runs it on a cron; ``traingate retrain SPEC`` runs it here.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,26 +38,35 @@ def retrain(spec: RunSpec) -> State:
     name = model_name(spec)
     champion = find_champion(spec)
     if champion is not None and champion.data_snapshot == snapshot:
-        message = (f"skipped: data unchanged since champion v{champion.version} of {name} "
-                   f"(snapshot {snapshot[:12]}, {redact(data_uri)}); no ladder run")
+        message = (
+            f"skipped: data unchanged since champion v{champion.version} of {name} "
+            f"(snapshot {snapshot[:12]}, {redact(data_uri)}); no ladder run"
+        )
         _report(name, message, {"champion": as_dict(champion)})
-        return Completed(message=message, data={"skipped": True, "champion": as_dict(champion),
-                                                "data_snapshot": snapshot, "data_uri": data_uri})
+        return Completed(
+            message=message,
+            data={"skipped": True, "champion": as_dict(champion), "data_snapshot": snapshot, "data_uri": data_uri},
+        )
     state = ladder(spec, "full", return_state=True)
     if not state.is_completed():  # a gate refused, or the run stopped: no alias is touched
         return same_end(state)
     summary: dict[str, Any] = state.result()
     model, full = summary.get("model") or {}, summary["stages"]["full"]
     if not model.get("version"):
-        message = (f"run {summary['run_id']}: its model was not registered, @{CHAMPION} unchanged: "
-                   f"{'; '.join(model.get('reasons', [])) or 'no reason recorded'}")
+        message = (
+            f"run {summary['run_id']}: its model was not registered, @{CHAMPION} unchanged: "
+            f"{'; '.join(model.get('reasons', [])) or 'no reason recorded'}"
+        )
         _report(name, message, {"run_id": summary["run_id"]})
         return stopped(Failed(message=message), summary)
     scores = score_models(spec, full["checkpoint_uri"], champion)
     outcome = crown_champion(spec, model["version"], full["mlflow_run_id"], champion, scores)
     summary["retrain"] = outcome
-    verdict = (f"{name} v{outcome['version']} took @{CHAMPION}" if outcome["promoted"] else
-               f"{name} v{outcome['version']} NOT promoted, @{CHAMPION} stays at v{outcome['holder']}")
+    verdict = (
+        f"{name} v{outcome['version']} took @{CHAMPION}"
+        if outcome["promoted"]
+        else f"{name} v{outcome['version']} NOT promoted, @{CHAMPION} stays at v{outcome['holder']}"
+    )
     message = f"{verdict}: {outcome['reason']} (run {summary['run_id']}, snapshot {snapshot[:12]})"
     get_run_logger().info(message)
     _report(name, message, outcome)
@@ -67,8 +77,11 @@ def _report(name: str, message: str, facts: dict[str, Any]) -> None:
     """The decision as the model's retrain artifact: the latest version of one key per model in the UI."""
     rows = "\n".join(f"| {k} | {redact(str(v))} |" for k, v in facts.items() if v is not None)
     key = "retrain-" + re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
-    create_markdown_artifact(markdown=f"# Retrain of {name}\n\n{redact(message)}\n\n| | |\n|---|---|\n{rows}\n",
-                             key=key, description=f"traingate retrain of {name}: champion/challenger decision")
+    create_markdown_artifact(
+        markdown=f"# Retrain of {name}\n\n{redact(message)}\n\n| | |\n|---|---|\n{rows}\n",
+        key=key,
+        description=f"traingate retrain of {name}: champion/challenger decision",
+    )
 
 
 __all__ = ["retrain"]

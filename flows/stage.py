@@ -5,6 +5,7 @@ shared pool) and for the scheduling tests: the stage goes through the one launch
 for its gang slots in its pool's queue, may be preempted by a higher class and resumes by itself.
 Tracked like a ladder stage (a pipeline run with one stage run in MLflow).
 """
+
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
@@ -41,15 +42,22 @@ def train_stage(spec: RunSpec, stage: Stage = "full", faults: str | None = None)
     run_dir = settings.state_dir / "runs" / run_id
     write_resolved(spec, run_dir / "spec.yaml")
     stage_run = open_stage_run(run_id, stage)
-    job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run,
-                 faults=faults)
+    job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run, faults=faults)
     result = run_stage_job(job)
-    decision = decide(result, spec.gate(stage), spec.budget.max_cost_usd,
-                      budgets=budgets_at_gate(spec, run_id, run_dir, result))
+    decision = decide(
+        result, spec.gate(stage), spec.budget.max_cost_usd, budgets=budgets_at_gate(spec, run_id, run_dir, result)
+    )
     record_stage(stage_run, result, decision, run_id=run_id)
-    summary = {"run_id": run_id, "stage": stage, "status": str(result.status), "gate": decision.passed,
-               "mlflow_run_id": stage_run, "checkpoint_uri": result.checkpoint_uri,
-               "preemptions": result.metrics.get("preemptions", 0), "queue_wait_s": result.metrics.get("queue_wait_s")}
+    summary = {
+        "run_id": run_id,
+        "stage": stage,
+        "status": str(result.status),
+        "gate": decision.passed,
+        "mlflow_run_id": stage_run,
+        "checkpoint_uri": result.checkpoint_uri,
+        "preemptions": result.metrics.get("preemptions", 0),
+        "queue_wait_s": result.metrics.get("queue_wait_s"),
+    }
     if result.status == Status.PREEMPTED:
         close_pipeline_run(run_id, False, stage, result.error or "preempted")
         return stopped(Cancelled(message=f"{stage} stopped: {result.error}"), summary)

@@ -9,6 +9,7 @@ goes to Prefect's logs does not change. In a terminal the training processes' ow
 screen; they stay in each stage's ``stdout.log`` and in Prefect. Every other log line is printed
 above the bar, which is redrawn below it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ class Transitions:
                 # supervision, smoke's second half, starts counting again: that is not a relaunch).
                 relaunches = self._ended_attempts(line.name)
                 if relaunches > self.relaunches.get(line.name, 0):
-                    out.append(f"{_PREFIX} {line.name} relaunched (launch {relaunches + 1}): "
-                               f"{self._last_cause(line.name)}")
+                    out.append(
+                        f"{_PREFIX} {line.name} relaunched (launch {relaunches + 1}): {self._last_cause(line.name)}"
+                    )
                 self.relaunches[line.name] = relaunches
             if line.status == before or line.status == "waiting":
                 continue
@@ -75,14 +77,18 @@ class Transitions:
         if line.status == "running":
             job = dashboard.files.read_json(self.reader.run_dir / line.name / dashboard.files.JOB) or {}
             world = int(job.get("nodes") or 1) * int(job.get("procs_per_node") or 1)
-            return (f"{_PREFIX} {line.name} running: {line.max_steps} steps on {world} "
-                    f"process{'es' if world != 1 else ''} ({job.get('pool', '?')})")
+            return (
+                f"{_PREFIX} {line.name} running: {line.max_steps} steps on {world} "
+                f"process{'es' if world != 1 else ''} ({job.get('pool', '?')})"
+            )
         took = now - self.running_since[line.name] if line.name in self.running_since else None
         steps = f" at step {line.step}/{line.max_steps}" if line.step is not None else ""
         why = f": {line.detail}" if line.detail and line.status != "completed" else ""
-        return (f"{_PREFIX} {line.name} {line.status}{steps}"
-                f"{f' in {dashboard.duration(took)}' if took is not None else ''}, run {dashboard.usd(snap.spent_usd)}"
-                f" so far{why}")
+        return (
+            f"{_PREFIX} {line.name} {line.status}{steps}"
+            f"{f' in {dashboard.duration(took)}' if took is not None else ''}, run {dashboard.usd(snap.spent_usd)}"
+            f" so far{why}"
+        )
 
     def _ended_attempts(self, stage: str) -> int:
         state = dashboard.files.read_supervisor_state(self.reader.run_dir / stage)
@@ -116,7 +122,7 @@ def bar_line(snap: dashboard.Snapshot | None, width: int, waiting_s: float) -> s
         # the last column stays free: a line that fills the terminal wraps on some, and \r then misses it
         bar_w = max(10, min(40, width - 1 - len(head) - len(tail)))
         text = f"{head}{dashboard.bar(snap.fraction, bar_w)}{tail}"
-    return text[:max(1, width - 1)]
+    return text[: max(1, width - 1)]
 
 
 class _Terminal:
@@ -163,8 +169,9 @@ class _AboveTheBar(logging.Handler):
 
 
 def _console_handlers() -> list[tuple[logging.Logger, logging.Handler]]:
-    loggers = [logging.getLogger()] + [lg for lg in logging.root.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
     out = []
     for lg in loggers:
         for h in lg.handlers:

@@ -19,6 +19,7 @@ What is relied on:
 - ``maintain_concurrency_lease(lease_id, lease_duration, raise_on_lease_renewal_failure=)`` renews
   the lease from a thread for as long as the block runs.
 """
+
 from __future__ import annotations
 
 from prefect.concurrency._leases import maintain_concurrency_lease
@@ -26,5 +27,9 @@ from prefect.concurrency._sync import acquire_concurrency_slots_with_lease, rele
 
 PINNED = "3.8.8"
 
-__all__ = ["PINNED", "acquire_concurrency_slots_with_lease", "maintain_concurrency_lease",
-           "release_concurrency_slots_with_lease"]
+__all__ = [
+    "PINNED",
+    "acquire_concurrency_slots_with_lease",
+    "maintain_concurrency_lease",
+    "release_concurrency_slots_with_lease",
+]

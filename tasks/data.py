@@ -1,4 +1,5 @@
 """Data boundary: find the newest snapshot, and read the dataset once to fingerprint it for the run's identity."""
+
 from __future__ import annotations
 
 from prefect import task

@@ -1,4 +1,5 @@
 """Prefect artifact boundary: each stage's report as a markdown table in the UI."""
+
 from __future__ import annotations
 
 import re
@@ -26,4 +27,5 @@ def publish_stage_report(run_id: str, result: StageResult, decision: GateDecisio
     create_markdown_artifact(
         markdown=redact(render_markdown(result, decision)),
         key=artifact_key(run_id, result.stage),
-        description=f"traingate run {run_id}: stage {result.stage} ({result.status})")
+        description=f"traingate run {run_id}: stage {result.stage} ({result.status})",
+    )

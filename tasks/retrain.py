@@ -1,4 +1,5 @@
 """Registry boundary of the retrain flow: read the champion, score it against the challenger, crown one."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,6 +31,7 @@ def score_models(spec: RunSpec, checkpoint_uri: str, champion: ch.Champion | Non
 
 # Retried: a second attempt finds the alias it moved and records the same values again.
 @task(name="crown-champion", cache_policy=NONE, retries=2, retry_delay_seconds=[1, 5])
-def crown_champion(spec: RunSpec, version: str, stage_run_id: str, champion: ch.Champion | None,
-                   scores: dict[str, float | None]) -> dict[str, Any]:
+def crown_champion(
+    spec: RunSpec, version: str, stage_run_id: str, champion: ch.Champion | None, scores: dict[str, float | None]
+) -> dict[str, Any]:
     return ch.crown(_client(), spec, version, stage_run_id, champion, scores)

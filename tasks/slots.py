@@ -21,6 +21,7 @@ own mechanisms:
 A server without ``traingate-pools`` (a temporary server of `traingate run`, a test harness) runs
 jobs unscheduled, as before: ``for_job`` returns None.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,18 @@ from prefect.client.schemas.actions import VariableCreate, VariableUpdate
 from traingate.capacity.gang import footprint
 from traingate.capacity.policy import never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, parse_config
-from traingate.capacity.queue import (RUNNING, WAITING, Decision, Entry, decide, describe_wait, fold_usage, fresh,
-                                      key, usage_now)
+from traingate.capacity.queue import (
+    RUNNING,
+    WAITING,
+    Decision,
+    Entry,
+    decide,
+    describe_wait,
+    fold_usage,
+    fresh,
+    key,
+    usage_now,
+)
 from traingate import sizing
 from traingate.job import files
 from traingate.job.stagejob import StageJob
@@ -52,10 +63,10 @@ PREEMPT_PREFIX = "tgq-preempt-"
 USAGE_PREFIX = "tgq-usage-"
 HISTORY_PREFIX = "tgq-history-"
 HISTORY_N = 20
-LEASE_S = 60.0        # the server's minimum; renewed every LEASE_S / 4 while held
-POLL_S = 1.0          # a waiter re-decides this often
-SAY_EVERY_S = 10.0    # a waiter prints its position this often
-BEAT_S = 5.0          # a holder refreshes its entry this often
+LEASE_S = 60.0  # the server's minimum; renewed every LEASE_S / 4 while held
+POLL_S = 1.0  # a waiter re-decides this often
+SAY_EVERY_S = 10.0  # a waiter prints its position this often
+BEAT_S = 5.0  # a holder refreshes its entry this often
 PREEMPT_POLL_S = 1.0
 
 
@@ -94,13 +105,17 @@ def put_variable(client: Any, name: str, value: Any) -> None:
 
 def delete_variable(client: Any, name: str) -> None:
     from prefect.exceptions import ObjectNotFound
+
     with contextlib.suppress(ObjectNotFound):
         client.delete_variable_by_name(name)
 
 
 def entries(client: Any, pool: str | None = None) -> list[Entry]:
-    out = [Entry.from_json(v.value) for v in client.read_variables()
-           if v.name.startswith(JOB_PREFIX) and isinstance(v.value, dict)]
+    out = [
+        Entry.from_json(v.value)
+        for v in client.read_variables()
+        if v.name.startswith(JOB_PREFIX) and isinstance(v.value, dict)
+    ]
     return [e for e in out if pool is None or e.pool == pool]
 
 
@@ -131,16 +146,19 @@ def _canary_step_s(job: StageJob) -> float | None:
 def _increment(client: Any, names: list[str], slots: int) -> str | None:
     """One try at ``slots`` of every named limit at once: the lease id, or None while they are taken."""
     try:
-        resp = client.increment_concurrency_slots_with_lease(names=names, slots=slots, mode="concurrency",
-                                                             lease_duration=LEASE_S)
+        resp = client.increment_concurrency_slots_with_lease(
+            names=names, slots=slots, mode="concurrency", lease_duration=LEASE_S
+        )
     except httpx.HTTPStatusError as e:
-        if e.response.status_code == 423:   # not enough free slots: come back later
+        if e.response.status_code == 423:  # not enough free slots: come back later
             return None
         raise
     body = resp.json()
     if len(body.get("limits") or []) != len(names):
-        raise CapacityError(f"concurrency limits {names} do not all exist on the server; "
-                            f"run `traingate pools bootstrap POOLS.yaml` against it")
+        raise CapacityError(
+            f"concurrency limits {names} do not all exist on the server; "
+            f"run `traingate pools bootstrap POOLS.yaml` against it"
+        )
     return str(body["lease_id"])
 
 
@@ -161,8 +179,9 @@ class GangSlots:
     """One job's place in its pool's queue, then its slots. ``acquire`` -> train -> ``release``;
     after a preemption ``release(requeue=True)`` and ``acquire`` again."""
 
-    def __init__(self, job: StageJob, cfg: CapacityConfig, say: Callable[[str], None],
-                 client_factory: Callable[[], Any]):
+    def __init__(
+        self, job: StageJob, cfg: CapacityConfig, say: Callable[[str], None], client_factory: Callable[[], Any]
+    ):
         self.cfg, self.say, self._client = cfg, say, client_factory
         self.stage_dir = Path(job.stage_dir)
         self.max_steps = job.max_steps
@@ -170,16 +189,33 @@ class GangSlots:
         step_s = _canary_step_s(job)
         every = job.spec.checkpoint
         with client_factory() as client:
-            est = (sizing.estimate_stage({"step_time_mean_s": step_s}, job.max_steps, job.slots, 0.0)["wall_s"]
-                   if step_s else history(client, job.pool).get(self.kind_key, (None, 0))[0])
-        self.entry = Entry(job_id=f"{job.run_id}-{job.stage}", run_id=job.run_id, stage=job.stage, team=job.team,
-                           priority=job.priority, pool=job.pool, slots=job.slots, submit_s=time.time(),
-                           checkpoint_every_s=(every.every_minutes * 60.0 if every.every_minutes
-                                               else every.every_steps * step_s if every.every_steps and step_s
-                                               else None),
-                           est_duration_s=est, host=socket.gethostname(), pid=os.getpid())
+            est = (
+                sizing.estimate_stage({"step_time_mean_s": step_s}, job.max_steps, job.slots, 0.0)["wall_s"]
+                if step_s
+                else history(client, job.pool).get(self.kind_key, (None, 0))[0]
+            )
+        self.entry = Entry(
+            job_id=f"{job.run_id}-{job.stage}",
+            run_id=job.run_id,
+            stage=job.stage,
+            team=job.team,
+            priority=job.priority,
+            pool=job.pool,
+            slots=job.slots,
+            submit_s=time.time(),
+            checkpoint_every_s=(
+                every.every_minutes * 60.0
+                if every.every_minutes
+                else every.every_steps * step_s
+                if every.every_steps and step_s
+                else None
+            ),
+            est_duration_s=est,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
         why = never_fits(self.entry.job(), cfg.pools, cfg.priority_classes, cfg.quotas)
-        if why is not None:   # refused before it ever enters the queue
+        if why is not None:  # refused before it ever enters the queue
             raise CapacityError(f"{job.run_id} {job.stage}: {why}")
         self.pool = cfg.pools[job.pool]
         self.name = JOB_PREFIX + key(self.entry.job_id)
@@ -187,7 +223,7 @@ class GangSlots:
         self.held_s = 0.0
         self.waited_s = 0.0
         self.preempted_by: str | None = None
-        self.preempted_by_last: str | None = None   # who took the slots the last time (for the log)
+        self.preempted_by_last: str | None = None  # who took the slots the last time (for the log)
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._last_preempt_poll = 0.0
@@ -220,7 +256,9 @@ class GangSlots:
                         d = self._decide(client)
                         if d.start:
                             for v in d.victims:
-                                put_variable(client, PREEMPT_PREFIX + key(v), {"by": self.entry.job_id, "at": time.time()})
+                                put_variable(
+                                    client, PREEMPT_PREFIX + key(v), {"by": self.entry.job_id, "at": time.time()}
+                                )
                             self.lease = _increment(client, self.names, self.need)
                             if self.lease is not None:
                                 # Requests are written under this lock: one left from before this start is stale.
@@ -234,13 +272,16 @@ class GangSlots:
                     self.say(describe_wait(d, time.monotonic() - t0, time.time()))
                 time.sleep(POLL_S)
         self.waited_s += time.monotonic() - t0
-        self.say(f"slots held: {self.need} of {self.entry.pool} ({d.why}; "
-                 f"waited {time.monotonic() - t0:.0f} s)" + (f"; preempting {', '.join(d.victims)}" if d.victims else ""))
+        self.say(
+            f"slots held: {self.need} of {self.entry.pool} ({d.why}; "
+            f"waited {time.monotonic() - t0:.0f} s)" + (f"; preempting {', '.join(d.victims)}" if d.victims else "")
+        )
         self._held_since = time.monotonic()
         self._beat_stop.clear()
         # In this context: Prefect's settings (which server) are context variables, not inherited by threads.
-        self._beat = threading.Thread(target=contextvars.copy_context().run, args=(self._keep,), name="tg-slots",
-                                      daemon=True)
+        self._beat = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._keep,), name="tg-slots", daemon=True
+        )
         self._beat.start()
         return None
 
@@ -267,18 +308,19 @@ class GangSlots:
                 self.held_s += time.monotonic() - self._held_since
                 start = self.entry.started_s or time.time()
                 hist = usage_history(client, self.entry.pool)
-                hist[self.entry.team] = fold_usage(hist.get(self.entry.team), self.need, start, time.time(),
-                                                   self.cfg.scheduling.half_life_h * 3600.0)
+                hist[self.entry.team] = fold_usage(
+                    hist.get(self.entry.team), self.need, start, time.time(), self.cfg.scheduling.half_life_h * 3600.0
+                )
                 put_variable(client, USAGE_PREFIX + self.entry.pool, {t: list(v) for t, v in hist.items()})
                 self.lease = None
             if requeue:
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
                 self._publish(client, state=WAITING, started_s=None, nodes=(), attempt=self.entry.attempt + 1)
             else:
-                if self.preempted_by is None and self.held_s > 0:   # a whole run: what the next of its kind predicts
+                if self.preempted_by is None and self.held_s > 0:  # a whole run: what the next of its kind predicts
                     hist = history(client, self.entry.pool)
                     mean, n = hist.get(self.kind_key, (0.0, 0))
-                    n = min(n, HISTORY_N - 1)   # a running mean over about the last HISTORY_N runs
+                    n = min(n, HISTORY_N - 1)  # a running mean over about the last HISTORY_N runs
                     hist[self.kind_key] = ((mean * n + self.held_s) / (n + 1), n + 1)
                     put_variable(client, HISTORY_PREFIX + self.entry.pool, {k: list(v) for k, v in hist.items()})
                 delete_variable(client, self.name)
@@ -291,8 +333,12 @@ class GangSlots:
         mine = self.entry.job_id
         live = [e for e in fresh(entries(client, self.entry.pool), now) if e.job_id != mine]
         live.append(dataclasses.replace(self.entry, beat_s=now))
-        usage = usage_now(usage_history(client, self.entry.pool), [e for e in live if e.state == RUNNING], now,
-                          self.cfg.scheduling.half_life_h * 3600.0)
+        usage = usage_now(
+            usage_history(client, self.entry.pool),
+            [e for e in live if e.state == RUNNING],
+            now,
+            self.cfg.scheduling.half_life_h * 3600.0,
+        )
         return decide(mine, live, self.cfg, now, usage)
 
     def _publish(self, client: Any, **changes: Any) -> Entry:
@@ -303,6 +349,7 @@ class GangSlots:
     def _keep(self) -> None:
         """While held: renew the lease and refresh the entry (with the job's progress)."""
         from prefect.client.orchestration import get_client
+
         with get_client(sync_client=True) as client:
             last_renew = time.monotonic()
             while not self._beat_stop.wait(BEAT_S):

@@ -3,6 +3,7 @@
 Each task wraps one side effect. The search itself (ask/tell, budgets, re-queueing) is
 ``traingate.sweep.driver``; the flow in ``flows/sweep.py`` wires the two together.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,11 @@ def trial_slots(limits: list[tuple[str, int]], on_leases: Callable[[list[str]], 
     its slots at once instead of waiting for the lease to expire.
     """
     # Private Prefect API, confined to tasks/compat_prefect.py: the public context manager hides the lease id.
-    from tasks.compat_prefect import (acquire_concurrency_slots_with_lease, maintain_concurrency_lease,
-                                      release_concurrency_slots_with_lease)
+    from tasks.compat_prefect import (
+        acquire_concurrency_slots_with_lease,
+        maintain_concurrency_lease,
+        release_concurrency_slots_with_lease,
+    )
 
     with contextlib.ExitStack() as stack:
         leases: list[str] = []
@@ -74,7 +78,9 @@ def trial_slots(limits: list[tuple[str, int]], on_leases: Callable[[list[str]], 
             resp = acquire_concurrency_slots_with_lease([name], occupy, lease_duration=LEASE_S, strict=True)
             leases.append(str(resp.lease_id))
             stack.callback(release_concurrency_slots_with_lease, resp.lease_id)
-            stack.enter_context(maintain_concurrency_lease(resp.lease_id, LEASE_S, raise_on_lease_renewal_failure=False))
+            stack.enter_context(
+                maintain_concurrency_lease(resp.lease_id, LEASE_S, raise_on_lease_renewal_failure=False)
+            )
         on_leases(leases)
         yield
 
@@ -97,8 +103,15 @@ class _Pruner:
 
 
 @task(name="sweep-trial-stage", cache_policy=NONE, retries=0)
-def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_id: int | None, key: str | None,
-                    mlflow_run_id: str | None, limits: list[tuple[str, int]]) -> dict[str, Any]:
+def run_trial_stage(
+    spec: RunSpec,
+    trial_spec: RunSpec,
+    storage_url: str,
+    trial_id: int | None,
+    key: str | None,
+    mlflow_run_id: str | None,
+    limits: list[tuple[str, int]],
+) -> dict[str, Any]:
     """Train one trial's stage through the launch task (supervised: a lost worker restarts from the
     trial's checkpoint); report validation to Optuna while it runs; stop it when pruned.
 
@@ -114,9 +127,17 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
     assert key, "a re-run needs a key"
     number = trial.number if trial is not None else -1
     out = trial_dir(settings, study.study_name, key)
-    job = derive(trial_spec, sw.stage, run_id=f"{study.study_name}-{key}", run_dir=out.parent, stage_dir=out,
-                 settings=settings, mlflow_run_id=mlflow_run_id, kind=JobKind.TRIAL,
-                 eval_every=sw.scheduler.report_every)
+    job = derive(
+        trial_spec,
+        sw.stage,
+        run_id=f"{study.study_name}-{key}",
+        run_dir=out.parent,
+        stage_dir=out,
+        settings=settings,
+        mlflow_run_id=mlflow_run_id,
+        kind=JobKind.TRIAL,
+        eval_every=sw.scheduler.report_every,
+    )
     pruner = _Pruner(Reporter(trial, sw) if trial is not None else None, out)
 
     def on_leases(ids: list[str]) -> None:
@@ -137,9 +158,17 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
     steps = int(result.metrics.get("steps", 0))
     metrics = dict(result.numeric_metrics())
     metrics.update(cost_usd=result.cost_usd, duration_s=result.duration_s, steps=float(steps))
-    oc = TrialOutcome(state=Status.FAILED, steps=steps, cost_usd=result.cost_usd, start_ts=start, end_ts=end,
-                      pid=result.details.get("pid"), metrics=metrics, resumed_from_step=int(result.metrics.get("resumed_from_step") or 0),
-                      restarts=int(result.metrics.get("restarts", 0)))
+    oc = TrialOutcome(
+        state=Status.FAILED,
+        steps=steps,
+        cost_usd=result.cost_usd,
+        start_ts=start,
+        end_ts=end,
+        pid=result.details.get("pid"),
+        metrics=metrics,
+        resumed_from_step=int(result.metrics.get("resumed_from_step") or 0),
+        restarts=int(result.metrics.get("restarts", 0)),
+    )
     reporter = pruner.reporter
     if reporter is not None and reporter.pruned_at is not None and result.status == Status.PREEMPTED:
         oc.state, oc.pruned_at_step = Status.PRUNED, reporter.pruned_at
@@ -158,8 +187,13 @@ def run_trial_stage(spec: RunSpec, trial_spec: RunSpec, storage_url: str, trial_
 @task(name="open-sweep-run", **_MLFLOW)
 def open_sweep_run(spec: RunSpec, storage_url: str) -> str:
     s = Settings.from_env()
-    return sweep_tracking.open_sweep_run(runs.client(s.tracking_uri), spec, open_study(spec, storage_url),
-                                         s.artifact_uri, request_key=request_key("sweep"))
+    return sweep_tracking.open_sweep_run(
+        runs.client(s.tracking_uri),
+        spec,
+        open_study(spec, storage_url),
+        s.artifact_uri,
+        request_key=request_key("sweep"),
+    )
 
 
 @task(name="open-trial-run", **_MLFLOW)
@@ -176,17 +210,28 @@ def record_trial(run_id: str, outcome: dict[str, Any], metric: str) -> None:
 
 
 @task(name="sweep-report", cache_policy=NONE)
-def publish_sweep(spec: RunSpec, storage_url: str, parent_run_id: str, summary: dict[str, Any],
-                  files: list[str], out_dir: str) -> list[str]:
+def publish_sweep(
+    spec: RunSpec, storage_url: str, parent_run_id: str, summary: dict[str, Any], files: list[str], out_dir: str
+) -> list[str]:
     """Plots of the study, the summary as a Prefect artifact, everything onto the MLflow parent run."""
     study = open_study(spec, storage_url)
     plots = save_plots(study, Path(out_dir) / "plots")
     c = runs.client(Settings.from_env().tracking_uri)
     sweep_tracking.close_sweep_run(c, parent_run_id, summary, [*plots, *map(Path, files)])
-    lines = [f"# Sweep `{study.study_name}`", "", f"stopped: {summary.get('stop_reason')}", "",
-             "| key | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in summary.items()], "",
-             "Plots (MLflow artifacts of the parent run, folder `sweep/`): " + ", ".join(p.name for p in plots)]
-    create_markdown_artifact("\n".join(lines), key=re.sub(r"[^a-z0-9-]+", "-", limit_name(study.study_name).lower()),
-                             description="sweep summary")
+    lines = [
+        f"# Sweep `{study.study_name}`",
+        "",
+        f"stopped: {summary.get('stop_reason')}",
+        "",
+        "| key | value |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in summary.items()],
+        "",
+        "Plots (MLflow artifacts of the parent run, folder `sweep/`): " + ", ".join(p.name for p in plots),
+    ]
+    create_markdown_artifact(
+        "\n".join(lines),
+        key=re.sub(r"[^a-z0-9-]+", "-", limit_name(study.study_name).lower()),
+        description="sweep summary",
+    )
     return [str(p) for p in plots]
-

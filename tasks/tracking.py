@@ -9,6 +9,7 @@ close-pipeline-run, register-candidate): when the store stays unreachable throug
 the write is kept in the run's journal (``<run dir>/tracking/journal.jsonl``), one line says so,
 and ``traingate replay RUN_ID`` makes it later (:mod:`traingate.tracking.runs`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,41 +45,64 @@ def request_key(kind: str) -> str:
 def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str) -> str:
     s = Settings.from_env()
     # A script run is versioned by its project (git, or the content of a git-less one), not by traingate.
-    identity = {"code": run_code_version(spec, s.state_dir), "data_snapshot": data_snapshot,
-                "data_uri": data_uri, "environment": environment_snapshot()}
-    return runs.open_pipeline_run(runs.client(s.tracking_uri), spec, s.artifact_uri, identity,
-                                  request_key=request_key("pipeline"))
+    identity = {
+        "code": run_code_version(spec, s.state_dir),
+        "data_snapshot": data_snapshot,
+        "data_uri": data_uri,
+        "environment": environment_snapshot(),
+    }
+    return runs.open_pipeline_run(
+        runs.client(s.tracking_uri), spec, s.artifact_uri, identity, request_key=request_key("pipeline")
+    )
 
 
 @task(name="open-stage-run", **_MLFLOW)
 def open_stage_run(parent_run_id: str, stage: str) -> str:
-    return runs.open_stage_run(runs.client(Settings.from_env().tracking_uri), parent_run_id, stage,
-                               request_key=request_key(f"stage-{stage}"))
+    return runs.open_stage_run(
+        runs.client(Settings.from_env().tracking_uri), parent_run_id, stage, request_key=request_key(f"stage-{stage}")
+    )
 
 
 @task(name="record-stage", task_run_name="record-{result.stage}", **_MLFLOW)
-def record_stage(stage_run_id: str, result: StageResult, decision: GateDecision | None,
-                 run_id: str | None = None) -> None:
+def record_stage(
+    stage_run_id: str, result: StageResult, decision: GateDecision | None, run_id: str | None = None
+) -> None:
     """``run_id``: the pipeline's, whose journal keeps the write if the store is gone (None: it fails instead)."""
     c = runs.client(Settings.from_env().tracking_uri)
-    _write_or_keep(run_id, f"record-stage of {result.stage}", "record_stage",
-                   {"stage_run_id": stage_run_id, "result": result.to_dict(),
-                    "decision": decision.__dict__ if decision is not None else None},
-                   lambda: runs.record_stage(c, stage_run_id, result, decision))
+    _write_or_keep(
+        run_id,
+        f"record-stage of {result.stage}",
+        "record_stage",
+        {
+            "stage_run_id": stage_run_id,
+            "result": result.to_dict(),
+            "decision": decision.__dict__ if decision is not None else None,
+        },
+        lambda: runs.record_stage(c, stage_run_id, result, decision),
+    )
 
 
 @task(name="close-pipeline-run", **_MLFLOW)
 def close_pipeline_run(run_id: str, passed: bool, reached: str, reason: str = "") -> None:
     c = runs.client(Settings.from_env().tracking_uri)
-    _write_or_keep(run_id, "close-pipeline-run", "close_pipeline_run",
-                   {"run_id": run_id, "passed": passed, "reached": reached, "reason": reason},
-                   lambda: runs.close_pipeline_run(c, run_id, passed, reached, reason))
+    _write_or_keep(
+        run_id,
+        "close-pipeline-run",
+        "close_pipeline_run",
+        {"run_id": run_id, "passed": passed, "reached": reached, "reason": reason},
+        lambda: runs.close_pipeline_run(c, run_id, passed, reached, reason),
+    )
     # The pipeline's last write: say once what the store still lacks and how to deliver it.
     left = sum(journal.pending_bytes(p) for p in journal.journals_of(_run_dir(run_id)))
     if left:
         get_run_logger().warning(
             "tracking store is missing %.1f KiB of run %s's records (kept in its journals under %s); deliver them "
-            "when the store is back: traingate replay %s", left / 1024, run_id, _run_dir(run_id), run_id)
+            "when the store is back: traingate replay %s",
+            left / 1024,
+            run_id,
+            _run_dir(run_id),
+            run_id,
+        )
 
 
 @task(name="register-candidate", **_MLFLOW)
@@ -91,12 +115,21 @@ def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | N
     from traingate.tracking.registry import register_candidate as register
 
     c = runs.client(Settings.from_env().tracking_uri)
-    out = _write_or_keep(run_id, "register-candidate", "register_candidate",
-                         {"stage_run_id": stage_run_id, "checkpoint_uri": checkpoint_uri},
-                         lambda: register(c, spec, stage_run_id, checkpoint_uri))
+    out = _write_or_keep(
+        run_id,
+        "register-candidate",
+        "register_candidate",
+        {"stage_run_id": stage_run_id, "checkpoint_uri": checkpoint_uri},
+        lambda: register(c, spec, stage_run_id, checkpoint_uri),
+    )
     if out is None:
-        return {"registered": False, "reasons": [f"tracking store unreachable: the registration waits in the run's "
-                                                 f"journal; make it with `traingate replay {run_id}`"]}
+        return {
+            "registered": False,
+            "reasons": [
+                f"tracking store unreachable: the registration waits in the run's "
+                f"journal; make it with `traingate replay {run_id}`"
+            ],
+        }
     return out
 
 
@@ -104,8 +137,7 @@ def _run_dir(run_id: str):
     return Settings.from_env().state_dir / "runs" / run_id
 
 
-def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any],
-                   write: Callable[[], Any]) -> Any:
+def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any], write: Callable[[], Any]) -> Any:
     """Make one write, retrying while the store is unreachable; after the last retry keep it for replay (None).
 
     The retries are here rather than Prefect's for this one failure, so a lost store costs one log line
@@ -134,8 +166,13 @@ def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any
                 if delay is not None:
                     time.sleep(delay)
         path = runs.keep_for_replay(run_dir, call, **args)
-    get_run_logger().warning("tracking store unreachable (%s): %s kept in %s; deliver it later with: "
-                             "traingate replay %s", str(error).splitlines()[0][:160], what, path, run_id)
+    get_run_logger().warning(
+        "tracking store unreachable (%s): %s kept in %s; deliver it later with: traingate replay %s",
+        str(error).splitlines()[0][:160],
+        what,
+        path,
+        run_id,
+    )
     return None
 
 

@@ -7,6 +7,7 @@ lives in :mod:`traingate.supervision`; this task plugs Prefect into it: restarts
 grace for the emergency checkpoint, SIGKILL) and returns a ``preempted`` StageResult: the
 calling flow records it and ends ``Cancelled`` so the run shows as cancelled, resumable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,11 +63,18 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         job = _with_budget(job, client, log)
         cancelled = _cancel_watch(client)
         stopping = _either(stop_request, cancelled)
-        hooks = Hooks(on_line=log.info, info=log.info,
-                      on_restart=lambda e: _emit("traingate.run.restarted", job, e),
-                      on_alert=lambda name, e: _alert(name, job, e, log),
-                      stop_requested=_either(stop_request, cancelled, watcher.tick if watcher is not None else None,
-                                             gang.preempt_requested if gang is not None else None))
+        hooks = Hooks(
+            on_line=log.info,
+            info=log.info,
+            on_restart=lambda e: _emit("traingate.run.restarted", job, e),
+            on_alert=lambda name, e: _alert(name, job, e, log),
+            stop_requested=_either(
+                stop_request,
+                cancelled,
+                watcher.tick if watcher is not None else None,
+                gang.preempt_requested if gang is not None else None,
+            ),
+        )
         t0 = time.monotonic()
         preemptions = 0
         before: list[Supervision] = []  # smoke's first half: its attempts are charged too
@@ -79,14 +87,22 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
                 if gang is not None:
                     gang.release()
                 raise
-            requeue = (gang is not None and gang.preempted_by is not None and sup.status == Status.PREEMPTED
-                       and stopping() is None)
+            requeue = (
+                gang is not None
+                and gang.preempted_by is not None
+                and sup.status == Status.PREEMPTED
+                and stopping() is None
+            )
             if gang is not None:
                 gang.release(requeue=requeue)
             if not requeue:
                 break
-            log.warning("%s preempted at a checkpoint by %s (%s): back in the queue, resumes when slots are free",
-                        job.stage, gang.preempted_by_last or "a higher priority class", sup.error)
+            log.warning(
+                "%s preempted at a checkpoint by %s (%s): back in the queue, resumes when slots are free",
+                job.stage,
+                gang.preempted_by_last or "a higher priority class",
+                sup.error,
+            )
             _emit("traingate.run.preempted", job, {"reason": sup.stop_reason, "error": sup.error})
             preemptions += 1
             previous = read_state(stage_dir)
@@ -132,8 +148,9 @@ def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:
     return dataclasses.replace(job, budget_usd=b.limit_usd, budget_scope=str(b.scope), spent_before_usd=b.spent_usd)
 
 
-def budgets_at_gate(spec: Any, run_id: str, run_dir: str | Path, result: StageResult,
-                    settle: Callable[[], None] = lambda: None) -> list[BudgetLeft]:
+def budgets_at_gate(
+    spec: Any, run_id: str, run_dir: str | Path, result: StageResult, settle: Callable[[], None] = lambda: None
+) -> list[BudgetLeft]:
     """What is left of each budget when the gate after ``result``'s stage decides (the gate refuses the
     next stage when its estimate does not fit): the run's from its stage directories (this stage's every
     attempt included), the team's from the tracking store. ``settle``: waits for the run's earlier stages
@@ -144,18 +161,30 @@ def budgets_at_gate(spec: Any, run_id: str, run_dir: str | Path, result: StageRe
         spent = run_spend_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
         found.append(_run_budget(spec, run_id, spent))
     with get_client(sync_client=True) as client:
-        found += _team_budget(spec, run_id, client, log, settle,
-                              pending=[Attempt.from_record(run_id, r) for r in result.attempts])
+        found += _team_budget(
+            spec, run_id, client, log, settle, pending=[Attempt.from_record(run_id, r) for r in result.attempts]
+        )
     return found
 
 
 def _run_budget(spec: Any, run_id: str, spent_usd: float) -> BudgetLeft:
-    return BudgetLeft(Scope.RUN, run_id, spec.budget.max_run_usd, spent_usd,
-                      "raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...)")
+    return BudgetLeft(
+        Scope.RUN,
+        run_id,
+        spec.budget.max_run_usd,
+        spent_usd,
+        "raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...)",
+    )
 
 
-def _team_budget(spec: Any, run_id: str, client: Any, log: Any, settle: Callable[[], None] = lambda: None,
-                 pending: list[Attempt] | None = None) -> list[BudgetLeft]:
+def _team_budget(
+    spec: Any,
+    run_id: str,
+    client: Any,
+    log: Any,
+    settle: Callable[[], None] = lambda: None,
+    pending: list[Attempt] | None = None,
+) -> list[BudgetLeft]:
     """The team's budget for the current period (pools config on the server), from its recorded runs."""
     config = slots.read_config(client)
     team = spec.identity.team
@@ -163,8 +192,18 @@ def _team_budget(spec: Any, run_id: str, client: Any, log: Any, settle: Callable
         return []
     settle()
     try:
-        return [b for b in budgets_for(runs.client(Settings.from_env().tracking_uri), spec, run_id, time.time(),
-                                       config.team_budgets, pending=pending or ()) if b.scope == Scope.TEAM]
+        return [
+            b
+            for b in budgets_for(
+                runs.client(Settings.from_env().tracking_uri),
+                spec,
+                run_id,
+                time.time(),
+                config.team_budgets,
+                pending=pending or (),
+            )
+            if b.scope == Scope.TEAM
+        ]
     except (MlflowException, OSError) as e:
         log.warning("team budget of %s not checked: tracking store unreachable (%s)", team, e)
         return []
@@ -172,9 +211,17 @@ def _team_budget(spec: Any, run_id: str, client: Any, log: Any, settle: Callable
 
 def _never_started(job: StageJob, why: str, waited_s: float) -> StageResult:
     """Cancelled while it waited for slots: nothing ran, nothing to pay; resumable as preempted."""
-    return StageResult(stage=job.stage, status=Status.PREEMPTED, metrics={"restarts": 0}, cost_usd=0.0,
-                       duration_s=waited_s, checkpoint_uri=None, estimate={}, details={"waited_s": waited_s},
-                       error=f"stopped while waiting for slots: {why}")
+    return StageResult(
+        stage=job.stage,
+        status=Status.PREEMPTED,
+        metrics={"restarts": 0},
+        cost_usd=0.0,
+        duration_s=waited_s,
+        checkpoint_uri=None,
+        estimate={},
+        details={"waited_s": waited_s},
+        error=f"stopped while waiting for slots: {why}",
+    )
 
 
 def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None]:
@@ -185,15 +232,22 @@ def _either(*checks: Callable[[], str | None] | None) -> Callable[[], str | None
             if (why := c()) is not None:
                 return why
         return None
+
     return check
 
 
 def _emit(event: str, job: StageJob, payload: dict[str, Any], **labels: str) -> None:
     """A Prefect event on the run's resource; ``labels`` are further resource labels Automations can match."""
-    emit_event(event=event, resource={"prefect.resource.id": f"traingate.run.{job.run_id}",
-                                      "traingate.stage": job.stage, "traingate.kind": str(job.kind),
-                                      **{f"traingate.{k}": v for k, v in labels.items()}},
-               payload=redact_tree(payload))
+    emit_event(
+        event=event,
+        resource={
+            "prefect.resource.id": f"traingate.run.{job.run_id}",
+            "traingate.stage": job.stage,
+            "traingate.kind": str(job.kind),
+            **{f"traingate.{k}": v for k, v in labels.items()},
+        },
+        payload=redact_tree(payload),
+    )
 
 
 def _alert(name: str, job: StageJob, payload: dict[str, Any], log: Any) -> None:
@@ -231,4 +285,5 @@ def _cancel_watch(client: Any) -> Callable[[], str | None]:
         if state is not None and (state.is_cancelling() or state.is_cancelled()):
             return f"flow run {run_id} is {state.name.lower()}"
         return None
+
     return check

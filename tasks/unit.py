@@ -1,4 +1,5 @@
 """The unit stage: a pytest run of the recipe's training-code tests."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,17 @@ def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str) -> StageResult
     else:
         targets, cwd = [str(Path(checks.__file__).with_name("test_recipe_contract.py"))], str(out)
     env = {**os.environ, envvars.UNIT_SPEC: spec_path, "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           f"--rootdir={cwd}", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        f"--rootdir={cwd}",
+        *targets,
+    ]
     if not targets:
         log.warning("recipe.script.tests is empty: the unit stage has nothing to run")
         cmd = [sys.executable, "-c", "import sys; sys.exit(5)"]

@@ -12,6 +12,7 @@ True
 >>> decide(2.0, 1.95, 0.1, "3").reason
 'challenger val_loss 1.95 does not beat champion v3 (2) by more than the margin 0.1'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +32,7 @@ METRIC = "val_loss"  # every built-in recipe's evaluate reports it; lower is bet
 @dataclass(frozen=True)
 class Champion:
     """The version holding ``champion``: what a retrain compares with and skips against."""
+
     name: str
     version: str
     stage_run_id: str
@@ -54,21 +56,32 @@ def find(c: MlflowClient, name: str) -> Champion | None:
     if held is None:
         return None
     v = c.get_model_version(name, str(held))
-    return Champion(name, str(v.version), v.run_id or v.tags.get("traingate.stage_run_id", ""),
-                    v.tags.get("traingate.data_snapshot", ""))
+    return Champion(
+        name,
+        str(v.version),
+        v.run_id or v.tags.get("traingate.stage_run_id", ""),
+        v.tags.get("traingate.data_snapshot", ""),
+    )
 
 
-def decide(champion_loss: float | None, challenger_loss: float, margin: float,
-           champion_version: str | None) -> Decision:
+def decide(
+    champion_loss: float | None, challenger_loss: float, margin: float, champion_version: str | None
+) -> Decision:
     """Whether the challenger takes ``champion``: it must beat the champion by more than ``margin``."""
     if champion_loss is None:
         return Decision(True, f"no champion yet: the challenger takes it ({METRIC} {challenger_loss:.6g})")
     gain = champion_loss - challenger_loss
     if gain > margin:
-        return Decision(True, f"challenger {METRIC} {challenger_loss:.6g} beats champion v{champion_version} "
-                              f"({champion_loss:.6g}) by {gain:.6g} > margin {margin:g}")
-    return Decision(False, f"challenger {METRIC} {challenger_loss:.6g} does not beat champion v{champion_version} "
-                           f"({champion_loss:.6g}) by more than the margin {margin:g}")
+        return Decision(
+            True,
+            f"challenger {METRIC} {challenger_loss:.6g} beats champion v{champion_version} "
+            f"({champion_loss:.6g}) by {gain:.6g} > margin {margin:g}",
+        )
+    return Decision(
+        False,
+        f"challenger {METRIC} {challenger_loss:.6g} does not beat champion v{champion_version} "
+        f"({champion_loss:.6g}) by more than the margin {margin:g}",
+    )
 
 
 def _champion_spec(c: MlflowClient, champion: Champion) -> RunSpec:
@@ -106,24 +119,34 @@ def score(c: MlflowClient, spec: RunSpec, checkpoint_uri: str, champion: Champio
     challenger = recipe.build_model()
     challenger.load_state_dict(ckpt.load(step)["model"])
     batch = spec.optim.batch_size
-    out: dict[str, float | None] = {"challenger": float(recipe.evaluate(challenger.eval(), held_out, batch)[METRIC]),
-                                    "champion": None}
+    out: dict[str, float | None] = {
+        "challenger": float(recipe.evaluate(challenger.eval(), held_out, batch)[METRIC]),
+        "champion": None,
+    }
     if champion is None:
         return out
     mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model loading needs it
     if hasattr(recipe, "vocab"):
         theirs = get_recipe(_champion_spec(c, champion))
         if theirs.vocab() != recipe.vocab():
-            raise SpecError(f"data.uri = {spec.data.uri!r}: its vocabulary ({len(recipe.vocab())} symbols) differs from "
-                            f"the one champion v{champion.version} was trained on ({len(theirs.vocab())}), so it cannot "
-                            "score the champion; move @champion by hand once the new model is judged")
+            raise SpecError(
+                f"data.uri = {spec.data.uri!r}: its vocabulary ({len(recipe.vocab())} symbols) differs from "
+                f"the one champion v{champion.version} was trained on ({len(theirs.vocab())}), so it cannot "
+                "score the champion; move @champion by hand once the new model is judged"
+            )
     model = mlflow.pytorch.load_model(f"models:/{champion.name}/{champion.version}")
     out["champion"] = float(recipe.evaluate(model.eval(), held_out, batch)[METRIC])
     return out
 
 
-def crown(c: MlflowClient, spec: RunSpec, version: str, stage_run_id: str, champion: Champion | None,
-          scores: dict[str, float | None]) -> dict[str, Any]:
+def crown(
+    c: MlflowClient,
+    spec: RunSpec,
+    version: str,
+    stage_run_id: str,
+    champion: Champion | None,
+    scores: dict[str, float | None],
+) -> dict[str, Any]:
     """Decide, move ``champion`` to ``version`` if it wins (and the scored champion still holds it), and
     record both scores, the margin and the decision on the challenger's full-stage run and version."""
     name = model_name(spec)
@@ -138,8 +161,11 @@ def crown(c: MlflowClient, spec: RunSpec, version: str, stage_run_id: str, champ
         if held == str(version):  # a retried call whose first attempt moved it
             promoted = True
         elif held != (champion.version if champion else None):
-            decision = Decision(False, f"@{CHAMPION} moved to v{held} while this retrain scored against "
-                                       f"v{champion.version if champion else '(none)'}; run the retrain again")
+            decision = Decision(
+                False,
+                f"@{CHAMPION} moved to v{held} while this retrain scored against "
+                f"v{champion.version if champion else '(none)'}; run the retrain again",
+            )
         elif decision.promote:
             c.set_registered_model_alias(name, CHAMPION, str(version))
             promoted = True
@@ -149,16 +175,27 @@ def crown(c: MlflowClient, spec: RunSpec, version: str, stage_run_id: str, champ
         metrics["retrain.champion_val_loss"] = scores["champion"]
     for k, v in metrics.items():
         c.log_metric(stage_run_id, k, float(v))
-    tags = {"traingate.retrain.decision": verdict, "traingate.retrain.reason": decision.reason[:5000],
-            "traingate.retrain.champion_version": champion.version if champion else "",
-            "traingate.retrain.challenger_version": str(version)}
+    tags = {
+        "traingate.retrain.decision": verdict,
+        "traingate.retrain.reason": decision.reason[:5000],
+        "traingate.retrain.champion_version": champion.version if champion else "",
+        "traingate.retrain.challenger_version": str(version),
+    }
     for k, v in tags.items():
         c.set_tag(stage_run_id, k, v)
     c.set_model_version_tag(name, str(version), "traingate.champion_decision", f"{verdict}: {decision.reason}"[:5000])
-    return {"name": name, "version": str(version), "promoted": promoted, "decision": verdict,
-            "reason": decision.reason, "margin": margin, "challenger_val_loss": challenger,
-            "champion_val_loss": scores["champion"], "champion_version": champion.version if champion else None,
-            "holder": str(version) if promoted else (champion.version if champion else None)}
+    return {
+        "name": name,
+        "version": str(version),
+        "promoted": promoted,
+        "decision": verdict,
+        "reason": decision.reason,
+        "margin": margin,
+        "challenger_val_loss": challenger,
+        "champion_val_loss": scores["champion"],
+        "champion_version": champion.version if champion else None,
+        "holder": str(version) if promoted else (champion.version if champion else None),
+    }
 
 
 def as_dict(champion: Champion | None) -> dict[str, str] | None:

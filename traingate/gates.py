@@ -6,6 +6,7 @@
 >>> d.passed, d.reasons
 (False, ['loss_decrease_fraction = 0.02, required >= 0.1'])
 """
+
 from __future__ import annotations
 
 import math
@@ -16,16 +17,16 @@ from traingate.cost.budget import BudgetLeft, refusals
 from traingate.spec import GateSpec
 from traingate.stage import NEXT_STAGE, GateDecision, StageResult
 
-_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-        "==": operator.eq, "!=": operator.ne}
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 
 
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def decide(result: StageResult, gate: GateSpec, max_cost_usd: float | None = None,
-           budgets: Sequence[BudgetLeft] = ()) -> GateDecision:
+def decide(
+    result: StageResult, gate: GateSpec, max_cost_usd: float | None = None, budgets: Sequence[BudgetLeft] = ()
+) -> GateDecision:
     """Pass only if the stage completed, all its checks hold, every rule holds, and the
     estimated cost of the next stage (if the stage estimated one) fits ``budget.max_cost_usd`` and
     what is left of each budget in ``budgets`` (run, sweep, team: :func:`traingate.cost.budget.budget_left`)."""
@@ -55,13 +56,19 @@ def decide(result: StageResult, gate: GateSpec, max_cost_usd: float | None = Non
         ok = est <= max_cost_usd
         evaluated.append((f"estimated next-stage cost <= ${_fmt(max_cost_usd)}", f"${_fmt(est)}", ok))
         if not ok:
-            reasons.append(f"estimated cost of the next stage ${_fmt(est)} exceeds budget.max_cost_usd "
-                           f"${_fmt(max_cost_usd)}")
+            reasons.append(
+                f"estimated cost of the next stage ${_fmt(est)} exceeds budget.max_cost_usd ${_fmt(max_cost_usd)}"
+            )
     if est is not None:
         nxt = NEXT_STAGE.get(result.stage, "the next stage")
         for b in budgets:
             ok = est <= b.left_usd
-            evaluated.append((f"estimated {nxt} cost <= what is left of the {b.label}", f"${_fmt(est)} vs "
-                              f"${_fmt(b.left_usd)} left", ok))
+            evaluated.append(
+                (
+                    f"estimated {nxt} cost <= what is left of the {b.label}",
+                    f"${_fmt(est)} vs ${_fmt(b.left_usd)} left",
+                    ok,
+                )
+            )
         reasons += refusals(est, nxt, budgets)
     return GateDecision(result.stage, not reasons, reasons, evaluated)

@@ -1,4 +1,5 @@
 """How a StageJob is started: its command line. A pure function of the job."""
+
 from __future__ import annotations
 
 from traingate.job.envvars import script_arg_values
@@ -28,8 +29,16 @@ def _on_every_node(job: StageJob, python: str, agent: list[str]) -> list[str]:
 
 def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> list[str]:
     if job.is_script:
-        return build_command(job.spec, job.stage, python, job.procs_per_node, job.nodes,
-                             job.spec.resources.rdzv_endpoint, values=script_arg_values(job), resume=job.script_resume)
+        return build_command(
+            job.spec,
+            job.stage,
+            python,
+            job.procs_per_node,
+            job.nodes,
+            job.spec.resources.rdzv_endpoint,
+            values=script_arg_values(job),
+            resume=job.script_resume,
+        )
     tail = ["-m", "traingate.runtime.train", "--job", str(job.job_path)]
     if zygote_socket is not None:
         # Warm restarts (supervision.warm_restarts): a thin entry that has the stage's zygote fork the
@@ -38,6 +47,11 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         tail = ["-m", "traingate.runtime.warm", zygote_socket, "--job", str(job.job_path)]
     if job.world_size == 1:
         return [python, *tail]
-    return [python, "-m", "torch.distributed.run",
-            *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
-            f"--max-restarts={job.inplace_restarts}", *tail]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
+        f"--max-restarts={job.inplace_restarts}",
+        *tail,
+    ]

@@ -17,6 +17,7 @@ agent gets torchrun's own environment options (``PET_LOCAL_ADDR``,
 >>> node_environment(Node("tg-b", "10.77.0.2", "tgb0", ("ip", "netns", "exec", "tg-b")), 1, "r1.full.0")
 {'PET_LOCAL_ADDR': '10.77.0.2', 'PET_RDZV_ID': 'r1.full.0', 'PET_RDZV_CONF': 'is_host=0', 'GLOO_SOCKET_IFNAME': 'tgb0'}
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,16 +33,16 @@ from traingate.settings import NODES_VAR  # "netns:NS0,NS1,...": node i is netwo
 from traingate.spec import SpecError
 
 POLL_S = 0.2
-STOP_GRACE_S = 15.0             # a surviving agent's time to stop its workers before SIGKILL
-_stopping: list[int] = []       # signals received: the supervisor is stopping the stage, no node was lost
+STOP_GRACE_S = 15.0  # a surviving agent's time to stop its workers before SIGKILL
+_stopping: list[int] = []  # signals received: the supervisor is stopping the stage, no node was lost
 
 
 @dataclass(frozen=True)
 class Node:
-    name: str                   # the namespace (or host) as TRAINGATE_NODES names it
-    addr: str                   # where the other nodes reach it: its torchrun --local-addr
-    ifname: str | None          # the interface gloo binds to (None: gloo's own choice)
-    prefix: tuple[str, ...]     # the command that runs a command on this node
+    name: str  # the namespace (or host) as TRAINGATE_NODES names it
+    addr: str  # where the other nodes reach it: its torchrun --local-addr
+    ifname: str | None  # the interface gloo binds to (None: gloo's own choice)
+    prefix: tuple[str, ...]  # the command that runs a command on this node
 
 
 def netns_node(name: str) -> Node:
@@ -50,19 +51,28 @@ def netns_node(name: str) -> Node:
     The filesystem and process table are shared with the supervisor: the stage directory is the
     shared store the ranks' heartbeats reach the supervisor through.
     """
-    out = subprocess.run(["ip", "-n", name, "-o", "-4", "addr", "show", "scope", "global"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["ip", "-n", name, "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True
+    )
     if out.returncode != 0:
-        raise SpecError(f"{NODES_VAR}: namespace {name!r} cannot be read ({out.stderr.strip() or out.returncode}); "
-                        "create it first (`ip netns add NAME`, a veth with an address) or fix the name")
+        raise SpecError(
+            f"{NODES_VAR}: namespace {name!r} cannot be read ({out.stderr.strip() or out.returncode}); "
+            "create it first (`ip netns add NAME`, a veth with an address) or fix the name"
+        )
     for line in out.stdout.splitlines():
         # "2: tga0    inet 10.77.0.1/24 scope global tga0\       valid_lft forever ..."
         fields = line.split()
         if "inet" in fields:
-            return Node(name, fields[fields.index("inet") + 1].split("/")[0], fields[1].rstrip(":"),
-                        ("ip", "netns", "exec", name))
-    raise SpecError(f"{NODES_VAR}: namespace {name!r} has no global IPv4 address; give it one "
-                    f"(`ip -n {name} addr add 10.77.0.2/24 dev IF`) so the other nodes can reach it")
+            return Node(
+                name,
+                fields[fields.index("inet") + 1].split("/")[0],
+                fields[1].rstrip(":"),
+                ("ip", "netns", "exec", name),
+            )
+    raise SpecError(
+        f"{NODES_VAR}: namespace {name!r} has no global IPv4 address; give it one "
+        f"(`ip -n {name} addr add 10.77.0.2/24 dev IF`) so the other nodes can reach it"
+    )
 
 
 LAUNCHERS = {"netns": netns_node}
@@ -70,17 +80,19 @@ LAUNCHERS = {"netns": netns_node}
 
 def parse_nodes(text: str | None, count: int) -> list[Node]:
     """The ``count`` nodes ``TRAINGATE_NODES`` names (``KIND:NAME,NAME,...``); node 0 first."""
-    fix = f"set {NODES_VAR}=netns:NS0,NS1,... ({count} names; README \"Multi-node\")"
+    fix = f'set {NODES_VAR}=netns:NS0,NS1,... ({count} names; README "Multi-node")'
     if not text:
         raise SpecError(f"resources.nodes = {count} needs {NODES_VAR} (where each node's agent runs); {fix}")
     kind, _, names = text.partition(":")
     if kind not in LAUNCHERS:
-        raise SpecError(f"{NODES_VAR} = {text!r}: unknown launcher {kind!r}; use one of "
-                        f"{', '.join(sorted(LAUNCHERS))} ({fix})")
+        raise SpecError(
+            f"{NODES_VAR} = {text!r}: unknown launcher {kind!r}; use one of {', '.join(sorted(LAUNCHERS))} ({fix})"
+        )
     listed = [n.strip() for n in names.split(",") if n.strip()]
     if len(listed) != count or len(set(listed)) != count:
-        raise SpecError(f"{NODES_VAR} = {text!r}: names {len(set(listed))} distinct nodes but resources.nodes = "
-                        f"{count}; {fix}")
+        raise SpecError(
+            f"{NODES_VAR} = {text!r}: names {len(set(listed))} distinct nodes but resources.nodes = {count}; {fix}"
+        )
     return [LAUNCHERS[kind](n) for n in listed]
 
 
@@ -88,17 +100,22 @@ def check_rendezvous(nodes: list[Node], endpoint: str) -> None:
     """Node 0 hosts the c10d store (``is_host=1``): the endpoint must be its address."""
     host, _, port = endpoint.rpartition(":")
     if host.strip("[]") != nodes[0].addr:
-        raise SpecError(f"resources.rdzv_endpoint = {endpoint!r}: node 0 ({nodes[0].name}) hosts the rendezvous "
-                        f"at {nodes[0].addr}; set resources.rdzv_endpoint={nodes[0].addr}:{port}")
+        raise SpecError(
+            f"resources.rdzv_endpoint = {endpoint!r}: node 0 ({nodes[0].name}) hosts the rendezvous "
+            f"at {nodes[0].addr}; set resources.rdzv_endpoint={nodes[0].addr}:{port}"
+        )
 
 
 def node_environment(node: Node, rank: int, rdzv_id: str) -> dict[str, str]:
     """What the agent on ``node`` gets beyond the stage's environment (torchrun reads PET_* as its options)."""
     # No node rank: c10d ignores it and numbers the nodes in the order of their addresses.
-    env = {"PET_LOCAL_ADDR": node.addr, "PET_RDZV_ID": rdzv_id,
-           # Who hosts the rendezvous store is decided here, not by torchrun's hostname heuristic:
-           # namespaces share one hostname, and cluster hosts often resolve theirs elsewhere.
-           "PET_RDZV_CONF": f"is_host={int(rank == 0)}"}
+    env = {
+        "PET_LOCAL_ADDR": node.addr,
+        "PET_RDZV_ID": rdzv_id,
+        # Who hosts the rendezvous store is decided here, not by torchrun's hostname heuristic:
+        # namespaces share one hostname, and cluster hosts often resolve theirs elsewhere.
+        "PET_RDZV_CONF": f"is_host={int(rank == 0)}",
+    }
     if node.ifname:
         env["GLOO_SOCKET_IFNAME"] = node.ifname
     return env
@@ -106,8 +123,19 @@ def node_environment(node: Node, rank: int, rdzv_id: str) -> dict[str, str]:
 
 def fan_out_command(python: str, nodes: int, rdzv_id: str, rdzv_endpoint: str, agent: list[str]) -> list[str]:
     """The one command the supervisor launches for a multi-node attempt."""
-    return [python, "-m", "traingate.launch_nodes", "--nodes", str(nodes), "--rdzv-id", rdzv_id,
-            "--rdzv-endpoint", rdzv_endpoint, "--", *agent]
+    return [
+        python,
+        "-m",
+        "traingate.launch_nodes",
+        "--nodes",
+        str(nodes),
+        "--rdzv-id",
+        rdzv_id,
+        "--rdzv-endpoint",
+        rdzv_endpoint,
+        "--",
+        *agent,
+    ]
 
 
 def _describe(rc: int) -> str:
@@ -124,8 +152,11 @@ def run(nodes: list[Node], agent: list[str], rdzv_id: str, env: Mapping[str, str
     procs: list[subprocess.Popen] = []
     for rank, node in enumerate(nodes):
         extra = node_environment(node, rank, rdzv_id)
-        print(f"[launch_nodes] node {rank} ({node.name}, {node.addr}): {' '.join(node.prefix)} <agent> "
-              f"{' '.join(f'{k}={v}' for k, v in extra.items())}", flush=True)
+        print(
+            f"[launch_nodes] node {rank} ({node.name}, {node.addr}): {' '.join(node.prefix)} <agent> "
+            f"{' '.join(f'{k}={v}' for k, v in extra.items())}",
+            flush=True,
+        )
         procs.append(subprocess.Popen([*node.prefix, *agent], env={**env, **extra}, stdin=subprocess.DEVNULL))
     failed: tuple[int, int] | None = None
     while failed is None and any(p.poll() is None for p in procs):
@@ -142,11 +173,13 @@ def run(nodes: list[Node], agent: list[str], rdzv_id: str, env: Mapping[str, str
         failed = bad[0]
     rank, rc = failed
     if _stopping:
-        print(f"[launch_nodes] stopping on request: node {rank} ({nodes[rank].name}) agent {_describe(rc)}",
-              flush=True)
+        print(f"[launch_nodes] stopping on request: node {rank} ({nodes[rank].name}) agent {_describe(rc)}", flush=True)
     else:
-        print(f"[launch_nodes] node {rank} ({nodes[rank].name}) lost: its agent {_describe(rc)}; stopping the "
-              "other nodes (the supervisor relaunches all of them from the latest checkpoint)", flush=True)
+        print(
+            f"[launch_nodes] node {rank} ({nodes[rank].name}) lost: its agent {_describe(rc)}; stopping the "
+            "other nodes (the supervisor relaunches all of them from the latest checkpoint)",
+            flush=True,
+        )
     _stop([p for p in procs if p.poll() is None])
     return rc
 

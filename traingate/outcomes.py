@@ -1,4 +1,5 @@
 """Turn what a finished stage left behind into a StageResult. Plain functions of files and numbers."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -24,16 +25,21 @@ NEXT = NEXT_STAGE
 _PROFILE_KEYS = PROFILE_METRICS
 
 
-def _estimate_next(spec: RunSpec, stage: str, price_per_slot_hour: float,
-                   profile: dict[str, float]) -> dict[str, float]:
+def _estimate_next(
+    spec: RunSpec, stage: str, price_per_slot_hour: float, profile: dict[str, float]
+) -> dict[str, float]:
     nxt = NEXT.get(stage)
     if nxt is None or not profile.get("step_time_mean_s"):
         return {}
     nodes, nproc = stage_world(spec, nxt)
-    est = sizing.estimate_stage(profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc),
-                                price_per_slot_hour)
-    return {"next_stage_wall_s": est["wall_s"], "next_stage_cost_usd": est["cost_usd"],
-            "next_stage_slot_hours": est["slot_hours"]}
+    est = sizing.estimate_stage(
+        profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc), price_per_slot_hour
+    )
+    return {
+        "next_stage_wall_s": est["wall_s"],
+        "next_stage_cost_usd": est["cost_usd"],
+        "next_stage_slot_hours": est["slot_hours"],
+    }
 
 
 def _estimated_by_previous(job: StageJob) -> float | None:
@@ -56,14 +62,16 @@ def charged_attempts(job: StageJob, sup: Supervision, before: Sequence[Supervisi
     recorded = state.attempts if state is not None else []
     # supervisor.json ends with sup's own attempts; what precedes them is the earlier supervisions'.
     tail_matches = len(recorded) >= len(mine) and all(
-        r.get("launched_at") == m["launched_at"] for r, m in zip(recorded[len(recorded) - len(mine):], mine))
-    earlier = recorded[:len(recorded) - len(mine)] if tail_matches else []
+        r.get("launched_at") == m["launched_at"] for r, m in zip(recorded[len(recorded) - len(mine) :], mine)
+    )
+    earlier = recorded[: len(recorded) - len(mine)] if tail_matches else []
     supervised = [*(asdict(a) for b in before for a in b.attempts), *earlier, *mine]
     return attempts_of(job.run_id, job.stage, supervised, job.pool, job.slots, job.price_per_slot_hour)
 
 
-def from_supervision(job: StageJob, sup: Supervision, duration_s: float,
-                     before: Sequence[Supervision] = ()) -> StageResult:
+def from_supervision(
+    job: StageJob, sup: Supervision, duration_s: float, before: Sequence[Supervision] = ()
+) -> StageResult:
     """A stage's result: what the training process left (result.json, or a script's output) and how
     the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for.
 
@@ -88,19 +96,28 @@ def from_supervision(job: StageJob, sup: Supervision, duration_s: float,
         data = files.read_result(stage_dir)
         metrics = dict(data.metrics) if data else {}
         profile = metrics.pop("profile", {}) or {}
-        details.update(eval=metrics.pop("eval", {}) or {},
-                       checkpoint_blocked_s=data.checkpoint_blocked_s if data else None)
+        details.update(
+            eval=metrics.pop("eval", {}) or {}, checkpoint_blocked_s=data.checkpoint_blocked_s if data else None
+        )
         metrics.update({k: profile[k] for k in _PROFILE_KEYS if k in profile})
         checkpoint_uri = data.checkpoint_uri if data else None
         details["profile"] = profile
     metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     metrics["restarts"] = stage_restarts(job, sup)
     completed = sup.status == Status.COMPLETED
-    return StageResult(stage=job.stage, status=sup.status, metrics=metrics, cost_usd=cost, duration_s=duration_s,
-                       checkpoint_uri=checkpoint_uri, estimate=_estimate_next(job.spec, job.stage, job.price_per_slot_hour, profile) if completed else {},
-                       details=details, error=sup.error,
-                       attempts=[a.to_record() for a in charged_attempts(job, sup, before)],
-                       estimated_cost_usd=_estimated_by_previous(job))
+    return StageResult(
+        stage=job.stage,
+        status=sup.status,
+        metrics=metrics,
+        cost_usd=cost,
+        duration_s=duration_s,
+        checkpoint_uri=checkpoint_uri,
+        estimate=_estimate_next(job.spec, job.stage, job.price_per_slot_hour, profile) if completed else {},
+        details=details,
+        error=sup.error,
+        attempts=[a.to_record() for a in charged_attempts(job, sup, before)],
+        estimated_cost_usd=_estimated_by_previous(job),
+    )
 
 
 def stage_restarts(job: StageJob, sup: Supervision) -> int:
@@ -133,7 +150,9 @@ def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageR
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
             if bad is not None:
                 failed += 1
-                failures.append(f"{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}")
+                failures.append(
+                    f"{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}"
+                )
             elif case.find("skipped") is not None:
                 skipped += 1
             else:
@@ -142,7 +161,11 @@ def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageR
     ran = proc.returncode in (0, 1, 5)
     status = Status.COMPLETED if ran else Status.FAILED
     error = None if ran else f"pytest exit code {proc.returncode}: {' | '.join(proc.tail[-3:])}"
-    return StageResult(stage="unit", status=status,
-                       metrics={"tests_passed": passed, "tests_failed": failed, "tests_skipped": skipped},
-                       duration_s=duration_s, details={"failures": failures, "log_tail": proc.tail[-50:]},
-                       error=error)
+    return StageResult(
+        stage="unit",
+        status=status,
+        metrics={"tests_passed": passed, "tests_failed": failed, "tests_skipped": skipped},
+        duration_s=duration_s,
+        details={"failures": failures, "log_tail": proc.tail[-50:]},
+        error=error,
+    )

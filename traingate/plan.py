@@ -1,4 +1,5 @@
 """The ladder's plan: which stages run, with what limits, at what cost ceiling. Nothing runs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,24 +14,31 @@ def stages_until(until: str) -> list[str]:
     return list(STAGES[: STAGES.index(until) + 1])
 
 
-def plan(spec: RunSpec, samples: dict[str, int], until: str = "full",
-         profile: dict[str, float] | None = None) -> list[dict[str, object]]:
+def plan(
+    spec: RunSpec, samples: dict[str, int], until: str = "full", profile: dict[str, float] | None = None
+) -> list[dict[str, object]]:
     """One row per stage. ``profile`` (a previous canary's) turns ceilings into estimates."""
     rows: list[dict[str, object]] = []
     price = spec.pool.price_per_gpu_hour
     for stage in stages_until(until):
         gate = spec.gate(stage)
-        row: dict[str, object] = {"stage": stage,
-                                  "gate": "; ".join(f"{r.metric} {r.op} {r.value:g}" for r in gate.rules)
-                                  + ("; human approval" if gate.require_approval else "")}
+        row: dict[str, object] = {
+            "stage": stage,
+            "gate": "; ".join(f"{r.metric} {r.op} {r.value:g}" for r in gate.rules)
+            + ("; human approval" if gate.require_approval else ""),
+        }
         if stage == "unit":
             row.update(processes=1, steps="-", samples="-", cost_ceiling_usd=0.0)
         else:
             nodes, nproc = stage_world(spec, stage)
             limits = getattr(spec.stages, stage)
             n_slots = sizing.slots(nodes * nproc)
-            row.update(processes=nodes * nproc, steps=limits.max_steps, samples=samples.get(stage, "-"),
-                       cost_ceiling_usd=sizing.cost_usd(limits.timeout_s, n_slots, price))
+            row.update(
+                processes=nodes * nproc,
+                steps=limits.max_steps,
+                samples=samples.get(stage, "-"),
+                cost_ceiling_usd=sizing.cost_usd(limits.timeout_s, n_slots, price),
+            )
             if profile:
                 est = sizing.estimate_stage(profile, limits.max_steps, n_slots, price)
                 row.update(est_wall_s=est["wall_s"], est_cost_usd=est["cost_usd"])
@@ -39,22 +47,30 @@ def plan(spec: RunSpec, samples: dict[str, int], until: str = "full",
 
 
 def render(rows: list[dict[str, object]], spec: RunSpec) -> str:
-    head = (f"plan for {spec.identity.experiment!r} ({spec.recipe.name}), pool {spec.resources.work_pool} "
-            f"at ${spec.pool.price_per_gpu_hour:g}/slot-hour"
-            + (f", budget ${spec.budget.max_cost_usd:g}" if spec.budget.max_cost_usd is not None else ""))
-    lines = [head, "(ceiling: the stage's timeout at full price; estimate: from a previous canary's step times)",
-             f"{'stage':<7} {'procs':>5} {'steps':>6} {'samples':>8} {'ceiling $':>10} {'est. $':>9}  gate"]
+    head = (
+        f"plan for {spec.identity.experiment!r} ({spec.recipe.name}), pool {spec.resources.work_pool} "
+        f"at ${spec.pool.price_per_gpu_hour:g}/slot-hour"
+        + (f", budget ${spec.budget.max_cost_usd:g}" if spec.budget.max_cost_usd is not None else "")
+    )
+    lines = [
+        head,
+        "(ceiling: the stage's timeout at full price; estimate: from a previous canary's step times)",
+        f"{'stage':<7} {'procs':>5} {'steps':>6} {'samples':>8} {'ceiling $':>10} {'est. $':>9}  gate",
+    ]
     for r in rows:
         est = r.get("est_cost_usd")
-        lines.append(f"{r['stage']:<7} {r['processes']:>5} {r['steps']!s:>6} {r['samples']!s:>8} "
-                     f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'n/a':>9}  "
-                     f"{r['gate']}")
+        lines.append(
+            f"{r['stage']:<7} {r['processes']:>5} {r['steps']!s:>6} {r['samples']!s:>8} "
+            f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'n/a':>9}  "
+            f"{r['gate']}"
+        )
     return "\n".join(lines)
 
 
 @dataclass
 class ResumePoint:
     """Where an interrupted run continues: its spec, the stage to resume and the ones after it."""
+
     run_id: str
     spec: RunSpec
     stage: str
@@ -71,8 +87,10 @@ def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> R
     runs = settings.state_dir / "runs"
     run_dir = runs / run_id
     if not run_id or "/" in run_id or not (run_dir / "spec.yaml").is_file():
-        raise SpecError(f"resume_from.run_id = {run_id!r}: no such run under {runs}; pass the run id "
-                        "`traingate run` printed (and the same TRAINGATE_STATE_DIR)")
+        raise SpecError(
+            f"resume_from.run_id = {run_id!r}: no such run under {runs}; pass the run id "
+            "`traingate run` printed (and the same TRAINGATE_STATE_DIR)"
+        )
     spec = load_spec(run_dir / "spec.yaml")
     states = {s: read_supervisor_state(run_dir / s) for s in STAGES if s != "unit"}
     ids = {s: st.job["mlflow_run_id"] for s, st in states.items() if st is not None and st.job.get("mlflow_run_id")}
@@ -82,4 +100,4 @@ def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> R
         stage = next((s for s in STAGES if s not in done), None)
         if stage is None:  # every stage ran; the orchestrator may have died before promoting and closing
             return ResumePoint(run_id, spec, "full", [], ids)
-    return ResumePoint(run_id, spec, stage, list(STAGES[STAGES.index(stage):]), ids)
+    return ResumePoint(run_id, spec, stage, list(STAGES[STAGES.index(stage) :]), ids)

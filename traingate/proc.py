@@ -5,6 +5,7 @@ own, so signals go to the group *and* to every descendant seen while the tree ra
 (a worker orphaned by a dead torchrun is no longer anyone's child, but still ours to stop):
 SIGTERM first (the runtime then writes an emergency checkpoint), SIGKILL after a grace period.
 """
+
 from __future__ import annotations
 
 import collections
@@ -32,7 +33,7 @@ class ProcResult:
     timed_out: bool = False
     stopped: bool = False  # stopped on request (cancel/preempt)
     log_error: OSError | None = None  # the output log could not be written (the output was still read)
-    pid: int | None = None            # the tree's leader
+    pid: int | None = None  # the tree's leader
 
     @property
     def signal(self) -> int | None:
@@ -40,8 +41,15 @@ class ProcResult:
 
 
 class ProcessTree:
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path,
-                 on_line: Callable[[str], None] | None = None, tail_lines: int = 50):
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        cwd: str | Path,
+        log_path: Path,
+        on_line: Callable[[str], None] | None = None,
+        tail_lines: int = 50,
+    ):
         self.cmd, self.log_path = cmd, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -49,10 +57,18 @@ class ProcessTree:
         self.started = time.monotonic()
         # ${env:NAME} references in a command (a script's --api-token) are resolved here, at the last moment,
         # from the child's environment; everything printed is redacted before it is written or passed on.
-        self.popen = subprocess.Popen(resolve_tree(cmd, env=env, field="command"), env=env, cwd=str(cwd),
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True, text=True, errors="replace", bufsize=1)
+        self.popen = subprocess.Popen(
+            resolve_tree(cmd, env=env, field="command"),
+            env=env,
+            cwd=str(cwd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
         self.stop_requested = False
         self.log_error: OSError | None = None  # writing the log failed (e.g. a full disk); output still drained
         self._seen: dict[int, psutil.Process] = {}
@@ -120,8 +136,13 @@ class ProcessTree:
     def poll(self) -> int | None:
         return self.popen.poll()
 
-    def wait(self, timeout_s: float | None = None, grace_s: float = 30.0,
-             tick: Callable[[], bool] | None = None, tick_every_s: float = 0.5) -> ProcResult:
+    def wait(
+        self,
+        timeout_s: float | None = None,
+        grace_s: float = 30.0,
+        tick: Callable[[], bool] | None = None,
+        tick_every_s: float = 0.5,
+    ) -> ProcResult:
         """Wait for exit. ``tick`` is called periodically; returning True stops the tree."""
         deadline = None if timeout_s is None else self.started + timeout_s
         timed_out = False
@@ -141,10 +162,23 @@ class ProcessTree:
         rc = self.popen.wait()
         self.signal_group(signal.SIGKILL)  # orphans of a dead leader must not outlive the stage
         self._reader.join(timeout=10)
-        return ProcResult(rc, time.monotonic() - self.started, list(self._tail), timed_out, self.stop_requested,
-                          self.log_error, self.popen.pid)
+        return ProcResult(
+            rc,
+            time.monotonic() - self.started,
+            list(self._tail),
+            timed_out,
+            self.stop_requested,
+            self.log_error,
+            self.popen.pid,
+        )
 
 
-def run(cmd: list[str], env: dict[str, str], cwd: str | Path, log_path: Path, timeout_s: float | None = None,
-        on_line: Callable[[str], None] | None = None) -> ProcResult:
+def run(
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: str | Path,
+    log_path: Path,
+    timeout_s: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> ProcResult:
     return ProcessTree(cmd, env, cwd, log_path, on_line).wait(timeout_s)

@@ -18,6 +18,7 @@ left as it is.
 >>> redact_tree({"command": ["python", "t.py", "--api-token", "tok-123"], "key": "${env:TOKEN}"})
 {'command': ['python', 't.py', '--api-token', '***'], 'key': '${env:TOKEN}'}
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,10 @@ _REF = r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}"
 
 # Names that hold a secret when a key or flag ENDS with them: `aws_secret_access_key`,
 # `--api-token`, `X-Amz-Credential`. Ending, not containing: `tokenizer` and `max_tokens` are not secrets.
-_WORD = (r"(?:secret|password|passwd|passphrase|token|api[_-]?key|apikey|access[_-]?key(?:[_-]?id)?"
-         r"|secret[_-]?key|private[_-]?key|credentials?|signature)")
+_WORD = (
+    r"(?:secret|password|passwd|passphrase|token|api[_-]?key|apikey|access[_-]?key(?:[_-]?id)?"
+    r"|secret[_-]?key|private[_-]?key|credentials?|signature)"
+)
 _KEY_NAME = re.compile(rf"[\w.-]*{_WORD}", re.I)
 _FLAG = re.compile(rf"--?[\w-]*{_WORD}", re.I)
 
@@ -69,12 +72,12 @@ _PATTERNS = [
 _WORD_PATTERNS = (_PATTERNS[2], _PATTERNS[3])
 
 # Environment variables whose values are secrets wherever they are printed.
-_SECRET_ENV_EXPLICIT = re.compile(
-    r"AWS_.*|MLFLOW_TRACKING_(?:PASSWORD|TOKEN)|PREFECT_API_KEY|TRAINGATE_SECRET_.*")
+_SECRET_ENV_EXPLICIT = re.compile(r"AWS_.*|MLFLOW_TRACKING_(?:PASSWORD|TOKEN)|PREFECT_API_KEY|TRAINGATE_SECRET_.*")
 # AWS_* settings that are not secrets; masking them would blank out regions and endpoints in every log.
 _AWS_NOT_SECRET = re.compile(
     r"AWS_.*(?:REGION|PROFILE|_FILE|ENDPOINT_URL.*|CA_BUNDLE|OUTPUT|ATTEMPTS|MODE|DISABLED|ENDPOINTS"
-    r"|PAGER|TIMEOUT.*)")
+    r"|PAGER|TIMEOUT.*)"
+)
 _SECRET_ENV_NAMED = re.compile(r".*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY).*", re.I)
 # Long values are masked wherever they occur; short values of variables that are certainly
 # secrets only as whole words, so a 4-letter password does not blank out parts of other words.

@@ -18,6 +18,7 @@ Traceback (most recent call last):
 ...
 traingate.secrets.SecretRefError: checkpoint.uri = 's3://b/${env:NOPE}': environment variable NOPE is not set; export NOPE where this runs (on the worker, for a deployment) or write the value in the spec
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ class _Namer:
         return f"${{env:{name}}}"
 
 
-def extract(tree: Any, overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None
-            ) -> tuple[Any, list[str], dict[str, str]]:
+def extract(
+    tree: Any, overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None
+) -> tuple[Any, list[str], dict[str, str]]:
     """(tree with references, overrides with references, variables to add to the environment).
 
     Pure: ``env`` (default ``os.environ``) is only read, to pick free names and reuse known ones.
@@ -118,11 +120,15 @@ def move_tracking_credentials(env: MutableMapping[str, str] | None = None) -> No
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or parts.password is None:
             continue
-        for name, value in ((TRACKING_USERNAME, unquote(parts.username or "")),
-                            (TRACKING_PASSWORD, unquote(parts.password))):
+        for name, value in (
+            (TRACKING_USERNAME, unquote(parts.username or "")),
+            (TRACKING_PASSWORD, unquote(parts.password)),
+        ):
             if env.get(name, value) != value:
-                raise SpecError(f"{var} = {redact(uri)!r}: its user:password differs from {name}; "
-                                f"set the credentials in one place (drop them from the URI or unset {name})")
+                raise SpecError(
+                    f"{var} = {redact(uri)!r}: its user:password differs from {name}; "
+                    f"set the credentials in one place (drop them from the URI or unset {name})"
+                )
             env[name] = value
         env[var] = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
@@ -140,6 +146,7 @@ def refs(obj: Any) -> list[str]:
         elif isinstance(o, (list, tuple)):
             for v in o:
                 walk(v)
+
     walk(obj)
     return found
 
@@ -153,8 +160,10 @@ def resolve(text: str, env: Mapping[str, str] | None = None, field: str = "value
         if name not in environ:
             raise SecretRefError(
                 f"{field} = {redact(text)!r}: environment variable {name} is not set; export {name} where this runs "
-                f"(on the worker, for a deployment) or write the value in the spec")
+                f"(on the worker, for a deployment) or write the value in the spec"
+            )
         return environ[name]
+
     return REF.sub(value, text)
 
 

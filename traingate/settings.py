@@ -13,6 +13,7 @@ read-only commands say which store they read and never create an empty one (:fun
 >>> s.tracking_uri
 'sqlite:////tmp/tg/mlflow.db'
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ CHECKPOINT_URI_VAR = "TRAINGATE_CHECKPOINT_URI"
 OPTUNA_STORAGE_VAR = "TRAINGATE_OPTUNA_STORAGE"
 S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
 # Every location a user or a pool sets; a pool's job template carries the ones that are set.
-LOCATION_VARS = (STATE_DIR_VAR, TRACKING_URI_VAR, ARTIFACT_URI_VAR, CHECKPOINT_URI_VAR, OPTUNA_STORAGE_VAR,
-                 S3_ENDPOINT_VAR)
+LOCATION_VARS = (
+    STATE_DIR_VAR,
+    TRACKING_URI_VAR,
+    ARTIFACT_URI_VAR,
+    CHECKPOINT_URI_VAR,
+    OPTUNA_STORAGE_VAR,
+    S3_ENDPOINT_VAR,
+)
 # A tracking server's own artifact store (its --artifacts-destination), reached through the server.
 SERVER_ARTIFACTS = "mlflow-artifacts:/"
 IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
@@ -61,7 +68,9 @@ class Settings:
         tracking = env.get(TRACKING_URI_VAR) or f"sqlite:///{state}/mlflow.db"
         # Beside a tracking server, the default is the server's artifact store: a file:// location on
         # this machine's disk would be one the server cannot serve and the next container loses.
-        artifacts = SERVER_ARTIFACTS if tracking.startswith(("http://", "https://")) else (state / "mlartifacts").as_uri()
+        artifacts = (
+            SERVER_ARTIFACTS if tracking.startswith(("http://", "https://")) else (state / "mlartifacts").as_uri()
+        )
         return cls(
             state_dir=state,
             tracking_uri=tracking,
@@ -95,10 +104,17 @@ def secret_blocks(text: str | None) -> dict[str, str]:
         if not entry:
             continue
         var, _, block = (x.strip() for x in entry.partition("="))
-        if not (var and block and var.replace("_", "").isalnum() and var[0].isalpha()
-                and all(ch.islower() or ch.isdigit() or ch == "-" for ch in block)):
-            raise LocationError(f"{SECRET_BLOCKS_VAR} = {text!r}: entry {entry!r} is not VAR=block-name; write e.g. "
-                                "PGPASSWORD=traingate-pgpassword")
+        if not (
+            var
+            and block
+            and var.replace("_", "").isalnum()
+            and var[0].isalpha()
+            and all(ch.islower() or ch.isdigit() or ch == "-" for ch in block)
+        ):
+            raise LocationError(
+                f"{SECRET_BLOCKS_VAR} = {text!r}: entry {entry!r} is not VAR=block-name; write e.g. "
+                "PGPASSWORD=traingate-pgpassword"
+            )
         out[var] = block
     return out
 
@@ -128,13 +144,17 @@ def pool_locations(pool: str, env: Mapping[str, str] | None = None) -> dict[str,
     env = os.environ if env is None else env
     state = env.get(STATE_DIR_VAR, "")
     if not state:
-        raise LocationError(f"pool {pool}: {STATE_DIR_VAR} is not set: flow runs on the pool would write their state "
-                            f"into the directory their code was pulled into; set {STATE_DIR_VAR} to an absolute path "
-                            "on the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run "
-                            "the bootstrap")
+        raise LocationError(
+            f"pool {pool}: {STATE_DIR_VAR} is not set: flow runs on the pool would write their state "
+            f"into the directory their code was pulled into; set {STATE_DIR_VAR} to an absolute path "
+            "on the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run "
+            "the bootstrap"
+        )
     if not Path(state).is_absolute() or "{{" in state:
-        raise LocationError(f"pool {pool}: {STATE_DIR_VAR} = {state!r} is not an absolute path; every flow run would "
-                            "resolve it against its own working directory; give an absolute path on the pool's nodes")
+        raise LocationError(
+            f"pool {pool}: {STATE_DIR_VAR} = {state!r} is not an absolute path; every flow run would "
+            "resolve it against its own working directory; give an absolute path on the pool's nodes"
+        )
     out = {var: env[var] for var in LOCATION_VARS if env.get(var)}
     if env.get(SECRET_BLOCKS_VAR):  # block names, not secrets: where a container's flow run finds its credentials
         secret_blocks(env[SECRET_BLOCKS_VAR])
@@ -154,15 +174,19 @@ def for_deployment(env: Mapping[str, str] | None = None, cwd: Path | None = None
     env = os.environ if env is None else env
     cwd = (cwd or Path.cwd()).resolve()
     if not env.get(STATE_DIR_VAR):
-        raise LocationError(f"{STATE_DIR_VAR} is not set for this flow run: its state would go to "
-                            f"{cwd / '.traingate'}, inside the code directory; set the pool's locations with "
-                            "`traingate pools bootstrap` (TRAINGATE_STATE_DIR in its environment) or in the worker's "
-                            "environment")
+        raise LocationError(
+            f"{STATE_DIR_VAR} is not set for this flow run: its state would go to "
+            f"{cwd / '.traingate'}, inside the code directory; set the pool's locations with "
+            "`traingate pools bootstrap` (TRAINGATE_STATE_DIR in its environment) or in the worker's "
+            "environment"
+        )
     settings = Settings.from_env(env)
     for root in {code_dir(), cwd}:
         if _inside(settings.state_dir, root) and (root / "flows").is_dir():
-            raise LocationError(f"{STATE_DIR_VAR} = {env[STATE_DIR_VAR]!r} resolves to {settings.state_dir}, inside "
-                                f"the code directory {root}; give the pool a state directory outside the code")
+            raise LocationError(
+                f"{STATE_DIR_VAR} = {env[STATE_DIR_VAR]!r} resolves to {settings.state_dir}, inside "
+                f"the code directory {root}; give the pool a state directory outside the code"
+            )
     return settings
 
 
@@ -178,17 +202,28 @@ def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: "T
 
     env = os.environ if env is None else env
     settings = Settings.from_env(env)
-    where = (f"{TRACKING_URI_VAR}" if env.get(TRACKING_URI_VAR) else
-             f"{STATE_DIR_VAR}={env[STATE_DIR_VAR]}" if env.get(STATE_DIR_VAR) else
-             f"{STATE_DIR_VAR} unset: ./.traingate in {Path.cwd()}")
+    where = (
+        f"{TRACKING_URI_VAR}"
+        if env.get(TRACKING_URI_VAR)
+        else f"{STATE_DIR_VAR}={env[STATE_DIR_VAR]}"
+        if env.get(STATE_DIR_VAR)
+        else f"{STATE_DIR_VAR} unset: ./.traingate in {Path.cwd()}"
+    )
     print(f"traingate {command}: reading {redact(settings.tracking_uri)} ({where})", file=out or sys.stderr)
     uri = settings.tracking_uri
-    path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else \
-        Path(uri[len("file://"):]) if uri.startswith("file://") else None
+    path = (
+        Path(uri[len("sqlite:///") :])
+        if uri.startswith("sqlite:///")
+        else Path(uri[len("file://") :])
+        if uri.startswith("file://")
+        else None
+    )
     if path is not None and not (path.is_file() or (path.is_dir() and any(path.iterdir()))):
-        raise LocationError(f"no tracking store at {path}: {command} reads the store your runs wrote; set "
-                            f"{STATE_DIR_VAR} to their state directory (a pool's is in its job template: "
-                            f"prefect work-pool inspect POOL) or {TRACKING_URI_VAR} to their tracking server")
+        raise LocationError(
+            f"no tracking store at {path}: {command} reads the store your runs wrote; set "
+            f"{STATE_DIR_VAR} to their state directory (a pool's is in its job template: "
+            f"prefect work-pool inspect POOL) or {TRACKING_URI_VAR} to their tracking server"
+        )
     return settings
 
 

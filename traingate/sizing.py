@@ -4,6 +4,7 @@
 >>> round(est["wall_s"]), round(est["cost_usd"], 2)
 (1810, 10.06)
 """
+
 from __future__ import annotations
 
 
@@ -16,8 +17,9 @@ def cost_usd(duration_s: float, n_slots: int, price_per_slot_hour: float) -> flo
     return duration_s / 3600.0 * n_slots * price_per_slot_hour
 
 
-def estimate_stage(profile: dict[str, float], steps: int, slots: int, price_per_slot_hour: float,
-                   scale_step_time: float = 1.0) -> dict[str, float]:
+def estimate_stage(
+    profile: dict[str, float], steps: int, slots: int, price_per_slot_hour: float, scale_step_time: float = 1.0
+) -> dict[str, float]:
     """Wall time and cost of running ``steps`` more steps at the measured pace.
 
     Uses the mean step time for the total (p99 is for hang timeouts, not totals).
@@ -26,5 +28,4 @@ def estimate_stage(profile: dict[str, float], steps: int, slots: int, price_per_
     per_step = profile.get("step_time_mean_s", 0.0) * scale_step_time
     startup = profile.get("startup_s", 0.0)
     wall = startup + steps * per_step
-    return {"wall_s": wall, "cost_usd": cost_usd(wall, slots, price_per_slot_hour),
-            "slot_hours": wall / 3600.0 * slots}
+    return {"wall_s": wall, "cost_usd": cost_usd(wall, slots, price_per_slot_hour), "slot_hours": wall / 3600.0 * slots}

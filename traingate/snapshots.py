@@ -14,6 +14,7 @@ lands mid-run.
 >>> newest(["2026-11-09", "2026-11-20", "2026-11-3", "LATEST"])
 '2026-11-20'
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -53,12 +54,15 @@ def _split(uri: str, field: str) -> tuple[str, str]:
     """(prefix, rest) around the one ``{latest}`` segment; refused when it is not exactly one whole segment."""
     shown = redact(uri)
     if uri.count(LATEST) != 1:
-        raise SpecError(f"{field} = {shown!r}: {LATEST} appears {uri.count(LATEST)} times; use it once, as the "
-                        "version segment (e.g. s3://bucket/corpus/{latest}/input.txt)")
+        raise SpecError(
+            f"{field} = {shown!r}: {LATEST} appears {uri.count(LATEST)} times; use it once, as the "
+            "version segment (e.g. s3://bucket/corpus/{latest}/input.txt)"
+        )
     prefix, rest = uri.split(LATEST)
     if not prefix.endswith("/") or (rest and not rest.startswith("/")):
-        raise SpecError(f"{field} = {shown!r}: {LATEST} must be a whole path segment (e.g. "
-                        "s3://bucket/corpus/{latest}/input.txt)")
+        raise SpecError(
+            f"{field} = {shown!r}: {LATEST} must be a whole path segment (e.g. s3://bucket/corpus/{{latest}}/input.txt)"
+        )
     return prefix, rest
 
 
@@ -81,11 +85,15 @@ def resolve_latest(uri: str, field: str = "data.uri") -> str:
     if fs.isfile(pointer):
         version = fs.cat_file(pointer).decode("utf-8", errors="replace").strip()
         if not _SEGMENT.fullmatch(version):
-            raise SpecError(f"{field} = {redact(uri)!r}: the pointer file {where}{POINTER} holds {version[:80]!r}, "
-                            "not a version name; write the name of one snapshot directory into it")
+            raise SpecError(
+                f"{field} = {redact(uri)!r}: the pointer file {where}{POINTER} holds {version[:80]!r}, "
+                "not a version name; write the name of one snapshot directory into it"
+            )
         if not fs.exists(path + "/" + version + real_rest):
-            raise SpecError(f"{field} = {redact(uri)!r}: the pointer file {where}{POINTER} names {version!r}, but "
-                            f"{redact(prefix + version + rest)} does not exist; publish it or fix the pointer")
+            raise SpecError(
+                f"{field} = {redact(uri)!r}: the pointer file {where}{POINTER} names {version!r}, but "
+                f"{redact(prefix + version + rest)} does not exist; publish it or fix the pointer"
+            )
         return prefix + version + rest
     try:
         children = [posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)]
@@ -95,9 +103,11 @@ def resolve_latest(uri: str, field: str = "data.uri") -> str:
     for version in sorted({n for n in children if _is_version(n)}, key=_key, reverse=True):
         if not rest or fs.exists(path + "/" + version + real_rest):
             return prefix + version + rest
-    raise SpecError(f"{field} = {redact(uri)!r}: no snapshot under {where} (no {POINTER} pointer file and no "
-                    f"version directory{' holding ' + rest.lstrip('/') if rest else ''}); publish one there or "
-                    "name a version instead of {latest}")
+    raise SpecError(
+        f"{field} = {redact(uri)!r}: no snapshot under {where} (no {POINTER} pointer file and no "
+        f"version directory{' holding ' + rest.lstrip('/') if rest else ''}); publish one there or "
+        "name a version instead of {latest}"
+    )
 
 
 def resolve_spec(spec: RunSpec) -> RunSpec:

@@ -8,6 +8,7 @@ violation into one ``SpecError`` line that names the field, the value and the fi
 >>> spec.optim.lr
 0.01
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,10 +88,16 @@ class ScriptRecipe(_Section):
     timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
     # Words of command, stage_args and resume_args may name the platform's locations: ${TRAINGATE_CHECKPOINT_DIR},
     # ${TRAINGATE_STAGE_DIR}, ${TRAINGATE_RUN_ID}, ... (traingate.job.envvars), expanded at launch.
-    resume_args: list[str] = Field(default_factory=list, description="appended on a restart when the script has "
-                                   "written a checkpoint (its own resume flag, e.g. --resume ${TRAINGATE_CHECKPOINT_DIR}/last.pt)")
-    checkpoints: str | None = Field(default=None, description="glob of the checkpoint files the script writes, "
-                                    "relative to ${TRAINGATE_CHECKPOINT_DIR}; indexed, uploaded and registered")
+    resume_args: list[str] = Field(
+        default_factory=list,
+        description="appended on a restart when the script has "
+        "written a checkpoint (its own resume flag, e.g. --resume ${TRAINGATE_CHECKPOINT_DIR}/last.pt)",
+    )
+    checkpoints: str | None = Field(
+        default=None,
+        description="glob of the checkpoint files the script writes, "
+        "relative to ${TRAINGATE_CHECKPOINT_DIR}; indexed, uploaded and registered",
+    )
     needs_cuda: bool = Field(default=False, description="the script runs on CUDA only: refused on a CPU pool")
 
     @field_validator("command", "tests", "resume_args")
@@ -115,11 +122,15 @@ class ScriptRecipe(_Section):
         exe = self.command[0]
         python = exe in PYTHONS
         if self.launcher == "torchrun" and not python:
-            raise ValueError(f"command[0] = {exe!r}: launcher torchrun starts python workers, so the "
-                             "command must be 'python train.py ...' or 'python -m pkg ...'; use launcher: plain otherwise")
+            raise ValueError(
+                f"command[0] = {exe!r}: launcher torchrun starts python workers, so the "
+                "command must be 'python train.py ...' or 'python -m pkg ...'; use launcher: plain otherwise"
+            )
         if python and len(self.command) == 1:
-            raise ValueError(f"command = {self.command!r}: python alone waits for a program on stdin; "
-                             "add the script (python train.py), a module (-m pkg) or code (-c ...)")
+            raise ValueError(
+                f"command = {self.command!r}: python alone waits for a program on stdin; "
+                "add the script (python train.py), a module (-m pkg) or code (-c ...)"
+            )
         return self
 
     @field_validator("metrics")
@@ -145,10 +156,14 @@ class RecipeSpec(_Section):
         if self.name == "script" and self.script is None:
             raise ValueError("recipe 'script' needs a recipe.script section with at least `command`")
         if self.name != "script" and self.script is not None:
-            raise ValueError(f"recipe.script is only for name 'script', not {self.name!r}; remove it or set name: script")
+            raise ValueError(
+                f"recipe.script is only for name 'script', not {self.name!r}; remove it or set name: script"
+            )
         if self.name == "script" and self.params:
-            raise ValueError(f"params = {self.params!r}: a script recipe is not given recipe.params; pass "
-                             "arguments in recipe.script.command or stage_args, and remove recipe.params")
+            raise ValueError(
+                f"params = {self.params!r}: a script recipe is not given recipe.params; pass "
+                "arguments in recipe.script.command or stage_args, and remove recipe.params"
+            )
         return self
 
 
@@ -166,7 +181,9 @@ class OptimSpec(_Section):
     schedule: Literal["constant", "cosine"] = "cosine"
     max_grad_norm: float = Field(default=1.0, gt=0)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    nonfinite_tolerance: int = Field(default=0, ge=0, description="non-finite steps skipped before stopping as diverged")
+    nonfinite_tolerance: int = Field(
+        default=0, ge=0, description="non-finite steps skipped before stopping as diverged"
+    )
 
 
 class ResourcesSpec(_Section):
@@ -174,18 +191,25 @@ class ResourcesSpec(_Section):
     nodes: int = Field(default=1, ge=1)
     procs_per_node: int = Field(default=2, ge=1)
     rdzv_endpoint: str | None = Field(default=None, description="host:port of the c10d rendezvous for multi-node")
-    priority: str = Field(default="research", pattern=r"^[a-z][a-z0-9_-]{0,31}$",
-                          description="priority class of the jobs (a work queue of the pool): urgent, production, research")
+    priority: str = Field(
+        default="research",
+        pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+        description="priority class of the jobs (a work queue of the pool): urgent, production, research",
+    )
 
     @field_validator("rdzv_endpoint")
     @classmethod
     def _host_port(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        m = re.fullmatch(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(?P<port>\d{1,5})", v)
+        m = re.fullmatch(
+            r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(?P<port>\d{1,5})", v
+        )
         if m is None or not 1 <= int(m["port"]) <= 65535:
-            raise ValueError("must be host:port of the c10d rendezvous (a hostname, IPv4 or [IPv6] address and a "
-                             "port 1-65535), e.g. head-node:29400")
+            raise ValueError(
+                "must be host:port of the c10d rendezvous (a hostname, IPv4 or [IPv6] address and a "
+                "port 1-65535), e.g. head-node:29400"
+            )
         return v
 
     @model_validator(mode="after")
@@ -240,31 +264,49 @@ class CheckpointSpec(_Section):
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1, description="also keep every Nth step forever")
     keep_best: int = Field(default=0, ge=0, description="also keep the N best checkpoints by best_metric")
-    best_metric: str = Field(default="train_loss", min_length=1,
-                             description="metric in each manifest that keep_best ranks by (mean since last save)")
+    best_metric: str = Field(
+        default="train_loss",
+        min_length=1,
+        description="metric in each manifest that keep_best ranks by (mean since last save)",
+    )
     best_mode: Literal["min", "max"] = "min"
     uri: str | None = Field(default=None, description="checkpoint root URI; settings default if unset")
     async_save: bool = True
     in_flight: Literal["wait", "skip"] = Field(
-        default="wait", description="a save due while the previous one is still being written: wait for it, or skip")
+        default="wait", description="a save due while the previous one is still being written: wait for it, or skip"
+    )
 
 
 class SupervisionSpec(_Section):
     """How a training stage is restarted after faults (see traingate.supervision)."""
 
     max_restarts: int = Field(default=5, ge=0, description="restarts per stage before giving up")
-    max_downtime_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS, description="wall-clock of failed launches + backoff, per stage")
-    backoff_base_s: float = Field(default=1.0, ge=0, le=MAX_SECONDS, description="first restart delay; doubles each restart, with jitter")
+    max_downtime_s: float = Field(
+        default=3600.0, gt=0, le=MAX_SECONDS, description="wall-clock of failed launches + backoff, per stage"
+    )
+    backoff_base_s: float = Field(
+        default=1.0, ge=0, le=MAX_SECONDS, description="first restart delay; doubles each restart, with jitter"
+    )
     backoff_max_s: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
-    hang_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS,
-                                         description="no step for this long = hang; default 2x canary p99, >= floor")
+    hang_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, description="no step for this long = hang; default 2x canary p99, >= floor"
+    )
     hang_floor_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
-    startup_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="launch -> first heartbeat of every rank")
-    preempt_grace_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, description="SIGTERM -> SIGKILL, for the emergency checkpoint")
+    startup_timeout_s: float = Field(
+        default=300.0, gt=0, le=MAX_SECONDS, description="launch -> first heartbeat of every rank"
+    )
+    preempt_grace_s: float = Field(
+        default=30.0, ge=0, le=MAX_SECONDS, description="SIGTERM -> SIGKILL, for the emergency checkpoint"
+    )
     oom_halve_batch: bool = Field(default=False, description="on OOM retry with half the micro-batch, 2x grad_accum")
-    checkpoint_check_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS, description="how often to look for a stale checkpoint")
-    warm_restarts: bool = Field(default=False, description="fork restarted workers from a pre-imported zygote "
-                                "(traingate.runtime.warm): skips ~3 s of imports per worker start")
+    checkpoint_check_s: float = Field(
+        default=10.0, gt=0, le=MAX_SECONDS, description="how often to look for a stale checkpoint"
+    )
+    warm_restarts: bool = Field(
+        default=False,
+        description="fork restarted workers from a pre-imported zygote "
+        "(traingate.runtime.warm): skips ~3 s of imports per worker start",
+    )
 
 
 class TrackingSpec(_Section):
@@ -289,13 +331,21 @@ def _default_pools() -> dict[str, PoolSpec]:
 
 class BudgetSpec(_Section):
     max_cost_usd: float | None = Field(default=None, ge=0, description="refuse a stage estimated above this")
-    max_run_usd: float | None = Field(default=None, ge=0, description="the whole run's spend: warned at "
-                                      "alerts.budget_warning.fraction, paused (resumable) when crossed mid-run")
+    max_run_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="the whole run's spend: warned at "
+        "alerts.budget_warning.fraction, paused (resumable) when crossed mid-run",
+    )
 
 
 class PromotionSpec(_Section):
-    margin: float = Field(default=0.0, ge=0, description="a retrain's model takes @champion only if its val_loss "
-                          "beats the champion's, on the same held-out data, by more than this")
+    margin: float = Field(
+        default=0.0,
+        ge=0,
+        description="a retrain's model takes @champion only if its val_loss "
+        "beats the champion's, on the same held-out data, by more than this",
+    )
 
 
 class RunSpec(_Section):
@@ -330,12 +380,14 @@ class RunSpec(_Section):
         if self.resources.work_pool not in self.pools:
             raise ValueError(
                 f"resources.work_pool {self.resources.work_pool!r} is not a known pool; "
-                f"use one of {sorted(self.pools)} or add it under `pools:`")
+                f"use one of {sorted(self.pools)} or add it under `pools:`"
+            )
         pool = self.pools[self.resources.work_pool]
         if pool.gpus_per_node and self.resources.procs_per_node > pool.gpus_per_node:
             raise ValueError(
                 f"resources.procs_per_node {self.resources.procs_per_node} exceeds the "
-                f"{pool.gpus_per_node} GPUs per node of pool {self.resources.work_pool!r}; lower it")
+                f"{pool.gpus_per_node} GPUs per node of pool {self.resources.work_pool!r}; lower it"
+            )
         return self
 
     @property
@@ -399,10 +451,14 @@ def _check_nodes(root: yaml.Node, where: str, prefix: str = "") -> None:
         if id(node) in sizes:
             return sizes[id(node)]
         if id(node) in active:
-            raise SpecError(f"{path or 'spec'}: {line(node)} refers to itself through a YAML alias; write the value out")
+            raise SpecError(
+                f"{path or 'spec'}: {line(node)} refers to itself through a YAML alias; write the value out"
+            )
         if node.tag not in _PLAIN_TAGS and node.tag != _MERGE_TAG:
-            raise SpecError(f"{path or 'spec'} = {node.tag!r}: YAML tags are not allowed in a spec ({line(node)}); "
-                            "remove the tag and write a plain value")
+            raise SpecError(
+                f"{path or 'spec'} = {node.tag!r}: YAML tags are not allowed in a spec ({line(node)}); "
+                "remove the tag and write a plain value"
+            )
         active.add(id(node))
         size = 1
         if isinstance(node, yaml.MappingNode):
@@ -412,13 +468,16 @@ def _check_nodes(root: yaml.Node, where: str, prefix: str = "") -> None:
                     size += walk(value_node, path)
                     continue
                 if not isinstance(key_node, yaml.ScalarNode):
-                    raise SpecError(f"{path or 'spec'}: {line(key_node)} has a list or mapping as a key; "
-                                    "keys must be plain names")
+                    raise SpecError(
+                        f"{path or 'spec'}: {line(key_node)} has a list or mapping as a key; keys must be plain names"
+                    )
                 key = key_node.value
                 sub = _node_path(path, key)
                 if key in seen:
-                    raise SpecError(f"{sub} = {_scalar(value_node)}: duplicate key ({line(key_node)}, first on line "
-                                    f"{seen[key].start_mark.line + 1}); YAML keeps only the last one, so keep one")
+                    raise SpecError(
+                        f"{sub} = {_scalar(value_node)}: duplicate key ({line(key_node)}, first on line "
+                        f"{seen[key].start_mark.line + 1}); YAML keeps only the last one, so keep one"
+                    )
                 seen[key] = key_node
                 size += walk(key_node, sub) + walk(value_node, sub)
         elif isinstance(node, yaml.SequenceNode):
@@ -427,16 +486,21 @@ def _check_nodes(root: yaml.Node, where: str, prefix: str = "") -> None:
         active.discard(id(node))
         sizes[id(node)] = size
         if size > MAX_VALUES:
-            raise SpecError(f"{path or 'spec'}: expands to more than {MAX_VALUES} values through YAML aliases "
-                            f"({line(node)}); write the values out")
+            raise SpecError(
+                f"{path or 'spec'}: expands to more than {MAX_VALUES} values through YAML aliases "
+                f"({line(node)}); write the values out"
+            )
         return size
 
     walk(root, prefix)
 
 
 def _scalar(node: yaml.Node) -> str:
-    text = repr(node.value) if isinstance(node, yaml.ScalarNode) else ("{...}" if isinstance(node, yaml.MappingNode)
-                                                                         else "[...]")
+    text = (
+        repr(node.value)
+        if isinstance(node, yaml.ScalarNode)
+        else ("{...}" if isinstance(node, yaml.MappingNode) else "[...]")
+    )
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -458,8 +522,10 @@ def _load_yaml(text: str, where: str, prefix: str = "") -> Any:
     except yaml.reader.ReaderError as e:
         # Raised before parsing, so no field is known yet: show the line that holds the character.
         n = text.count("\n", 0, e.position)
-        raise SpecError(f"{where} line {n + 1} ({_shown(text.splitlines()[n] if text.splitlines() else text)}) has the "
-                        f"character {chr(e.character)!r}, which YAML does not allow; remove it") from None
+        raise SpecError(
+            f"{where} line {n + 1} ({_shown(text.splitlines()[n] if text.splitlines() else text)}) has the "
+            f"character {chr(e.character)!r}, which YAML does not allow; remove it"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""
@@ -503,8 +569,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise SpecError(f"--set {item!r}: empty key part in {key!r}; write dotted keys like optim.lr")
         for k in keys:
             if k == key or k.startswith(key + ".") or key.startswith(k + "."):
-                raise SpecError(f"--set {key}={_shown(raw)}: {k} is already set by an earlier --set, and only the last "
-                                "would count; set each key once")
+                raise SpecError(
+                    f"--set {key}={_shown(raw)}: {k} is already set by an earlier --set, and only the last "
+                    "would count; set each key once"
+                )
         keys.append(key)
         value = _parse_value(raw, key)
         node, done = tree, []
@@ -518,11 +586,15 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[name] = {}
             if isinstance(child, list):
-                raise SpecError(f"--set {key}={_shown(raw)}: {'.'.join(done)} is a list, and --set cannot address list "
-                                f"items; set the whole list, e.g. --set '{'.'.join(done)}=[...]'")
+                raise SpecError(
+                    f"--set {key}={_shown(raw)}: {'.'.join(done)} is a list, and --set cannot address list "
+                    f"items; set the whole list, e.g. --set '{'.'.join(done)}=[...]'"
+                )
             if not isinstance(child, dict):
-                raise SpecError(f"--set {key}={_shown(raw)}: {'.'.join(done)} is a value ({_shown(child)}), not a section; "
-                                f"set {'.'.join(done)} itself")
+                raise SpecError(
+                    f"--set {key}={_shown(raw)}: {'.'.join(done)} is a value ({_shown(child)}), not a section; "
+                    f"set {'.'.join(done)} itself"
+                )
             node = child
         node[name] = value
     return tree
@@ -540,13 +612,18 @@ def _check_values(node: Any, path: str = "") -> None:
         for i, v in enumerate(node):
             _check_values(v, _node_path(path, str(i)))
     elif isinstance(node, float) and not math.isfinite(node):
-        raise SpecError(f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); give a finite value")
-    elif isinstance(node, int) and not isinstance(node, bool) and not -2**63 <= node < 2**63:
-        raise SpecError(f"{here} = {node}: does not fit in 64 bits (torch, numpy and the stores cannot hold it); "
-                        "give a smaller number")
+        raise SpecError(
+            f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); give a finite value"
+        )
+    elif isinstance(node, int) and not isinstance(node, bool) and not -(2**63) <= node < 2**63:
+        raise SpecError(
+            f"{here} = {node}: does not fit in 64 bits (torch, numpy and the stores cannot hold it); "
+            "give a smaller number"
+        )
     elif isinstance(node, str) and "\x00" in node:
-        raise SpecError(f"{here} = {_shown(node)}: contains a NUL character, which no path, name or command can hold; "
-                        "remove it")
+        raise SpecError(
+            f"{here} = {_shown(node)}: contains a NUL character, which no path, name or command can hold; remove it"
+        )
 
 
 _FIXES = {
@@ -569,8 +646,12 @@ _FIXES = {
 }
 
 
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
-           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+_BOUNDS = {
+    "greater_than_equal": ("ge", ">="),
+    "greater_than": ("gt", ">"),
+    "less_than_equal": ("le", "<="),
+    "less_than": ("lt", "<"),
+}
 
 
 def _one_line(err: ValidationError) -> str:
@@ -600,7 +681,9 @@ def _one_line(err: ValidationError) -> str:
 
 def parse_spec(tree: Any) -> RunSpec:
     if not isinstance(tree, dict):
-        raise SpecError(f"spec: top level must be a mapping of sections, got {type(tree).__name__}; see examples/digits.yaml")
+        raise SpecError(
+            f"spec: top level must be a mapping of sections, got {type(tree).__name__}; see examples/digits.yaml"
+        )
     _check_values(tree)
     try:
         return RunSpec.model_validate(tree)
@@ -622,8 +705,10 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
         raise SpecError(f"spec file {str(path)!r} does not exist; pass the path of a YAML spec")
     try:
         if p.stat().st_size > MAX_SPEC_BYTES:
-            raise SpecError(f"spec file {str(path)!r} is {p.stat().st_size} bytes; a spec is at most "
-                            f"{MAX_SPEC_BYTES} bytes of YAML, pass the right file")
+            raise SpecError(
+                f"spec file {str(path)!r} is {p.stat().st_size} bytes; a spec is at most "
+                f"{MAX_SPEC_BYTES} bytes of YAML, pass the right file"
+            )
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"spec file {str(path)!r} is not UTF-8 text (byte {e.start}); pass a YAML file") from None

@@ -1,4 +1,5 @@
 """StageResult and GateDecision: plain data every stage ends in and every gate reads."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ class StageResult:
         return cls(**d)
 
     def numeric_metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+        return {
+            k: float(v)
+            for k, v in self.metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        }
 
 
 @dataclass
@@ -58,11 +62,18 @@ class GateDecision:
 
 def render_markdown(result: StageResult, decision: GateDecision | None) -> str:
     """The stage report shown as a Prefect artifact and stored in MLflow."""
-    lines = [f"# Stage `{result.stage}`: {result.status}", "",
-             f"duration {result.duration_s:.1f} s, cost ${result.cost_usd:.4f}"
-             + (f" (estimated ${result.estimated_cost_usd:.4f} by the stage before)"
-                if result.estimated_cost_usd is not None else "")
-             + (f", checkpoint `{result.checkpoint_uri}`" if result.checkpoint_uri else ""), ""]
+    lines = [
+        f"# Stage `{result.stage}`: {result.status}",
+        "",
+        f"duration {result.duration_s:.1f} s, cost ${result.cost_usd:.4f}"
+        + (
+            f" (estimated ${result.estimated_cost_usd:.4f} by the stage before)"
+            if result.estimated_cost_usd is not None
+            else ""
+        )
+        + (f", checkpoint `{result.checkpoint_uri}`" if result.checkpoint_uri else ""),
+        "",
+    ]
     if result.error:
         lines += [f"**error:** {result.error}", ""]
     lines += ["| metric | value |", "|---|---|"]
@@ -76,8 +87,13 @@ def render_markdown(result: StageResult, decision: GateDecision | None) -> str:
         lines += ["", "| estimate (next stage) | value |", "|---|---|"]
         lines += [f"| {k} | {v:.6g} |" for k, v in sorted(result.estimate.items())]
     if decision is not None:
-        lines += ["", f"## Gate: {'passed' if decision.passed else 'FAILED'}", "",
-                  "| rule | measured | ok |", "|---|---|---|"]
+        lines += [
+            "",
+            f"## Gate: {'passed' if decision.passed else 'FAILED'}",
+            "",
+            "| rule | measured | ok |",
+            "|---|---|---|",
+        ]
         lines += [f"| {r} | {m} | {'yes' if ok else '**no**'} |" for r, m, ok in decision.evaluated]
         if decision.reasons:
             lines += ["", *[f"- {r}" for r in decision.reasons]]

@@ -13,6 +13,7 @@ Two levels:
   (nothing is created to find out), the data can be read, the tracking store (and a sweep's
   Optuna storage) answers.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,10 +42,27 @@ PROBE_TIMEOUT_S = 5.0
 # What each stage can report, as the code produces it; tests/test_hostile_specs.py holds these
 # against the real trainer, recipes and outcome readers.
 UNIT_METRICS = ("tests_passed", "tests_failed", "tests_skipped")  # outcomes.from_pytest
-RUNTIME_METRICS = ("nonfinite_steps", "max_grad_norm", "steps", "resumed_from_step", "world_size",
-                   "first_loss", "final_loss", "loss_decrease_fraction")  # the trainer's summary
-PROFILE_METRICS = ("step_time_mean_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "samples_per_s",
-                   "tokens_per_s", "peak_memory_mb", "startup_s", "data_wait_fraction")  # outcomes reports these
+RUNTIME_METRICS = (
+    "nonfinite_steps",
+    "max_grad_norm",
+    "steps",
+    "resumed_from_step",
+    "world_size",
+    "first_loss",
+    "final_loss",
+    "loss_decrease_fraction",
+)  # the trainer's summary
+PROFILE_METRICS = (
+    "step_time_mean_s",
+    "step_time_p50_s",
+    "step_time_p90_s",
+    "step_time_p99_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "peak_memory_mb",
+    "startup_s",
+    "data_wait_fraction",
+)  # outcomes reports these
 SUPERVISED_METRICS = ("restarts",)  # every supervised stage, script or built-in
 EVAL_METRICS = {"digits-cnn": ("val_loss", "val_accuracy"), "char-gpt": ("val_loss", "val_bits_per_char")}
 MANIFEST_METRICS = ("train_loss",)  # what a checkpoint manifest records, so what keep_best can rank by
@@ -80,20 +98,26 @@ def _check_world(spec: RunSpec) -> dict[str, int]:
     for stage in TRAINING_STAGES:
         limits = getattr(spec.stages, stage)
         if limits.max_samples is not None and limits.max_samples > n_train:
-            raise SpecError(f"stages.{stage}.max_samples = {limits.max_samples}: larger than the {n_train} "
-                            f"training samples of {recipe.data_uri()}; lower it or leave it unset")
+            raise SpecError(
+                f"stages.{stage}.max_samples = {limits.max_samples}: larger than the {n_train} "
+                f"training samples of {recipe.data_uri()}; lower it or leave it unset"
+            )
         n = limits.max_samples or n_train
         nodes, nproc = stage_world(spec, stage)
         world = nodes * nproc
         global_batch = spec.optim.batch_size * spec.optim.grad_accum * world
         if global_batch > n:
-            raise SpecError(f"optim.batch_size = {spec.optim.batch_size}: the {stage} stage's global batch "
-                            f"{global_batch} (batch_size x grad_accum x {world} processes) exceeds its {n} "
-                            f"training samples; lower batch_size or raise stages.{stage}.max_samples")
+            raise SpecError(
+                f"optim.batch_size = {spec.optim.batch_size}: the {stage} stage's global batch "
+                f"{global_batch} (batch_size x grad_accum x {world} processes) exceeds its {n} "
+                f"training samples; lower batch_size or raise stages.{stage}.max_samples"
+            )
         per_stage[stage] = n
     if spec.stages.smoke.max_steps < 2:
-        raise SpecError(f"stages.smoke.max_steps = {spec.stages.smoke.max_steps}: the smoke stage stops half way "
-                        "and resumes, so it needs at least 2 steps")
+        raise SpecError(
+            f"stages.smoke.max_steps = {spec.stages.smoke.max_steps}: the smoke stage stops half way "
+            "and resumes, so it needs at least 2 steps"
+        )
     return per_stage
 
 
@@ -121,20 +145,29 @@ def _check_metrics(spec: RunSpec) -> None:
     """A gate rule on a metric its stage never reports fails every run; say so before any runs."""
     for stage in STAGES:
         can = stage_metrics(spec, stage)
-        hint = (" (a script reports the named groups of recipe.script.metrics)" if spec.recipe.script
-                and stage != "unit" else "")
+        hint = (
+            " (a script reports the named groups of recipe.script.metrics)"
+            if spec.recipe.script and stage != "unit"
+            else ""
+        )
         for i, rule in enumerate(spec.gate(stage).rules):
             if rule.metric in can:
                 continue
             if stage in spec.gates:
-                raise SpecError(f"gates.{stage}.rules.{i}.metric = {rule.metric!r}: the {stage} stage never reports "
-                                f"it{hint}; use one of: {_known(can)}")
-            raise SpecError(f"gates.{stage} = (default) '{rule.metric} {rule.op} {rule.value:g}': the {stage} stage "
-                            f"never reports {rule.metric}{hint}, so its default gate cannot pass; set "
-                            f"gates.{stage}.rules on metrics it reports: {_known(can)}")
+                raise SpecError(
+                    f"gates.{stage}.rules.{i}.metric = {rule.metric!r}: the {stage} stage never reports "
+                    f"it{hint}; use one of: {_known(can)}"
+                )
+            raise SpecError(
+                f"gates.{stage} = (default) '{rule.metric} {rule.op} {rule.value:g}': the {stage} stage "
+                f"never reports {rule.metric}{hint}, so its default gate cannot pass; set "
+                f"gates.{stage}.rules on metrics it reports: {_known(can)}"
+            )
     if spec.checkpoint.best_metric not in MANIFEST_METRICS:
-        raise SpecError(f"checkpoint.best_metric = {spec.checkpoint.best_metric!r}: checkpoint manifests record only "
-                        f"{list(MANIFEST_METRICS)}, so keep_best could not rank by it; use one of those")
+        raise SpecError(
+            f"checkpoint.best_metric = {spec.checkpoint.best_metric!r}: checkpoint manifests record only "
+            f"{list(MANIFEST_METRICS)}, so keep_best could not rank by it; use one of those"
+        )
 
 
 def _check_sweep(spec: RunSpec) -> None:
@@ -146,15 +179,19 @@ def _check_sweep(spec: RunSpec) -> None:
     can = stage_metrics(spec, sw.stage) | set(TRIAL_METRICS)
     for i, o in enumerate(sw.objectives):
         if o.metric not in can:
-            raise SpecError(f"sweep.objectives.{i}.metric = {o.metric!r}: a {sw.stage} trial never reports it; "
-                            f"use one of: {_known(can)}")
+            raise SpecError(
+                f"sweep.objectives.{i}.metric = {o.metric!r}: a {sw.stage} trial never reports it; "
+                f"use one of: {_known(can)}"
+            )
     pruning = sw.scheduler.name in ("median", "asha", "hyperband")
     intermediate = set(EVAL_METRICS.get(spec.recipe.name, ()))
     if pruning and len(sw.objectives) == 1 and sw.objectives[0].metric not in intermediate:
-        raise SpecError(f"sweep.scheduler.name = {sw.scheduler.name!r}: it prunes on the objective "
-                        f"{sw.objectives[0].metric!r}, which the intermediate validations do not report "
-                        f"({sorted(intermediate) or 'none, for this recipe'}), so it would never prune; "
-                        "use scheduler fifo or one of those objectives")
+        raise SpecError(
+            f"sweep.scheduler.name = {sw.scheduler.name!r}: it prunes on the objective "
+            f"{sw.objectives[0].metric!r}, which the intermediate validations do not report "
+            f"({sorted(intermediate) or 'none, for this recipe'}), so it would never prune; "
+            "use scheduler fifo or one of those objectives"
+        )
 
 
 def storage_failure(e: BaseException) -> str | None:
@@ -203,23 +240,28 @@ def _check_uri(field: str, uri: str | None, schemes: set[str] | None = None) -> 
     allowed = _SCHEMES if schemes is None else schemes
     scheme = _scheme(uri)
     if scheme == "memory":
-        raise SpecError(f"{field} = {shown!r}: memory:// lives inside one process, and every stage runs in its "
-                        "own; use file:///abs/path or s3://bucket/prefix")
+        raise SpecError(
+            f"{field} = {shown!r}: memory:// lives inside one process, and every stage runs in its "
+            "own; use file:///abs/path or s3://bucket/prefix"
+        )
     if scheme not in allowed:
         kinds = f"one of the schemes {sorted(allowed)}" if len(allowed) < 10 else "a scheme fsspec knows"
         raise SpecError(f"{field} = {shown!r}: needs a URI with {kinds}, e.g. file:///abs/path or s3://bucket/prefix")
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as e:
-        raise SpecError(f"{field} = {shown!r}: no filesystem for {scheme}:// is installed ({e}); install it or "
-                        "use file:// or s3://") from None
+        raise SpecError(
+            f"{field} = {shown!r}: no filesystem for {scheme}:// is installed ({e}); install it or use file:// or s3://"
+        ) from None
     parts = urlsplit(_resolved(field, uri))
     if scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path.startswith("/")):
         raise SpecError(f"{field} = {shown!r}: a file URI needs an absolute path, file:///abs/path (three slashes)")
     bucket = parts.netloc.rpartition("@")[2]  # never echo credentials written into the URI
     if scheme == "s3" and not _S3_BUCKET.fullmatch(bucket):
-        raise SpecError(f"{field} = {shown!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase "
-                        "letters, digits, '.' or '-'); write s3://bucket/prefix")
+        raise SpecError(
+            f"{field} = {shown!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase "
+            "letters, digits, '.' or '-'); write s3://bucket/prefix"
+        )
 
 
 def _check_script(spec: RunSpec) -> dict[str, int]:
@@ -238,8 +280,10 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
         if not (workdir / t.split("::")[0]).exists():
             raise SpecError(f"recipe.script.tests: {t!r} does not exist in {s.workdir!r}; fix the path")
     if s.needs_cuda and spec.pool.gpus_per_node == 0:
-        raise SpecError(f"recipe.script.needs_cuda = true: work pool {spec.resources.work_pool!r} is a CPU pool "
-                        "(gpus_per_node 0) and the script would fail there; set resources.work_pool to a GPU pool")
+        raise SpecError(
+            f"recipe.script.needs_cuda = true: work pool {spec.resources.work_pool!r} is a CPU pool "
+            "(gpus_per_node 0) and the script would fail there; set resources.work_pool to a GPU pool"
+        )
     from traingate.job.envvars import SCRIPT_ARG_VARS
     from traingate.recipes.script import check_args, check_glob
 
@@ -258,7 +302,6 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
 def _data_schemes() -> set[str]:
     # Data is only read, so any fsspec protocol that can be imported here will do.
     return set(fsspec.available_protocols()) - {"memory"}
-
 
 
 # ---------------------------------------------------------------- preflight
@@ -305,15 +348,21 @@ def _creatable(field: str, shown: str, path: Path) -> None:
     try:
         while not here.exists():
             if here.is_symlink():  # a dangling link: mkdir would fail on it
-                raise SpecError(f"{field} = {shown!r}: {str(here)!r} is a broken symbolic link; remove it or "
-                                "choose another location")
+                raise SpecError(
+                    f"{field} = {shown!r}: {str(here)!r} is a broken symbolic link; remove it or "
+                    "choose another location"
+                )
             here = here.parent
         if not here.is_dir():
-            raise SpecError(f"{field} = {shown!r}: {str(here)!r} is a file, so no directory can be created "
-                            "under it; choose another location")
+            raise SpecError(
+                f"{field} = {shown!r}: {str(here)!r} is a file, so no directory can be created "
+                "under it; choose another location"
+            )
     except PermissionError:
-        raise SpecError(f"{field} = {shown!r}: {str(here)!r} cannot be looked into (permission denied); "
-                        "choose a location this user can write") from None
+        raise SpecError(
+            f"{field} = {shown!r}: {str(here)!r} cannot be looked into (permission denied); "
+            "choose a location this user can write"
+        ) from None
     if not os.access(here, os.W_OK | os.X_OK):
         what = "is not writable" if here == path else f"(its nearest existing parent {str(here)!r}) is not writable"
         raise SpecError(f"{field} = {shown!r}: {what} by this user; fix the permissions or choose another location")
@@ -376,24 +425,34 @@ def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: 
                     raise
                 listed = client.list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
                 if not listed.get("KeyCount"):
-                    raise SpecError(f"{field} = {shown!r}: no object {key!r} in bucket {bucket!r}{where}; "
-                                    "fix the location or upload the data") from None
+                    raise SpecError(
+                        f"{field} = {shown!r}: no object {key!r} in bucket {bucket!r}{where}; "
+                        "fix the location or upload the data"
+                    ) from None
     except (NoCredentialsError, PartialCredentialsError):
-        raise SpecError(f"{field} = {shown!r}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
-                        "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or an instance role)") from None
+        raise SpecError(
+            f"{field} = {shown!r}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or an instance role)"
+        ) from None
     except ClientError as e:
         code = _s3_code(e)
         if code in ("404", "NoSuchBucket", "NotFound"):
-            raise SpecError(f"{field} = {shown!r}: bucket {bucket!r} does not exist{where}; create it or fix "
-                            "the URI") from None
+            raise SpecError(
+                f"{field} = {shown!r}: bucket {bucket!r} does not exist{where}; create it or fix the URI"
+            ) from None
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"):
-            raise SpecError(f"{field} = {shown!r}: access to bucket {bucket!r}{where} is denied ({code}) with "
-                            "these credentials; fix the credentials or the bucket policy") from None
-        raise SpecError(f"{field} = {shown!r}: S3{where} answered {code} for bucket {bucket!r}; "
-                        "fix the URI or the store") from None
+            raise SpecError(
+                f"{field} = {shown!r}: access to bucket {bucket!r}{where} is denied ({code}) with "
+                "these credentials; fix the credentials or the bucket policy"
+            ) from None
+        raise SpecError(
+            f"{field} = {shown!r}: S3{where} answered {code} for bucket {bucket!r}; fix the URI or the store"
+        ) from None
     except BotoCoreError as e:  # endpoint unreachable, timeouts, malformed endpoint
-        raise SpecError(f"{field} = {shown!r}: S3{where} cannot be reached ({type(e).__name__}); check "
-                        "TRAINGATE_S3_ENDPOINT_URL and the network") from None
+        raise SpecError(
+            f"{field} = {shown!r}: S3{where} cannot be reached ({type(e).__name__}); check "
+            "TRAINGATE_S3_ENDPOINT_URL and the network"
+        ) from None
 
 
 def _s3_code(e: Any) -> str:
@@ -407,9 +466,11 @@ def _fsspec_probe(field: str, shown: str, uri: str, bucket_only: bool) -> None:
         target = path.split("/", 1)[0] if bucket_only else path
         found = fs.exists(target)
     except (OSError, ValueError, ImportError) as e:
-        raise SpecError(f"{field} = {shown!r}: cannot be reached ({type(e).__name__}: "
-                        f"{redact(str(e)).splitlines()[0][:200] if str(e) else 'no detail'}); fix the URI or "
-                        "the credentials") from None
+        raise SpecError(
+            f"{field} = {shown!r}: cannot be reached ({type(e).__name__}: "
+            f"{redact(str(e)).splitlines()[0][:200] if str(e) else 'no detail'}); fix the URI or "
+            "the credentials"
+        ) from None
     if not found:
         raise SpecError(f"{field} = {shown!r}: does not exist; fix the location")
 
@@ -422,8 +483,10 @@ def _database_reachable(field: str, uri: str, tracking: bool) -> None:
     if scheme == "sqlite":
         path = real.split("://", 1)[1]
         if path in ("", "/", "/:memory:") or path.startswith("/:memory:"):
-            raise SpecError(f"{field} = {shown!r}: an in-memory SQLite store is gone when its process ends and "
-                            "no stage process could share it; give a file, sqlite:////abs/path.db")
+            raise SpecError(
+                f"{field} = {shown!r}: an in-memory SQLite store is gone when its process ends and "
+                "no stage process could share it; give a file, sqlite:////abs/path.db"
+            )
         db = Path(path[1:] if path.startswith("/") else path)  # sqlite:///rel.db, sqlite:////abs.db
         if db.exists():
             if not db.is_file():
@@ -437,10 +500,12 @@ def _database_reachable(field: str, uri: str, tracking: bool) -> None:
     elif scheme in ("postgresql", "postgres", "mysql"):
         _tcp_answers(field, shown, real, 5432 if scheme.startswith("postgres") else 3306)
     else:
-        kinds = "sqlite:////abs/path.db, http(s)://server or postgresql://..." if tracking else \
-            "sqlite:////abs/path.db or postgresql://..."
-        raise SpecError(f"{field} = {shown!r}: {scheme or 'no'} scheme is not a store traingate can use; "
-                        f"use {kinds}")
+        kinds = (
+            "sqlite:////abs/path.db, http(s)://server or postgresql://..."
+            if tracking
+            else "sqlite:////abs/path.db or postgresql://..."
+        )
+        raise SpecError(f"{field} = {shown!r}: {scheme or 'no'} scheme is not a store traingate can use; use {kinds}")
 
 
 def _http_health(field: str, shown: str, uri: str) -> None:
@@ -457,11 +522,14 @@ def _http_health(field: str, shown: str, uri: str) -> None:
     except (OSError, ValueError) as e:  # URLError is an OSError; a malformed host or port a ValueError
         reason = getattr(e, "reason", e)
         why = f"no answer within {PROBE_TIMEOUT_S:.0f} s" if isinstance(reason, TimeoutError) else str(reason)
-        raise SpecError(f"{field} = {shown!r}: the MLflow server does not answer ({redact(why)}); start it or fix "
-                        "the URI") from None
+        raise SpecError(
+            f"{field} = {shown!r}: the MLflow server does not answer ({redact(why)}); start it or fix the URI"
+        ) from None
     if status != 200:
-        raise SpecError(f"{field} = {shown!r}: GET /health answered HTTP {status}, not 200; check that this is "
-                        "a running MLflow server")
+        raise SpecError(
+            f"{field} = {shown!r}: GET /health answered HTTP {status}, not 200; check that this is "
+            "a running MLflow server"
+        )
 
 
 def _tcp_answers(field: str, shown: str, uri: str, default_port: int) -> None:
@@ -477,5 +545,7 @@ def _tcp_answers(field: str, shown: str, uri: str, default_port: int) -> None:
             pass
     except OSError as e:
         why = "no answer in time" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
-        raise SpecError(f"{field} = {shown!r}: nothing answers on {parts.hostname}:{port} ({why}); start the "
-                        "database or fix the URI") from None
+        raise SpecError(
+            f"{field} = {shown!r}: nothing answers on {parts.hostname}:{port} ({why}); start the "
+            "database or fix the URI"
+        ) from None

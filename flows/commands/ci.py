@@ -9,6 +9,7 @@ Both print how the run ended with the gate's reason (which `prefect deployment r
 and write a markdown summary to --summary, or to $GITHUB_STEP_SUMMARY when GitHub Actions sets it.
 deployments/ci/github-actions.yml calls both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,17 +28,29 @@ CHEAP = ("unit", "smoke", "canary")  # what a merge may spend; full training is 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", help="spec file: run its cheap stages here (default up to canary)")
-    p.add_argument("--summary", metavar="FILE", help="append a markdown summary here (default: "
-                   "$GITHUB_STEP_SUMMARY when set)")
-    p.add_argument("--commit", help="instead: run the ci-canary deployment on this commit (a sha of the "
-                   "repository the pool's worker clones: TRAINGATE_CI_REPOSITORY)")
+    p.add_argument(
+        "--summary", metavar="FILE", help="append a markdown summary here (default: $GITHUB_STEP_SUMMARY when set)"
+    )
+    p.add_argument(
+        "--commit",
+        help="instead: run the ci-canary deployment on this commit (a sha of the "
+        "repository the pool's worker clones: TRAINGATE_CI_REPOSITORY)",
+    )
     p.add_argument("--deployment", default=DEPLOYMENT, help=f"default {DEPLOYMENT}")
-    p.add_argument("--spec", dest="spec_path",
-                   help="with --commit: spec file inside the commit (default: the deployment's)")
-    p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
-                   help="override a spec field (repeatable)")
-    p.add_argument("--until", choices=STAGES, help="last stage (default: canary for a spec file, the "
-                   "deployment's for --commit)")
+    p.add_argument(
+        "--spec", dest="spec_path", help="with --commit: spec file inside the commit (default: the deployment's)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="override a spec field (repeatable)",
+    )
+    p.add_argument(
+        "--until", choices=STAGES, help="last stage (default: canary for a spec file, the deployment's for --commit)"
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)")
 
 
@@ -64,8 +77,10 @@ def _local(args: argparse.Namespace) -> int:
 
     until = args.until or "canary"
     if until not in CHEAP:
-        return _refuse(f"--until {until!r}: CI runs the cheap stages {', '.join(CHEAP)}; train full on a pool "
-                       "(traingate run, or the ladder deployment)")
+        return _refuse(
+            f"--until {until!r}: CI runs the cheap stages {', '.join(CHEAP)}; train full on a pool "
+            "(traingate run, or the ladder deployment)"
+        )
     args.overrides = args.overrides or []
     args.cmd, args.until = "run", until  # _load: validation and preflight of every store, as `run` does
     spec, _ = _load(args)
@@ -79,8 +94,10 @@ def _local(args: argparse.Namespace) -> int:
     message = redact(state.message or state.name)
     print(f"ci {args.spec} up to {until}: {verdict}: {message}")
     for stage, info in summary.get("stages", {}).items():
-        print(f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
-              f"${info['cost_usd']:.4f}  restarts {info['restarts']}  mlflow run {info['mlflow_run_id']}")
+        print(
+            f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+            f"${info['cost_usd']:.4f}  restarts {info['restarts']}  mlflow run {info['mlflow_run_id']}"
+        )
     if summary:
         print(f"  traingate run: {summary['run_id']}  (traingate show {summary['run_id']})")
     _write_summary(args, f"traingate ci: {args.spec} up to {until}", verdict, message, summary)
@@ -89,16 +106,20 @@ def _local(args: argparse.Namespace) -> int:
 
 def _deployment(args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[0-9a-fA-F]{7,40}", args.commit):
-        print(f"traingate ci: --commit {args.commit!r} is not a git sha; pass e.g. $(git rev-parse HEAD)",
-              file=sys.stderr)
+        print(
+            f"traingate ci: --commit {args.commit!r} is not a git sha; pass e.g. $(git rev-parse HEAD)", file=sys.stderr
+        )
         return 2
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
-        print("traingate ci: PREFECT_API_URL is not set: the ci-canary deployment runs on your Prefect server; "
-              "set it (e.g. http://prefect:4200/api)", file=sys.stderr)
+        print(
+            "traingate ci: PREFECT_API_URL is not set: the ci-canary deployment runs on your Prefect server; "
+            "set it (e.g. http://prefect:4200/api)",
+            file=sys.stderr,
+        )
         return 2
     params: dict = {"commit": args.commit}
     if args.spec_path:
@@ -110,13 +131,18 @@ def _deployment(args: argparse.Namespace) -> int:
     try:
         run = run_deployment(args.deployment, parameters=params, timeout=args.timeout, poll_interval=2)
     except ObjectNotFound:
-        print(f"traingate ci: no deployment {args.deployment!r} on {PREFECT_API_URL.value()}; deploy it with "
-              "prefect deploy --prefect-file deployments/prefect.yaml --name ci-canary", file=sys.stderr)
+        print(
+            f"traingate ci: no deployment {args.deployment!r} on {PREFECT_API_URL.value()}; deploy it with "
+            "prefect deploy --prefect-file deployments/prefect.yaml --name ci-canary",
+            file=sys.stderr,
+        )
         return 2
     state = run.state
     if state is None or not state.is_final():
-        print(f"ci {args.commit}: flow run {run.name} ({run.id}) not finished after {args.timeout:.0f} s "
-              f"({state.type.value if state else 'no state'})")
+        print(
+            f"ci {args.commit}: flow run {run.name} ({run.id}) not finished after {args.timeout:.0f} s "
+            f"({state.type.value if state else 'no state'})"
+        )
         return 1
     verdict = "PASSED" if state.is_completed() else state.type.value
     message = redact(state.message or state.name)
@@ -134,8 +160,11 @@ def _write_summary(args: argparse.Namespace, title: str, verdict: str, message: 
     lines = [f"## {title}: {verdict}", "", message.replace("\n", " "), ""]
     if summary.get("stages"):
         lines += ["| stage | status | gate | cost (USD) | restarts |", "|---|---|---|---:|---:|"]
-        lines += [f"| {stage} | {info['status']} | {'passed' if info['gate'] else '**failed**'} | "
-                  f"{info['cost_usd']:.4f} | {info['restarts']} |" for stage, info in summary["stages"].items()]
+        lines += [
+            f"| {stage} | {info['status']} | {'passed' if info['gate'] else '**failed**'} | "
+            f"{info['cost_usd']:.4f} | {info['restarts']} |"
+            for stage, info in summary["stages"].items()
+        ]
         lines += ["", f"traingate run `{summary['run_id']}`: `traingate show {summary['run_id']}`", ""]
     with Path(path).open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

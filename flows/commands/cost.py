@@ -1,6 +1,7 @@
 """`traingate cost [--team T] [--experiment E] [--since 7d]`: spend, idle share, time lost to failures,
 cost per successful run and the canary's estimate of full against its actual cost per experiment family,
 and scaling advice (1 process vs N), from the runs in the tracking store."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,24 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"traingate cost: {e}", file=sys.stderr)
         return 2
-    scope = ", ".join(x for x in (f"team {args.team}" if args.team else "",
-                                  f"experiment {args.experiment}" if args.experiment else "",
-                                  f"since {args.since} ago" if args.since else "") if x) or "all runs"
+    scope = (
+        ", ".join(
+            x
+            for x in (
+                f"team {args.team}" if args.team else "",
+                f"experiment {args.experiment}" if args.experiment else "",
+                f"since {args.since} ago" if args.since else "",
+            )
+            if x
+        )
+        or "all runs"
+    )
     text = ledger.render(ledger.report(got.runs), title=f"cost: {scope} ({len(got.runs)} runs)")
     advice = scaling.by_family(got.runs)
     if advice:
         text += "\n## scaling (smoke at 1 process vs canary, the newest run that measured both)\n\n" + "".join(
-            f"- {exp} (run {rid}): {a.sentence}\n" for exp, (rid, a) in advice.items())
+            f"- {exp} (run {rid}): {a.sentence}\n" for exp, (rid, a) in advice.items()
+        )
     if got.skipped:
         text += "\nnot charged (no record of their attempts):\n" + "".join(f"- {s}\n" for s in got.skipped)
     print(text, end="" if text.endswith("\n") else "\n")

@@ -6,6 +6,7 @@ when the disturbed run recovers every time and ends with bitwise-equal weights.
 Runs the supervisor directly (no Prefect flow): a drill tests the runtime and the
 supervision policy, and leaves the team's Prefect history alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from traingate.supervision.drill import DEFAULT_KINDS, DRILL_KINDS
 
     p.add_argument("spec", help="RunSpec YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field, e.g. --set supervision.hang_timeout_s=10 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set supervision.hang_timeout_s=10 (repeatable)",
+    )
     p.add_argument("--stage", choices=["canary", "full"], default="full", help="stage to drill (default full)")
     p.add_argument("--faults", type=int, default=5, help="number of faults to inject (default 5)")
-    p.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
-                   help=f"comma-separated fault kinds out of {','.join(DRILL_KINDS)}, cycled through "
-                        f"(default {','.join(DEFAULT_KINDS)})")
+    p.add_argument(
+        "--kinds",
+        default=",".join(DEFAULT_KINDS),
+        help=f"comma-separated fault kinds out of {','.join(DRILL_KINDS)}, cycled through "
+        f"(default {','.join(DEFAULT_KINDS)})",
+    )
     p.add_argument("--seed", type=int, default=None, help="fault plan seed (default: random, printed)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the report as JSON here")
 
@@ -49,8 +59,14 @@ def main(args: argparse.Namespace) -> int:
     limits = getattr(spec.stages, args.stage)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     try:
-        faults = plan(kinds, args.faults, limits.max_steps, spec.world_size if args.stage == "full"
-                      else spec.resources.procs_per_node, seed, spec.checkpoint.every_steps)
+        faults = plan(
+            kinds,
+            args.faults,
+            limits.max_steps,
+            spec.world_size if args.stage == "full" else spec.resources.procs_per_node,
+            seed,
+            spec.checkpoint.every_steps,
+        )
     except ValueError as e:
         print(f"traingate drill: {e}")
         return 2
@@ -60,7 +76,11 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(report.render())
     if args.json_path:
-        data = dataclasses.asdict(report) | {"time_lost_s": report.time_lost_s, "goodput": report.goodput,
-                                             "passed": report.passed, "seed": seed}
+        data = dataclasses.asdict(report) | {
+            "time_lost_s": report.time_lost_s,
+            "goodput": report.goodput,
+            "passed": report.passed,
+            "seed": seed,
+        }
         Path(args.json_path).write_text(json.dumps(data, indent=1))
     return 0 if report.passed else 1

@@ -1,4 +1,5 @@
 """`traingate note RUN_ID "text"`: add a timestamped note to a run's logbook."""
+
 from __future__ import annotations
 
 import argparse

@@ -13,6 +13,7 @@ tracking, artifact, checkpoint and Optuna stores: ``traingate.settings.pool_loca
 default environment of every flow run on it, so no run falls back to the directory its code is in.
 A pool without a state directory is refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,18 +24,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
-from traingate.settings import (DOCKER_NETWORKS_VAR, DOCKER_VOLUMES_VAR, IMAGE_VAR, SECRET_BLOCKS_VAR, LocationError,
-                                pool_locations, secret_blocks)
+from traingate.settings import (
+    DOCKER_NETWORKS_VAR,
+    DOCKER_VOLUMES_VAR,
+    IMAGE_VAR,
+    SECRET_BLOCKS_VAR,
+    LocationError,
+    pool_locations,
+    secret_blocks,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("bootstrap", help="create/update work pools, queues, slot and quota limits from a config")
     b.add_argument("config", help="pools config YAML, e.g. examples/pools.yaml")
-    b.add_argument("--image", default=os.environ.get(IMAGE_VAR),
-                   help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})")
-    sub.add_parser("secrets", help=f"store the credentials ${SECRET_BLOCKS_VAR} names as Prefect Secret blocks, "
-                                   "each from the variable of the same name in this environment")
+    b.add_argument(
+        "--image",
+        default=os.environ.get(IMAGE_VAR),
+        help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})",
+    )
+    sub.add_parser(
+        "secrets",
+        help=f"store the credentials ${SECRET_BLOCKS_VAR} names as Prefect Secret blocks, "
+        "each from the variable of the same name in this environment",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,12 +79,16 @@ def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if env is None else env
     wanted = secret_blocks(env.get(SECRET_BLOCKS_VAR))
     if not wanted:
-        raise CapacityError(f"{SECRET_BLOCKS_VAR} is not set: name the credentials to store, e.g. "
-                            "AWS_SECRET_ACCESS_KEY=traingate-aws-secret-access-key,PGPASSWORD=traingate-pgpassword")
+        raise CapacityError(
+            f"{SECRET_BLOCKS_VAR} is not set: name the credentials to store, e.g. "
+            "AWS_SECRET_ACCESS_KEY=traingate-aws-secret-access-key,PGPASSWORD=traingate-pgpassword"
+        )
     missing = [var for var in wanted if not env.get(var)]
     if missing:
-        raise CapacityError(f"{SECRET_BLOCKS_VAR}: {', '.join(missing)} not set in this environment; run "
-                            "`traingate pools secrets` where the credentials are set")
+        raise CapacityError(
+            f"{SECRET_BLOCKS_VAR}: {', '.join(missing)} not set in this environment; run "
+            "`traingate pools secrets` where the credentials are set"
+        )
     changes = []
     for var, block in wanted.items():
         Secret(value=env[var]).save(block, overwrite=True)
@@ -80,9 +98,12 @@ def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
 
 def _require_server(what: str = "pools are created") -> None:
     from prefect.settings import PREFECT_API_URL
+
     if not PREFECT_API_URL.value():
-        raise CapacityError(f"PREFECT_API_URL is not set: {what} on the server your workers use; "
-                            "set it (e.g. http://127.0.0.1:4200/api)")
+        raise CapacityError(
+            f"PREFECT_API_URL is not set: {what} on the server your workers use; "
+            "set it (e.g. http://127.0.0.1:4200/api)"
+        )
 
 
 def queue_priorities(cfg: CapacityConfig) -> dict[str, int]:
@@ -97,8 +118,13 @@ def queue_priorities(cfg: CapacityConfig) -> dict[str, int]:
     return {name: i + 1 for i, name in enumerate(ranked)}
 
 
-def job_template(pool: PoolConfig, image: str | None, pool_name: str,
-                 locations: dict[str, str] | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def job_template(
+    pool: PoolConfig,
+    image: str | None,
+    pool_name: str,
+    locations: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The pool's base job template; ``locations`` become the default environment of its flow runs
     (a deployment's ``env`` job variables are merged over them by Prefect, not instead of them).
     ``env``: the bootstrap's environment (a docker pool's networks and volumes)."""
@@ -108,15 +134,19 @@ def job_template(pool: PoolConfig, image: str | None, pool_name: str,
     return base
 
 
-def _template(pool: PoolConfig, image: str | None, pool_name: str,
-              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def _template(
+    pool: PoolConfig, image: str | None, pool_name: str, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     from prefect.workers.process import ProcessWorker
+
     env = os.environ if env is None else env
     if pool.worker == "process":
         return ProcessWorker.get_default_base_job_template()
     if not image:
-        raise CapacityError(f"pools.{pool_name}.worker = {pool.worker}: a container pool needs the training image; "
-                            f"pass --image or set {IMAGE_VAR} (a pinned tag, not latest)")
+        raise CapacityError(
+            f"pools.{pool_name}.worker = {pool.worker}: a container pool needs the training image; "
+            f"pass --image or set {IMAGE_VAR} (a pinned tag, not latest)"
+        )
     if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
         raise CapacityError(f"--image {image!r}: pin a tag or digest (not latest), so every node runs the same code")
     if pool.worker == "docker":
@@ -127,7 +157,8 @@ def _template(pool: PoolConfig, image: str | None, pool_name: str,
         props["image"]["default"] = image
         # prefect-docker passes container_create_kwargs to docker's create: the node's GPUs.
         props["container_create_kwargs"]["default"] = {
-            "device_requests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}] if pool.gpu else []}
+            "device_requests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}] if pool.gpu else []
+        }
         # A flow-run container reaches the servers only on their network, and keeps state on the pool's volume.
         for var, key in ((DOCKER_NETWORKS_VAR, "networks"), (DOCKER_VOLUMES_VAR, "volumes")):
             listed = [x.strip() for x in env.get(var, "").split(",") if x.strip()]
@@ -139,13 +170,30 @@ def _template(pool: PoolConfig, image: str | None, pool_name: str,
     props["image"] = {"type": "string", "title": "Image", "default": image}
     base["job_configuration"]["image"] = "{{ image }}"
     # kubernetes
-    props["job_manifest_gpu_limit"] = {"type": "integer", "default": pool.gpus_per_node if pool.gpu else 0,
-                                       "title": "nvidia.com/gpu per pod"}
+    props["job_manifest_gpu_limit"] = {
+        "type": "integer",
+        "default": pool.gpus_per_node if pool.gpu else 0,
+        "title": "nvidia.com/gpu per pod",
+    }
     base["job_configuration"]["job_manifest"] = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
-            "name": "prefect-job", "image": "{{ image }}", "env": "{{ env }}",
-            "resources": {"limits": {"nvidia.com/gpu": "{{ job_manifest_gpu_limit }}"}}}]}}}}
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "prefect-job",
+                            "image": "{{ image }}",
+                            "env": "{{ env }}",
+                            "resources": {"limits": {"nvidia.com/gpu": "{{ job_manifest_gpu_limit }}"}},
+                        }
+                    ],
+                }
+            }
+        },
+    }
     return base
 
 
@@ -166,13 +214,21 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str]
             try:
                 wp = c.read_work_pool(name)
             except ObjectNotFound:
-                c.create_work_pool(WorkPoolCreate(name=name, type=pool.worker, base_job_template=template,
-                                                  description=f"{pool.gpu or 'CPU'} x {pool.gpus_per_node} x {pool.nodes}"))
+                c.create_work_pool(
+                    WorkPoolCreate(
+                        name=name,
+                        type=pool.worker,
+                        base_job_template=template,
+                        description=f"{pool.gpu or 'CPU'} x {pool.gpus_per_node} x {pool.nodes}",
+                    )
+                )
                 changes.append(f"created work pool {name} ({pool.worker})")
             else:
                 if wp.type != pool.worker:
-                    raise CapacityError(f"pools.{name}.worker = {pool.worker}: the server's work pool {name} is of type "
-                                        f"{wp.type}; delete it (prefect work-pool delete {name}) or use its type")
+                    raise CapacityError(
+                        f"pools.{name}.worker = {pool.worker}: the server's work pool {name} is of type "
+                        f"{wp.type}; delete it (prefect work-pool delete {name}) or use its type"
+                    )
                 if wp.base_job_template != template:
                     c.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
                     changes.append(f"updated the job template of work pool {name}")
@@ -193,10 +249,14 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str]
                     old = None
                 if old != size:
                     c.upsert_global_concurrency_limit_by_name(lname, size)
-                    changes.append(f"created limit {lname} = {size}" if old is None else f"limit {lname}: {old} -> {size}")
+                    changes.append(
+                        f"created limit {lname} = {size}" if old is None else f"limit {lname}: {old} -> {size}"
+                    )
         value = cfg.model_dump(mode="json")
         var = c.read_variable_by_name(slots.CONFIG_VAR)
         if var is None or var.value != value:
             slots.put_variable(c, slots.CONFIG_VAR, value)
-            changes.append(f"{'stored' if var is None else 'updated'} the capacity config (variable {slots.CONFIG_VAR})")
+            changes.append(
+                f"{'stored' if var is None else 'updated'} the capacity config (variable {slots.CONFIG_VAR})"
+            )
     return changes

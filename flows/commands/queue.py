@@ -4,6 +4,7 @@ Waiting jobs are listed in the order the pool's policy serves them, each with it
 class, team, slots, time waited so far and an estimated start (the earliest time it fits if the
 running jobs end as predicted; "unknown" without predictions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,15 @@ def main(args: argparse.Namespace) -> int:
 
     from flows.commands.pools import _require_server
     from tasks import slots
+
     try:
         _require_server("the queue lives")
         with get_client(sync_client=True) as c:
             cfg = slots.read_config(c)
             if cfg is None:
-                raise CapacityError("this Prefect server has no capacity config; run `traingate pools bootstrap POOLS.yaml`")
+                raise CapacityError(
+                    "this Prefect server has no capacity config; run `traingate pools bootstrap POOLS.yaml`"
+                )
             if args.pool and args.pool not in cfg.pools:
                 raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
             now = time.time()
@@ -55,14 +59,24 @@ def render(cfg, live, history, now: float, only: str | None = None) -> str:
         used = sum(footprint(e.slots, pool.gpus_per_node) for e in running)
         out.append(f"pool {name}: {used}/{pool.capacity} slots in use, {len(running)} running, {len(waiting)} waiting")
         for e in sorted(running, key=lambda e: e.started_s or 0.0):
-            out.append(f"  running  {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
-                       f"for {now - (e.started_s or now):6.0f} s  {e.progress}")
+            out.append(
+                f"  running  {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
+                f"for {now - (e.started_s or now):6.0f} s  {e.progress}"
+            )
         usage = usage_now(history.get(name, {}), running, now, cfg.scheduling.half_life_h * 3600.0)
         rules = rules_for(cfg, name)
-        for e in [next(w for w in waiting if w.job_id == j.job_id)
-                  for j in queue_order([w.job() for w in waiting], rules.policy, rules.classes, usage, _predict)]:
+        for e in [
+            next(w for w in waiting if w.job_id == j.job_id)
+            for j in queue_order([w.job() for w in waiting], rules.policy, rules.classes, usage, _predict)
+        ]:
             d = decide(e.job_id, mine, cfg, now, usage)
-            est = "now" if d.start else ("unknown" if d.est_start_s is None else f"in {max(0.0, d.est_start_s - now):.0f} s")
-            out.append(f"  #{d.position:<3}     {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
-                       f"waited {now - e.submit_s:6.0f} s  start {est} ({d.why})")
+            est = (
+                "now"
+                if d.start
+                else ("unknown" if d.est_start_s is None else f"in {max(0.0, d.est_start_s - now):.0f} s")
+            )
+            out.append(
+                f"  #{d.position:<3}     {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
+                f"waited {now - e.submit_s:6.0f} s  start {est} ({d.why})"
+            )
     return "\n".join(out)

@@ -7,6 +7,7 @@ delivers them, stage journals first (a stage's record reads its metric history f
 plots), then the orchestrator's writes in the order they were kept. Delivered records are
 marked as such, so running it again delivers nothing twice.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,17 @@ from traingate.tracking import journal, runs, stale
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="RUN_ID_OR_STAGE_DIR",
-                   help="a traingate run id (its directory under the state dir), a run directory or a stage directory")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds to keep trying an unreachable tracking store before giving up (default 60)")
+    p.add_argument(
+        "target",
+        metavar="RUN_ID_OR_STAGE_DIR",
+        help="a traingate run id (its directory under the state dir), a run directory or a stage directory",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying an unreachable tracking store before giving up (default 60)",
+    )
 
 
 def _resolve(target: str, settings: Settings) -> tuple[Path, list[Path], bool] | None:
@@ -45,14 +53,18 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     where = _resolve(args.target, settings)
     if where is None:
-        print(f"traingate replay: no run {args.target!r} under {settings.state_dir / 'runs'} and no such stage or "
-              "run directory; pass the run id `traingate run` printed, or a stage directory")
+        print(
+            f"traingate replay: no run {args.target!r} under {settings.state_dir / 'runs'} and no such stage or "
+            "run directory; pass the run id `traingate run` printed, or a stage directory"
+        )
         return 2
     run_dir, stage_dirs, whole_run = where
     o = stale.read_orchestrator(run_dir)
     if o is not None and o.host == socket.gethostname() and stale.gone(o) is None:
-        print(f"traingate replay: run {run_dir.name} is still running (orchestrator pid {o.pid}); its processes "
-              "deliver their own records: replay after it ends")
+        print(
+            f"traingate replay: run {run_dir.name} is still running (orchestrator pid {o.pid}); its processes "
+            "deliver their own records: replay after it ends"
+        )
         return 2
     uri = redact(settings.tracking_uri)
     delivered = 0
@@ -66,9 +78,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"traingate replay: {stage_dir.name}: {redact(str(e)).splitlines()[0]}")
             return 1
         if left:
-            print(f"traingate replay: tracking store {uri} still unreachable after {args.timeout:.0f} s: "
-                  f"{left / 1024:.1f} KiB of {stage_dir.name}'s records stay in {journal.journal_path(stage_dir)}; "
-                  "run this again when it is back")
+            print(
+                f"traingate replay: tracking store {uri} still unreachable after {args.timeout:.0f} s: "
+                f"{left / 1024:.1f} KiB of {stage_dir.name}'s records stay in {journal.journal_path(stage_dir)}; "
+                "run this again when it is back"
+            )
             return 1
         delivered += 1
         print(f"{stage_dir.name}: delivered {size / 1024:.1f} KiB of records")
@@ -82,9 +96,11 @@ def main(args: argparse.Namespace) -> int:
                 if not runs.store_unreachable(e):
                     raise
                 if time.monotonic() >= deadline:
-                    print(f"traingate replay: tracking store {uri} still unreachable after {args.timeout:.0f} s "
-                          f"({redact(str(e)).splitlines()[0][:160]}); the run's kept writes stay in "
-                          f"{journal.journal_path(run_dir)}; run this again when it is back")
+                    print(
+                        f"traingate replay: tracking store {uri} still unreachable after {args.timeout:.0f} s "
+                        f"({redact(str(e)).splitlines()[0][:160]}); the run's kept writes stay in "
+                        f"{journal.journal_path(run_dir)}; run this again when it is back"
+                    )
                     return 1
                 time.sleep(2.0)
         for call, result in made:
@@ -95,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
             elif isinstance(result, dict):
                 line += f": not registered: {redact('; '.join(result.get('reasons', [])))}"
             print(line)
-    print(f"run {run_dir.name}: {'nothing left to deliver' if delivered else 'nothing to deliver'} "
-          f"(tracking store {uri})")
+    print(
+        f"run {run_dir.name}: {'nothing left to deliver' if delivered else 'nothing to deliver'} (tracking store {uri})"
+    )
     return 0

@@ -4,6 +4,7 @@ Finds the run's first unfinished stage under the state dir and runs the ladder f
 there (same run id, same MLflow runs, latest valid checkpoint) up to ``--until`` (default
 full): the parent run is closed and a passing full stage is promoted, as if never interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,18 @@ from traingate.spec import STAGES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", help="the traingate run id (printed by `traingate run`)")
     p.add_argument("--until", choices=STAGES, default="full", help="last stage to run (default: full)")
-    p.add_argument("--stage", choices=STAGES, default=None,
-                   help="stage to resume (default: the run's first unfinished stage)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
-                        "budget pause (repeatable; a checkpoint refuses changes its state depends on)")
+    p.add_argument(
+        "--stage", choices=STAGES, default=None, help="stage to resume (default: the run's first unfinished stage)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
+        "budget pause (repeatable; a checkpoint refuses changes its state depends on)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,16 +49,22 @@ def main(args: argparse.Namespace) -> int:
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
     try:
-        state = ladder(None, args.until, ResumeFrom(run_id=args.run_id, stage=point.stage, overrides=args.overrides),
-                       return_state=True)
+        state = ladder(
+            None,
+            args.until,
+            ResumeFrom(run_id=args.run_id, stage=point.stage, overrides=args.overrides),
+            return_state=True,
+        )
     except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
         return interrupted(args.run_id)
     data = summary_of(state)
     print(f"resume {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
     if data is not None:
         for name, info in data["stages"].items():
-            print(f"  {name:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
-                  f"restarts {info['restarts']}  resumed from step {info['resumed_from_step']}")
+            print(
+                f"  {name:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+                f"restarts {info['restarts']}  resumed from step {info['resumed_from_step']}"
+            )
         model = data.get("model") or {}
         if model.get("registered"):
             print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")

@@ -3,6 +3,7 @@ runs it on a schedule): the ladder on the newest snapshot of ``data.uri`` (``{la
 model takes ``@champion`` only if it beats the champion by ``promotion.margin``; skipped when the data
 did not change since the champion's. Exit 0 when it completed (promoted, not promoted or skipped),
 1 when it stopped (a gate, a failure), 2 on a bad spec."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,14 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file (data.uri may name the version {latest})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field, e.g. --set promotion.margin=0.01 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set promotion.margin=0.01 (repeatable)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

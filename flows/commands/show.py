@@ -1,4 +1,5 @@
 """`traingate show RUN_ID`: identity, stages, gates, restarts, notes and cost of a run."""
+
 from __future__ import annotations
 
 import argparse

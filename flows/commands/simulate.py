@@ -1,5 +1,6 @@
 """`traingate simulate TRACE.csv --pools CONFIG`: replay a job trace through the scheduling policies
 (traingate/capacity: no Prefect, no processes) and compare them; writes a table, plots and schedules."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,11 +18,15 @@ from traingate.settings import Settings
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool,est_duration_s]")
     p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
-    p.add_argument("--policies",
-                   help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
-                        "(default: the ten-way comparison)")
+    p.add_argument(
+        "--policies",
+        help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
+        "(default: the ten-way comparison)",
+    )
     p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
-    p.add_argument("--half-life-h", type=float, help="fair-share half-life (default: the config's scheduling.half_life_h)")
+    p.add_argument(
+        "--half-life-h", type=float, help="fair-share half-life (default: the config's scheduling.half_life_h)"
+    )
     p.add_argument("--out", help="output directory (default: <state dir>/simulate/<trace name>)")
     g = p.add_argument_group("generate a trace first (into TRACE.csv, which must not exist)")
     g.add_argument("--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see README)")
@@ -53,8 +58,12 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = [simulate(trace, config, p, args.half_life_h) for p in policies]
     pools = sorted({tj.job.pool for tj in trace})
-    text = report(results, f"{len(trace)} jobs from {trace_path.name} on "
-                           + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools), default)
+    text = report(
+        results,
+        f"{len(trace)} jobs from {trace_path.name} on "
+        + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools),
+        default,
+    )
     (out / "table.md").write_text(text)
     for r in results:
         write_schedule(r, out / f"schedule-{r.policy.name}.csv")
@@ -77,6 +86,16 @@ def _generate(args: argparse.Namespace, config: CapacityConfig, trace_path: Path
     if pool_name not in config.pools:
         raise CapacityError(f"--pool {pool_name!r} is not in the pools config; use one of {sorted(config.pools)}")
     pool = config.pools[pool_name]
-    write_trace(trace_path, generate(TraceParams(n_jobs=args.generate, capacity=pool.capacity,
-                                                 gpus_per_node=pool.gpus_per_node, load=args.load, seed=args.seed)))
+    write_trace(
+        trace_path,
+        generate(
+            TraceParams(
+                n_jobs=args.generate,
+                capacity=pool.capacity,
+                gpus_per_node=pool.gpus_per_node,
+                load=args.load,
+                seed=args.seed,
+            )
+        ),
+    )
     print(f"generated {args.generate} jobs into {trace_path} (pool {pool_name}, load {args.load}, seed {args.seed})")

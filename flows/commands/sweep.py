@@ -1,4 +1,5 @@
 """`traingate sweep SPEC [--set k=v ...] [--promote]`: run (or resume) the spec's hyperparameter sweep."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,10 +10,19 @@ from traingate.redact import redact
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file with a `sweep:` section")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field, e.g. --set sweep.n_trials=20 (repeatable)")
-    p.add_argument("--promote", action="store_true",
-                   help="run the best configuration up the ladder (to sweep.promotion.until, default full)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set sweep.n_trials=20 (repeatable)",
+    )
+    p.add_argument(
+        "--promote",
+        action="store_true",
+        help="run the best configuration up the ladder (to sweep.promotion.until, default full)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,8 +45,19 @@ def main(args: argparse.Namespace) -> int:
     data = state.result(raise_on_failure=False)
     print(f"sweep {'DONE' if state.is_completed() else 'STOPPED'}: {state.message}")
     if isinstance(data, dict):
-        for k in ("study", "stop_reason", "trials_finished", "total_steps", "best_trial", "best_value",
-                  "best_params", "reproducibility", "best_spec", "parent_run_id", "promotion"):
+        for k in (
+            "study",
+            "stop_reason",
+            "trials_finished",
+            "total_steps",
+            "best_trial",
+            "best_value",
+            "best_params",
+            "reproducibility",
+            "best_spec",
+            "parent_run_id",
+            "promotion",
+        ):
             if k in data:
                 print(redact(f"  {k:<16} {data[k]}"))
         for p in data.get("plots", []):

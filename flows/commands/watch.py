@@ -5,6 +5,7 @@ alerts, restarts and dollars, redrawn every ``--interval`` seconds from the run'
 (:mod:`traingate.monitor.dashboard`). It ends by itself when the run has ended, and on Ctrl-C,
 each time with a one-line summary and exit 0. Works over SSH: 80 columns, no mouse, no screen switch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,11 @@ def main(args: argparse.Namespace) -> int:
     runs = Settings.from_env().state_dir / "runs"
     run_dir = runs / args.run_id
     if not args.run_id or "/" in args.run_id or not (run_dir / "spec.yaml").is_file():
-        print(f"traingate watch: no run {args.run_id!r} under {runs}; list runs with `traingate runs` "
-              "(and use the same TRAINGATE_STATE_DIR)", file=sys.stderr)
+        print(
+            f"traingate watch: no run {args.run_id!r} under {runs}; list runs with `traingate runs` "
+            "(and use the same TRAINGATE_STATE_DIR)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if not args.interval > 0:
         print(f"traingate watch: --interval = {args.interval:g}: needs seconds > 0, e.g. --interval 2", file=sys.stderr)

@@ -23,6 +23,7 @@ Only jobs that have *finished* are observed, so a replay predicts from the past 
 >>> est.predict(Job("f", "speech", "research", "p", 4, 0.0))    # everything
 466.6666666666667
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,14 +35,17 @@ Predictor = Callable[[Job], "float | None"]
 
 class HistoryEstimator:
     def __init__(self) -> None:
-        self._by_team_size: dict[tuple[str, int], list[float]] = {}   # [sum, count]
+        self._by_team_size: dict[tuple[str, int], list[float]] = {}  # [sum, count]
         self._by_size: dict[int, list[float]] = {}
         self._all = [0.0, 0.0]
 
     def observe(self, job: Job, duration_s: float) -> None:
         """Record a finished job's whole run (its work, without queueing or restart overhead)."""
-        for acc in (self._by_team_size.setdefault((job.team, job.slots), [0.0, 0.0]),
-                    self._by_size.setdefault(job.slots, [0.0, 0.0]), self._all):
+        for acc in (
+            self._by_team_size.setdefault((job.team, job.slots), [0.0, 0.0]),
+            self._by_size.setdefault(job.slots, [0.0, 0.0]),
+            self._all,
+        ):
             acc[0] += duration_s
             acc[1] += 1
 

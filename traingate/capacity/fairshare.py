@@ -22,6 +22,7 @@ Among waiting jobs of the same priority class, the team with the smaller ``U`` g
 >>> round(decayed_usage([("a", 8, 0.0, 3600.0)], now=7200.0, half_life_s=H)["a"], 4)   # an hour later: half
 2.8854
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,9 @@ from collections.abc import Iterable, Mapping
 LN2 = math.log(2.0)
 
 
-def decayed_usage(intervals: Iterable[tuple[str, int, float, float | None]], now: float,
-                  half_life_s: float) -> dict[str, float]:
+def decayed_usage(
+    intervals: Iterable[tuple[str, int, float, float | None]], now: float, half_life_s: float
+) -> dict[str, float]:
     """Decayed GPU-hours per team at ``now`` from ``(team, gpus, start_s, end_s)`` intervals
     (``end_s`` None for a job still running). Intervals after ``now`` count up to ``now``."""
     out: dict[str, float] = {}
@@ -46,8 +48,9 @@ def decayed_usage(intervals: Iterable[tuple[str, int, float, float | None]], now
     return out
 
 
-def advance(usage: Mapping[str, float], gpus_held: Mapping[str, int], dt_s: float,
-            half_life_s: float) -> dict[str, float]:
+def advance(
+    usage: Mapping[str, float], gpus_held: Mapping[str, int], dt_s: float, half_life_s: float
+) -> dict[str, float]:
     """Usage ``dt_s`` seconds later, each team having held ``gpus_held[team]`` GPUs throughout."""
     d = 2.0 ** (-dt_s / half_life_s)
     gain = half_life_s / LN2 * (1.0 - d) / 3600.0

@@ -8,6 +8,7 @@ node runs on one node; a wider one takes whole nodes. Nothing is ever held parti
 >>> place(16, [8, 7, 7], gpus_per_node=8) is None
 True
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

@@ -11,6 +11,7 @@ A ``Job`` never carries its true duration: the policy sees predictions only.
 >>> work_s(run, now=1400.0), at_risk_s(run, now=1400.0)
 (1300.0, 100.0)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,7 @@ class Job:
     pool: str
     slots: int
     submit_s: float
-    est_duration_s: float | None = None     # the submitter's prediction of its whole run; None: ask history
+    est_duration_s: float | None = None  # the submitter's prediction of its whole run; None: ask history
     checkpoint_every_s: float | None = None  # None: no periodic checkpoints, a preemption loses the attempt
     # While it runs (started_s is None while it waits):
     started_s: float | None = None
@@ -33,8 +34,8 @@ class Job:
     # Seconds an attempt holds its slots before training progresses: restart cost on a resume,
     # the victims' checkpoint grace for a preemptor. Set before the attempt starts.
     overhead_s: float = 0.0
-    done_s: float = 0.0   # durable work from earlier attempts: the next attempt resumes from here
-    attempt: int = 0      # 0 = first attempt; +1 per preemption
+    done_s: float = 0.0  # durable work from earlier attempts: the next attempt resumes from here
+    attempt: int = 0  # 0 = first attempt; +1 per preemption
 
 
 def started(job: Job, now: float, nodes: tuple[int, ...], extra_overhead_s: float = 0.0) -> Job:
@@ -60,5 +61,6 @@ def at_risk_s(job: Job, now: float) -> float:
 def requeued(job: Job, now: float, restart_cost_s: float) -> Job:
     """The job back in the queue after a preemption at ``now``: its durable work kept, the rest lost."""
     durable = work_s(job, now) - at_risk_s(job, now)
-    return dataclasses.replace(job, started_s=None, nodes=(), overhead_s=restart_cost_s,
-                               done_s=job.done_s + durable, attempt=job.attempt + 1)
+    return dataclasses.replace(
+        job, started_s=None, nodes=(), overhead_s=restart_cost_s, done_s=job.done_s + durable, attempt=job.attempt + 1
+    )

@@ -22,6 +22,7 @@ The pass walks the queue in the policy's order:
   only as many as needed. This happens wherever the job stands in the queue: under ``fifo``
   too, an urgent job gets its slots.
 """
+
 from __future__ import annotations
 
 import enum
@@ -60,12 +61,16 @@ class Policy:
         head, *mods = text.strip().split("+")
         orders = [o.value for o in Order]
         if head not in orders:
-            raise CapacityError(f"policy {text!r}: {head!r} is not an order; use one of {orders}, "
-                                f"optionally with +backfill and/or +preempt")
+            raise CapacityError(
+                f"policy {text!r}: {head!r} is not an order; use one of {orders}, "
+                f"optionally with +backfill and/or +preempt"
+            )
         bad = [m for m in mods if m not in ("backfill", "preempt")] or [m for m in set(mods) if mods.count(m) > 1]
         if bad:
-            raise CapacityError(f"policy {text!r}: {bad[0]!r} is not a modifier (or is repeated); "
-                                f"use +backfill and/or +preempt once each")
+            raise CapacityError(
+                f"policy {text!r}: {bad[0]!r} is not a modifier (or is repeated); "
+                f"use +backfill and/or +preempt once each"
+            )
         return cls(Order(head), backfill="backfill" in mods, preempt="preempt" in mods)
 
     @classmethod
@@ -80,7 +85,7 @@ class Rules:
 
     policy: Policy
     classes: Mapping[str, PriorityClass]
-    quotas: Mapping[str, int]   # team -> max slots held on this pool; absent: uncapped
+    quotas: Mapping[str, int]  # team -> max slots held on this pool; absent: uncapped
     restart_cost_s: float = 0.0  # what a victim pays to resume; part of the work a preemption loses
 
 
@@ -100,14 +105,19 @@ class Start:
 @dataclass(frozen=True)
 class Plan:
     starts: tuple[Start, ...]
-    preempted: tuple[str, ...]        # stop these (checkpoint, release, requeue), before the starts
-    head: str | None                  # the first job in order that could not start (it blocks the rest)
-    reserved_s: float | None          # the head's reserved start (backfill only)
-    held_by_quota: tuple[str, ...]    # waiting because their team is at its cap on this pool
+    preempted: tuple[str, ...]  # stop these (checkpoint, release, requeue), before the starts
+    head: str | None  # the first job in order that could not start (it blocks the rest)
+    reserved_s: float | None  # the head's reserved start (backfill only)
+    held_by_quota: tuple[str, ...]  # waiting because their team is at its cap on this pool
 
 
-def queue_order(waiting: Sequence[Job], policy: Policy, classes: Mapping[str, PriorityClass],
-                usage: Mapping[str, float], predict: Predictor) -> list[Job]:
+def queue_order(
+    waiting: Sequence[Job],
+    policy: Policy,
+    classes: Mapping[str, PriorityClass],
+    usage: Mapping[str, float],
+    predict: Predictor,
+) -> list[Job]:
     """The waiting jobs in the order the policy serves them (a queue view shows this order)."""
     order = policy.order
     if order is Order.FIFO:
@@ -115,16 +125,22 @@ def queue_order(waiting: Sequence[Job], policy: Policy, classes: Mapping[str, Pr
     if order is Order.PRIORITY:
         return sorted(waiting, key=lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id))
     if order is Order.SJF:
+
         def sjf_key(j: Job) -> tuple:
             rem = predicted_remaining(j, predict)
             return (-classes[j.priority].priority, math.inf if rem is None else rem, j.submit_s, j.job_id)
+
         return sorted(waiting, key=sjf_key)
     assert order is Order.FAIRSHARE, order
     return sorted(waiting, key=lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id))
 
 
-def never_fits(job: Job, pools: Mapping[str, PoolConfig], classes: Mapping[str, PriorityClass],
-               quotas: Mapping[str, Mapping[str, int]]) -> str | None:
+def never_fits(
+    job: Job,
+    pools: Mapping[str, PoolConfig],
+    classes: Mapping[str, PriorityClass],
+    quotas: Mapping[str, Mapping[str, int]],
+) -> str | None:
     """Why ``job`` could never start (unknown pool or class, wider than the pool, above its
     team's quota), or None. Such a job is refused at submission instead of waiting forever."""
     if job.pool not in pools:
@@ -135,12 +151,16 @@ def never_fits(job: Job, pools: Mapping[str, PoolConfig], classes: Mapping[str, 
     need = footprint(job.slots, pool.gpus_per_node)
     what = f"{job.slots} GPUs" + (f" (held as {need}: whole nodes)" if need != job.slots else "")
     if need > pool.capacity:
-        return (f"{what} do not fit pool {job.pool!r}, which has {pool.capacity} "
-                f"({pool.nodes} nodes x {pool.gpus_per_node}); lower it or use a bigger pool")
+        return (
+            f"{what} do not fit pool {job.pool!r}, which has {pool.capacity} "
+            f"({pool.nodes} nodes x {pool.gpus_per_node}); lower it or use a bigger pool"
+        )
     cap = quotas.get(job.team, {}).get(job.pool)
     if cap is not None and need > cap:
-        return (f"{what} exceed the quota of team {job.team!r} on {job.pool!r} ({cap}); "
-                f"lower it or raise quotas.{job.team}.{job.pool}")
+        return (
+            f"{what} exceed the quota of team {job.team!r} on {job.pool!r} ({cap}); "
+            f"lower it or raise quotas.{job.team}.{job.pool}"
+        )
     return None
 
 
@@ -157,8 +177,9 @@ def predicted_end(job: Job, now: float, predict: Predictor) -> float:
     return end
 
 
-def reserve(job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int,
-            predict: Predictor) -> float | None:
+def reserve(
+    job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int, predict: Predictor
+) -> float | None:
     """EASY reservation: the earliest time ``job`` fits, releasing running jobs at their predicted ends."""
     f = list(free)
     for end, r in sorted(((predicted_end(r, now, predict), r) for r in running), key=lambda e: (e[0], e[1].job_id)):
@@ -168,9 +189,16 @@ def reserve(job: Job, now: float, free: Sequence[int], running: Sequence[Job], g
     return None
 
 
-def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[Job], gpus_per_node: int,
-                   classes: Mapping[str, PriorityClass], over_quota: int = 0,
-                   restart_cost_s: float = 0.0) -> tuple[Job, ...] | None:
+def choose_victims(
+    job: Job,
+    now: float,
+    free: Sequence[int],
+    running: Sequence[Job],
+    gpus_per_node: int,
+    classes: Mapping[str, PriorityClass],
+    over_quota: int = 0,
+    restart_cost_s: float = 0.0,
+) -> tuple[Job, ...] | None:
     """Running jobs to preempt so that ``job`` fits, or None when even all candidates would not do.
 
     Candidates are jobs of strictly lower classes. They are taken least work lost first (GPUs held
@@ -180,9 +208,17 @@ def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[
     is spared again.
     """
     mine = classes[job.priority].priority
-    cands = [r for r in running if classes[r.priority].priority < mine and r.started_s is not None and r.started_s < now]
-    cands.sort(key=lambda r: (footprint(r.slots, gpus_per_node) * (at_risk_s(r, now) + restart_cost_s),
-                              classes[r.priority].priority, -(r.started_s or 0.0), r.job_id))
+    cands = [
+        r for r in running if classes[r.priority].priority < mine and r.started_s is not None and r.started_s < now
+    ]
+    cands.sort(
+        key=lambda r: (
+            footprint(r.slots, gpus_per_node) * (at_risk_s(r, now) + restart_cost_s),
+            classes[r.priority].priority,
+            -(r.started_s or 0.0),
+            r.job_id,
+        )
+    )
     f = list(free)
     chosen: list[Job] = []
     team_freed = 0
@@ -192,7 +228,7 @@ def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[
 
     for r in cands:
         if over_quota and r.team != job.team and place(job.slots, f, gpus_per_node) is not None:
-            continue   # it fits already; only the team's own jobs can bring it under its cap
+            continue  # it fits already; only the team's own jobs can bring it under its cap
         release(f, r.slots, r.nodes, gpus_per_node)
         chosen.append(r)
         if r.team == job.team:
@@ -201,7 +237,7 @@ def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[
             break
     else:
         return None
-    for r in reversed(list(chosen)):   # most expensive first
+    for r in reversed(list(chosen)):  # most expensive first
         take(f, r.slots, r.nodes, gpus_per_node)
         if r.team == job.team:
             team_freed -= footprint(r.slots, gpus_per_node)
@@ -214,8 +250,15 @@ def choose_victims(job: Job, now: float, free: Sequence[int], running: Sequence[
     return tuple(chosen)
 
 
-def schedule(now: float, pool: PoolConfig, running: Sequence[Job], waiting: Sequence[Job], rules: Rules,
-             usage: Mapping[str, float], predict: Predictor) -> Plan:
+def schedule(
+    now: float,
+    pool: PoolConfig,
+    running: Sequence[Job],
+    waiting: Sequence[Job],
+    rules: Rules,
+    usage: Mapping[str, float],
+    predict: Predictor,
+) -> Plan:
     """One pass over the pool at ``now``; see the module docstring for the rules.
 
     ``running`` carry their ``nodes``; ``usage`` is each team's decayed GPU-hours (fair share);
@@ -256,8 +299,11 @@ def schedule(now: float, pool: PoolConfig, running: Sequence[Job], waiting: Sequ
         can_preempt = policy.preempt and rules.classes[job.priority].preempts
         if over:
             # Its team is at its cap: only its own lower-class jobs can make room, by preemption.
-            victims = choose_victims(job, now, free, list(live.values()), gpn, rules.classes, over,
-                                     rules.restart_cost_s) if can_preempt else None
+            victims = (
+                choose_victims(job, now, free, list(live.values()), gpn, rules.classes, over, rules.restart_cost_s)
+                if can_preempt
+                else None
+            )
             if victims is None:
                 quota_held.append(job.job_id)
             else:
@@ -287,5 +333,5 @@ def schedule(now: float, pool: PoolConfig, running: Sequence[Job], waiting: Sequ
             if policy.backfill:
                 shadow = reserve(job, now, free, list(live.values()), gpn, predict)
             elif not policy.preempt:
-                break   # strict order: nothing behind the head may start
+                break  # strict order: nothing behind the head may start
     return Plan(tuple(starts), tuple(preempted), head.job_id if head else None, shadow, tuple(quota_held))

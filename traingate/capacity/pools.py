@@ -7,6 +7,7 @@ scheduling defaults. One YAML file (``examples/pools.yaml``), validated here; a 
 >>> cfg.pools["gpu-a100"].capacity, sorted(cfg.priority_classes, key=cfg.rank)
 (64, ['urgent', 'production', 'research'])
 """
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -47,13 +48,16 @@ class PriorityClass(_Section):
 
 
 def _default_classes() -> dict[str, PriorityClass]:
-    return {"urgent": PriorityClass(priority=100, preempts=True),
-            "production": PriorityClass(priority=50),
-            "research": PriorityClass(priority=10)}
+    return {
+        "urgent": PriorityClass(priority=100, preempts=True),
+        "production": PriorityClass(priority=50),
+        "research": PriorityClass(priority=10),
+    }
 
 
 class Period(StrEnum):
     """A team budget's period: a calendar day, week (from Monday) or month, in UTC."""
+
     DAY = "day"
     WEEK = "week"
     MONTH = "month"
@@ -75,20 +79,29 @@ class SchedulingConfig(_Section):
 class SimulatorConfig(_Section):
     """What a trace does not say about its jobs but the simulator needs."""
 
-    checkpoint_every_s: float = Field(default=1800.0, gt=0, description="a preempted job loses its work since the last one")
-    restart_cost_s: float = Field(default=120.0, ge=0, description="slots held without progress when a preempted job resumes")
-    preempt_grace_s: float = Field(default=30.0, ge=0, description="the victims' emergency checkpoint, paid by the preemptor")
+    checkpoint_every_s: float = Field(
+        default=1800.0, gt=0, description="a preempted job loses its work since the last one"
+    )
+    restart_cost_s: float = Field(
+        default=120.0, ge=0, description="slots held without progress when a preempted job resumes"
+    )
+    preempt_grace_s: float = Field(
+        default=30.0, ge=0, description="the victims' emergency checkpoint, paid by the preemptor"
+    )
 
 
 class CapacityConfig(_Section):
     pools: dict[str, PoolConfig] = Field(min_length=1)
     priority_classes: dict[str, PriorityClass] = Field(
         default_factory=_default_classes,
-        description="merged over urgent/production/research: the config may re-number them and add classes")
+        description="merged over urgent/production/research: the config may re-number them and add classes",
+    )
     default_class: str = Field(default="research", description="class of a job that names none")
     quotas: dict[str, dict[str, int]] = Field(default_factory=dict, description="team -> pool -> max concurrent slots")
-    team_budgets: dict[str, TeamBudget] = Field(default_factory=dict, description="team -> spend per period; "
-                                                "a stage estimated above what is left is refused at its gate")
+    team_budgets: dict[str, TeamBudget] = Field(
+        default_factory=dict,
+        description="team -> spend per period; a stage estimated above what is left is refused at its gate",
+    )
     scheduling: SchedulingConfig = SchedulingConfig()
     simulator: SimulatorConfig = SimulatorConfig()
 
@@ -96,8 +109,13 @@ class CapacityConfig(_Section):
     @classmethod
     def _merge_builtin_classes(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("priority_classes"), dict):
-            data = {**data, "priority_classes": {**{k: v.model_dump() for k, v in _default_classes().items()},
-                                                 **data["priority_classes"]}}
+            data = {
+                **data,
+                "priority_classes": {
+                    **{k: v.model_dump() for k, v in _default_classes().items()},
+                    **data["priority_classes"],
+                },
+            }
         return data
 
     @model_validator(mode="after")
@@ -105,19 +123,25 @@ class CapacityConfig(_Section):
         seen: dict[int, str] = {}
         for name, pc in sorted(self.priority_classes.items()):
             if pc.priority in seen:
-                raise ValueError(f"priority_classes.{name}.priority = {pc.priority}: same as class "
-                                 f"{seen[pc.priority]!r}; give each class its own priority")
+                raise ValueError(
+                    f"priority_classes.{name}.priority = {pc.priority}: same as class "
+                    f"{seen[pc.priority]!r}; give each class its own priority"
+                )
             seen[pc.priority] = name
         if self.default_class not in self.priority_classes:
-            raise ValueError(f"default_class = {self.default_class!r}: not a priority class; "
-                             f"use one of {sorted(self.priority_classes)}")
+            raise ValueError(
+                f"default_class = {self.default_class!r}: not a priority class; "
+                f"use one of {sorted(self.priority_classes)}"
+            )
         for team, caps in self.quotas.items():
             for pool, cap in caps.items():
                 if pool not in self.pools:
                     raise ValueError(f"quotas.{team}.{pool}: {pool!r} is not a pool; use one of {sorted(self.pools)}")
                 if cap < 1:
-                    raise ValueError(f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "
-                                     f"remove the entry to leave the team uncapped")
+                    raise ValueError(
+                        f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "
+                        f"remove the entry to leave the team uncapped"
+                    )
         return self
 
     def rank(self, priority_class: str) -> int:

@@ -19,6 +19,7 @@ serializes the moment of starting so two jobs never plan on the same free GPUs.
 >>> d.start, d.victims, d.nodes
 (True, ('r1-full',), (0,))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,7 @@ from traingate.capacity.pools import CapacityConfig
 
 WAITING = "waiting"
 RUNNING = "running"
-STALE_S = 60.0   # an entry not refreshed for this long belongs to a dead orchestrator: ignored
+STALE_S = 60.0  # an entry not refreshed for this long belongs to a dead orchestrator: ignored
 
 
 @dataclass(frozen=True)
@@ -52,20 +53,30 @@ class Entry:
     slots: int
     submit_s: float
     state: str = WAITING
-    beat_s: float = 0.0                      # last refresh (wall clock, seconds)
+    beat_s: float = 0.0  # last refresh (wall clock, seconds)
     started_s: float | None = None
     nodes: tuple[int, ...] = ()
     checkpoint_every_s: float | None = None  # how much work a preemption may lose
-    est_duration_s: float | None = None      # predicted run time (backfill); None: unknown
-    attempt: int = 0                         # +1 per preemption
-    progress: str = ""                       # e.g. "step 40/100"
+    est_duration_s: float | None = None  # predicted run time (backfill); None: unknown
+    attempt: int = 0  # +1 per preemption
+    progress: str = ""  # e.g. "step 40/100"
     host: str = ""
     pid: int = 0
 
     def job(self) -> Job:
-        return Job(self.job_id, self.team, self.priority, self.pool, self.slots, self.submit_s,
-                   est_duration_s=self.est_duration_s, checkpoint_every_s=self.checkpoint_every_s,
-                   started_s=self.started_s, nodes=tuple(self.nodes), attempt=self.attempt)
+        return Job(
+            self.job_id,
+            self.team,
+            self.priority,
+            self.pool,
+            self.slots,
+            self.submit_s,
+            est_duration_s=self.est_duration_s,
+            checkpoint_every_s=self.checkpoint_every_s,
+            started_s=self.started_s,
+            nodes=tuple(self.nodes),
+            attempt=self.attempt,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -95,16 +106,20 @@ def fresh(entries: Sequence[Entry], now: float, stale_s: float = STALE_S) -> lis
 class Decision:
     start: bool
     nodes: tuple[int, ...] = ()
-    victims: tuple[str, ...] = ()       # running jobs to preempt (this job starts by preemption)
-    position: int = 0                   # 1 = next in the policy's order
-    waiting: int = 0                    # jobs waiting on the pool
-    est_start_s: float | None = None    # earliest start if running jobs end as predicted
+    victims: tuple[str, ...] = ()  # running jobs to preempt (this job starts by preemption)
+    position: int = 0  # 1 = next in the policy's order
+    waiting: int = 0  # jobs waiting on the pool
+    est_start_s: float | None = None  # earliest start if running jobs end as predicted
     why: str = ""
 
 
 def rules_for(cfg: CapacityConfig, pool: str) -> Rules:
-    return Rules(Policy.default(cfg.scheduling), cfg.priority_classes, cfg.quotas_on(pool),
-                 restart_cost_s=cfg.simulator.restart_cost_s)
+    return Rules(
+        Policy.default(cfg.scheduling),
+        cfg.priority_classes,
+        cfg.quotas_on(pool),
+        restart_cost_s=cfg.simulator.restart_cost_s,
+    )
 
 
 def _predict(job: Job) -> float | None:
@@ -123,30 +138,39 @@ def placed(running: Sequence[Entry], gpus_per_node: int, nodes: int) -> list[Job
     for e in sorted(running, key=lambda e: (e.started_s or 0.0, e.job_id)):
         need = footprint(e.slots, gpus_per_node)
         rec = tuple(e.nodes)
-        ok = bool(rec) and all(0 <= n < nodes for n in rec) and (
-            free[rec[0]] >= e.slots if e.slots <= gpus_per_node
-            else len(rec) * gpus_per_node >= need and all(free[n] == gpus_per_node for n in rec))
+        ok = (
+            bool(rec)
+            and all(0 <= n < nodes for n in rec)
+            and (
+                free[rec[0]] >= e.slots
+                if e.slots <= gpus_per_node
+                else len(rec) * gpus_per_node >= need and all(free[n] == gpus_per_node for n in rec)
+            )
+        )
         where = rec if ok else place(e.slots, free, gpus_per_node)
-        if where is None:   # left out of the plan's bookkeeping; the server's limit still counts it
+        if where is None:  # left out of the plan's bookkeeping; the server's limit still counts it
             continue
         take(free, e.slots, tuple(where), gpus_per_node)
         out.append(dataclasses.replace(e.job(), nodes=tuple(where)))
     return out
 
 
-def usage_now(history: Mapping[str, tuple[float, float]], running: Sequence[Entry], now: float,
-              half_life_s: float) -> dict[str, float]:
+def usage_now(
+    history: Mapping[str, tuple[float, float]], running: Sequence[Entry], now: float, half_life_s: float
+) -> dict[str, float]:
     """Decayed GPU-hours per team: finished work (``team -> (usage, as_of_s)``, decayed to now)
     plus the running jobs' work so far."""
     out = {team: u * 2.0 ** (-(now - as_of) / half_life_s) for team, (u, as_of) in history.items()}
-    for team, u in decayed_usage([(e.team, e.slots, e.started_s or now, None) for e in running],
-                                 now, half_life_s).items():
+    for team, u in decayed_usage(
+        [(e.team, e.slots, e.started_s or now, None) for e in running], now, half_life_s
+    ).items():
         out[team] = out.get(team, 0.0) + u
     return out
 
 
-def fold_usage(prev: tuple[float, float] | None, slots: int, start_s: float, end_s: float,
-               half_life_s: float) -> tuple[float, float]:
+def fold_usage(
+    prev: tuple[float, float] | None, slots: int, start_s: float, end_s: float, half_life_s: float
+) -> tuple[float, float]:
     """A team's stored usage after one more finished interval, as of ``end_s``.
 
     >>> u, t = fold_usage(None, 8, 0.0, 3600.0, 3600.0)
@@ -158,8 +182,7 @@ def fold_usage(prev: tuple[float, float] | None, slots: int, start_s: float, end
     return u + decayed_usage([("t", slots, start_s, end_s)], end_s, half_life_s).get("t", 0.0), end_s
 
 
-def decide(me: str, entries: Sequence[Entry], cfg: CapacityConfig, now: float,
-           usage: Mapping[str, float]) -> Decision:
+def decide(me: str, entries: Sequence[Entry], cfg: CapacityConfig, now: float, usage: Mapping[str, float]) -> Decision:
     """Whether waiting job ``me`` starts now on its pool, given every fresh entry of that pool."""
     mine = next(e for e in entries if e.job_id == me)
     pool = cfg.pools[mine.pool]
@@ -193,7 +216,12 @@ def describe_wait(d: Decision, waited_s: float, now: float) -> str:
     >>> describe_wait(Decision(False, position=2, waiting=3, est_start_s=130.0, why="behind a"), 12.0, 100.0)
     'waiting for slots: position 2 of 3, waited 12 s, estimated start in 30 s (behind a)'
     """
-    est = ("unknown" if d.est_start_s is None or not math.isfinite(d.est_start_s)
-           else f"in {max(0.0, d.est_start_s - now):.0f} s")
-    return (f"waiting for slots: position {d.position} of {d.waiting}, waited {waited_s:.0f} s, "
-            f"estimated start {est} ({d.why})")
+    est = (
+        "unknown"
+        if d.est_start_s is None or not math.isfinite(d.est_start_s)
+        else f"in {max(0.0, d.est_start_s - now):.0f} s"
+    )
+    return (
+        f"waiting for slots: position {d.position} of {d.waiting}, waited {waited_s:.0f} s, "
+        f"estimated start {est} ({d.why})"
+    )

@@ -17,6 +17,7 @@ independent, so each is replayed on its own and fair share counts usage per pool
 >>> [(r.job_id, r.first_start_s, r.end_s) for r in res.records]
 [('a', 0.0, 100.0), ('b', 100.0, 150.0)]
 """
+
 from __future__ import annotations
 
 import heapq
@@ -38,7 +39,7 @@ from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
 @dataclass(frozen=True)
 class TraceJob:
     job: Job
-    duration_s: float   # true work; only the simulator knows it
+    duration_s: float  # true work; only the simulator knows it
 
 
 @dataclass
@@ -54,7 +55,7 @@ class JobRecord:
     first_start_s: float | None = None
     end_s: float | None = None
     attempts: list[tuple[float, tuple[int, ...], str]] = field(default_factory=list)  # (start, nodes, how)
-    preempted_at: list[float] = field(default_factory=list)   # attempt k ended here, the last one at end_s
+    preempted_at: list[float] = field(default_factory=list)  # attempt k ended here, the last one at end_s
 
     @property
     def preemptions(self) -> int:
@@ -76,14 +77,14 @@ class PoolTotals:
     pool: str
     capacity: int
     price_per_gpu_hour: float
-    makespan_s: float = 0.0             # first submission to last end
-    busy_gpu_s: float = 0.0             # GPUs held x time (restarts and lost work included)
+    makespan_s: float = 0.0  # first submission to last end
+    busy_gpu_s: float = 0.0  # GPUs held x time (restarts and lost work included)
     # Utilisation and fragmentation are measured while work keeps arriving (first to last
     # submission; the whole replay when everything arrives at once): the drain at the end,
     # when the queue empties whatever the policy, would only dilute them.
     window_s: float = 0.0
     window_busy_gpu_s: float = 0.0
-    fragmented_gpu_s: float = 0.0       # see gang.fragmented
+    fragmented_gpu_s: float = 0.0  # see gang.fragmented
     team_gpu_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -94,11 +95,12 @@ class SimResult:
     records: list[JobRecord]
     pools: list[PoolTotals]
     wall_s: float
-    cpu_s: float   # the replay's own CPU time: its speed on a machine shared with other work
+    cpu_s: float  # the replay's own CPU time: its speed on a machine shared with other work
 
 
-def simulate(trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy,
-             half_life_h: float | None = None) -> SimResult:
+def simulate(
+    trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy, half_life_h: float | None = None
+) -> SimResult:
     """Replay ``trace`` under ``policy``. ``half_life_h`` overrides the config's fair-share half-life."""
     for tj in trace:
         why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
@@ -109,30 +111,47 @@ def simulate(trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy,
     records: list[JobRecord] = []
     totals: list[PoolTotals] = []
     for name in sorted({tj.job.pool for tj in trace}):
-        rec, tot = _replay_pool(name, config.pools[name], [tj for tj in trace if tj.job.pool == name],
-                                config, Rules(policy, config.priority_classes, config.quotas_on(name),
-                                      config.simulator.restart_cost_s), h * 3600.0)
+        rec, tot = _replay_pool(
+            name,
+            config.pools[name],
+            [tj for tj in trace if tj.job.pool == name],
+            config,
+            Rules(policy, config.priority_classes, config.quotas_on(name), config.simulator.restart_cost_s),
+            h * 3600.0,
+        )
         records += rec
         totals.append(tot)
     records.sort(key=lambda r: (r.submit_s, r.job_id))
     return SimResult(policy, h, records, totals, time.perf_counter() - t0, time.process_time() - c0)
 
 
-def _replay_pool(name: str, pool: PoolConfig, trace: list[TraceJob], config: CapacityConfig, rules: Rules,
-                 half_life_s: float) -> tuple[list[JobRecord], PoolTotals]:
+def _replay_pool(
+    name: str, pool: PoolConfig, trace: list[TraceJob], config: CapacityConfig, rules: Rules, half_life_s: float
+) -> tuple[list[JobRecord], PoolTotals]:
     gpn = pool.gpus_per_node
     sim = config.simulator
     arrivals = sorted(trace, key=lambda tj: (tj.job.submit_s, tj.job.job_id))
     true = {tj.job.job_id: tj.duration_s for tj in trace}
-    rec = {tj.job.job_id: JobRecord(tj.job.job_id, tj.job.team, tj.job.priority, name, tj.job.slots,
-                                    footprint(tj.job.slots, gpn), tj.job.submit_s, tj.duration_s) for tj in trace}
+    rec = {
+        tj.job.job_id: JobRecord(
+            tj.job.job_id,
+            tj.job.team,
+            tj.job.priority,
+            name,
+            tj.job.slots,
+            footprint(tj.job.slots, gpn),
+            tj.job.submit_s,
+            tj.duration_s,
+        )
+        for tj in trace
+    }
     tot = PoolTotals(name, pool.capacity, pool.price_per_gpu_hour)
     waiting: dict[str, Job] = {}
     running: dict[str, Job] = {}
-    ends: list[tuple[float, str, int]] = []     # (end, job id, attempt); stale after a preemption
+    ends: list[tuple[float, str, int]] = []  # (end, job id, attempt); stale after a preemption
     free = [gpn] * pool.nodes
-    held: dict[str, int] = {}                   # team -> GPUs held now
-    usage: dict[str, float] = {}                # team -> decayed GPU-hours
+    held: dict[str, int] = {}  # team -> GPUs held now
+    usage: dict[str, float] = {}  # team -> decayed GPU-hours
     estimator = HistoryEstimator()
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
@@ -182,8 +201,9 @@ def _replay_pool(name: str, pool: PoolConfig, trace: list[TraceJob], config: Cap
                 waiting[jid] = requeued(job, t, sim.restart_cost_s)
                 rec[jid].preempted_at.append(t)
             for s in plan.starts:
-                job = started(waiting.pop(s.job_id), t, s.nodes,
-                              sim.preempt_grace_s if s.how is How.PREEMPTION else 0.0)
+                job = started(
+                    waiting.pop(s.job_id), t, s.nodes, sim.preempt_grace_s if s.how is How.PREEMPTION else 0.0
+                )
                 take(free, job.slots, job.nodes, gpn)
                 hold(job, +1)
                 running[job.job_id] = job
@@ -209,15 +229,15 @@ class Metrics:
     p95_wait_s: float
     mean_jct_s: float
     p95_jct_s: float
-    utilisation: float          # GPU-time held / (capacity x time), while jobs arrive (PoolTotals.window_s)
-    fragmented_gpus: float      # time-averaged free GPUs stranded from the head job (gang.fragmented), summed over pools
-    fragmented_frac: float      # ... as a fraction of capacity
+    utilisation: float  # GPU-time held / (capacity x time), while jobs arrive (PoolTotals.window_s)
+    fragmented_gpus: float  # time-averaged free GPUs stranded from the head job (gang.fragmented), summed over pools
+    fragmented_frac: float  # ... as a fraction of capacity
     preemptions: int
-    wasted_gpu_h: float         # held but not useful: restart costs, grace, work lost to preemption
-    cost_usd: float             # GPU-hours held x pool price
+    wasted_gpu_h: float  # held but not useful: restart costs, grace, work lost to preemption
+    cost_usd: float  # GPU-hours held x pool price
     wait_by_class: dict[str, float]
     wait_by_team: dict[str, float]
-    share_by_team: dict[str, float]   # fraction of GPU-hours held
+    share_by_team: dict[str, float]  # fraction of GPU-hours held
 
 
 def summarize(res: SimResult) -> Metrics:
@@ -242,13 +262,17 @@ def summarize(res: SimResult) -> Metrics:
     frag = sum(p.fragmented_gpu_s / p.window_s for p in res.pools if p.window_s > 0)
     return Metrics(
         jobs=len(recs),
-        mean_wait_s=float(waits.mean()), p95_wait_s=float(np.percentile(waits, 95)),
-        mean_jct_s=float(jcts.mean()), p95_jct_s=float(np.percentile(jcts, 95)),
+        mean_wait_s=float(waits.mean()),
+        p95_wait_s=float(np.percentile(waits, 95)),
+        mean_jct_s=float(jcts.mean()),
+        p95_jct_s=float(np.percentile(jcts, 95)),
         utilisation=sum(p.window_busy_gpu_s for p in res.pools) / cap_time if cap_time else 0.0,
-        fragmented_gpus=frag, fragmented_frac=frag / sum(p.capacity for p in res.pools) if res.pools else 0.0,
+        fragmented_gpus=frag,
+        fragmented_frac=frag / sum(p.capacity for p in res.pools) if res.pools else 0.0,
         preemptions=sum(r.preemptions for r in recs),
-        wasted_gpu_h=max(0.0, busy - useful) / 3600.0,   # max: float dust when nothing was wasted
+        wasted_gpu_h=max(0.0, busy - useful) / 3600.0,  # max: float dust when nothing was wasted
         cost_usd=sum(p.busy_gpu_s / 3600.0 * p.price_per_gpu_hour for p in res.pools),
-        wait_by_class=mean_by("priority"), wait_by_team=mean_by("team"),
+        wait_by_class=mean_by("priority"),
+        wait_by_team=mean_by("team"),
         share_by_team={t: g / busy for t, g in sorted(team_gpu.items())} if busy else {},
     )

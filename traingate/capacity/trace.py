@@ -24,6 +24,7 @@ The generator (:func:`generate`) draws a trace shaped by two published character
 Everything else (duration medians and spreads, the team and class mix, Poisson arrivals at a
 target ``load``) is our choice, stated in ``TraceParams``; it is not taken from the papers.
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,19 +59,25 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
             raise CapacityError(f"{path}: empty file; the first line is the header {','.join(REQUIRED)}")
         missing = [c for c in REQUIRED if c not in header]
         if missing:
-            raise CapacityError(f"{path} line 1: column {missing[0]!r} is missing; the header needs "
-                                f"{','.join(REQUIRED)} (optional: {','.join(OPTIONAL)})")
+            raise CapacityError(
+                f"{path} line 1: column {missing[0]!r} is missing; the header needs "
+                f"{','.join(REQUIRED)} (optional: {','.join(OPTIONAL)})"
+            )
         for c in header:
             if c not in REQUIRED + OPTIONAL:
-                raise CapacityError(f"{path} line 1: column {c!r} is not a trace column; remove it or use "
-                                    f"{','.join(REQUIRED + OPTIONAL)}")
+                raise CapacityError(
+                    f"{path} line 1: column {c!r} is not a trace column; remove it or use "
+                    f"{','.join(REQUIRED + OPTIONAL)}"
+                )
             if header.count(c) > 1:
                 raise CapacityError(f"{path} line 1: column {c!r} appears twice; keep one")
         pool_fallback = default_pool
         if "pool" not in header and pool_fallback is None:
             if len(config.pools) != 1:
-                raise CapacityError(f"{path}: no `pool` column and the config has pools {sorted(config.pools)}; "
-                                    f"pass --pool NAME or add a pool column")
+                raise CapacityError(
+                    f"{path}: no `pool` column and the config has pools {sorted(config.pools)}; "
+                    f"pass --pool NAME or add a pool column"
+                )
             pool_fallback = next(iter(config.pools))
         jobs: list[TraceJob] = []
         seen: set[str] = set()
@@ -79,8 +86,7 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
             if not row or all(not c.strip() for c in row):
                 continue
             if len(row) != len(header):
-                raise CapacityError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}; "
-                                    f"fix the row")
+                raise CapacityError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}; fix the row")
             cells = dict(zip(header, (c.strip() for c in row)))
             jobs.append(_row(path, line, cells, config, pool_fallback, seen))
     if not jobs:
@@ -88,8 +94,14 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
     return jobs
 
 
-def _row(path: str | Path, line: int, cells: dict[str, str], config: CapacityConfig, pool_fallback: str | None,
-         seen: set[str]) -> TraceJob:
+def _row(
+    path: str | Path,
+    line: int,
+    cells: dict[str, str],
+    config: CapacityConfig,
+    pool_fallback: str | None,
+    seen: set[str],
+) -> TraceJob:
     def bad(col: str, why: str) -> CapacityError:
         return CapacityError(f"{path} line {line}: {col} = {cells.get(col, '')!r}: {why}")
 
@@ -132,8 +144,16 @@ def _row(path: str | Path, line: int, cells: dict[str, str], config: CapacityCon
     pool = name("pool", pool_fallback or "")
     if pool not in config.pools:
         raise bad("pool", f"not in the pools config; use one of {sorted(config.pools)} or add it there")
-    job = Job(job_id, team=name("team", DEFAULT_TEAM), priority=priority, pool=pool, slots=int(gpus_f),
-              submit_s=submit, est_duration_s=est, checkpoint_every_s=config.simulator.checkpoint_every_s)
+    job = Job(
+        job_id,
+        team=name("team", DEFAULT_TEAM),
+        priority=priority,
+        pool=pool,
+        slots=int(gpus_f),
+        submit_s=submit,
+        est_duration_s=est,
+        checkpoint_every_s=config.simulator.checkpoint_every_s,
+    )
     why = never_fits(job, config.pools, config.priority_classes, config.quotas)
     if why:
         raise bad("gpus", why)
@@ -154,22 +174,22 @@ def write_trace(path: str | Path, rows: list[dict[str, object]]) -> Path:
 @dataclass(frozen=True)
 class TraceParams:
     n_jobs: int = 10_000
-    capacity: int = 64                       # GPUs of the pool the trace is sized for
+    capacity: int = 64  # GPUs of the pool the trace is sized for
     gpus_per_node: int = 8
-    load: float = 0.9                        # offered GPU-time / (capacity x span of submissions)
-    large_fraction: float = 0.032            # Hu et al. NSDI'24
-    large_gpu_time_share: float = 0.94       # Hu et al. NSDI'24
+    load: float = 0.9  # offered GPU-time / (capacity x span of submissions)
+    large_fraction: float = 0.032  # Hu et al. NSDI'24
+    large_gpu_time_share: float = 0.94  # Hu et al. NSDI'24
     # Gang sizes of large jobs (whole nodes). None: a quarter (60%) and half (40%) of the pool's
     # nodes, 16 and 32 GPUs on 8 x 8; at most half the pool, so one job never drains it.
     large_sizes: tuple[tuple[int, float], ...] | None = None
     small_sizes: tuple[tuple[int, float], ...] = ((1, 0.70), (2, 0.12), (4, 0.10), (8, 0.08))  # Weng et al.
-    small_median_s: float = 900.0            # lognormal durations (our choice)
+    small_median_s: float = 900.0  # lognormal durations (our choice)
     small_sigma: float = 1.4
-    large_median_s: float = 8 * 3600.0       # before scaling to large_gpu_time_share
+    large_median_s: float = 8 * 3600.0  # before scaling to large_gpu_time_share
     large_sigma: float = 0.8
-    recurring_fraction: float = 0.65         # Weng et al. NSDI'22
-    templates: int = 150                     # distinct recurring jobs (our choice)
-    recur_jitter: float = 0.1                # sigma of a recurrence's log-duration around its template's
+    recurring_fraction: float = 0.65  # Weng et al. NSDI'22
+    templates: int = 150  # distinct recurring jobs (our choice)
+    recur_jitter: float = 0.1  # sigma of a recurrence's log-duration around its template's
     teams: tuple[tuple[str, float], ...] = (("vision", 0.4), ("language", 0.3), ("speech", 0.2), ("recsys", 0.1))
     classes: tuple[tuple[str, float], ...] = (("urgent", 0.05), ("production", 0.30), ("research", 0.65))
     seed: int = 0
@@ -214,7 +234,7 @@ def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
     n_large = round(n * params.large_fraction)
     large = np.zeros(n, dtype=bool)
     large[rng.choice(n, size=n_large, replace=False)] = True
-    n_tl = max(1, round(params.templates * params.large_fraction * 3))   # a few recurring pretraining jobs
+    n_tl = max(1, round(params.templates * params.large_fraction * 3))  # a few recurring pretraining jobs
     templates = [draw(True) for _ in range(n_tl)] + [draw(False) for _ in range(params.templates - n_tl)]
     jobs = []
     for k in range(n):
@@ -238,7 +258,16 @@ def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
     span = gpu_time / (params.load * params.capacity)
     submits = np.cumsum(rng.exponential(span / n, size=n))
     submits -= submits[0]
-    return [{"job_id": f"j{k:05d}", "submit_s": round(float(submits[k]), 1),
-             "duration_s": round(max(float(j["duration_s"]), 1.0), 1), "gpus": j["gpus"],
-             "team": j["team"], "priority": j["priority"], "large": j["large"], "template": j["template"]}
-            for k, j in enumerate(jobs)]
+    return [
+        {
+            "job_id": f"j{k:05d}",
+            "submit_s": round(float(submits[k]), 1),
+            "duration_s": round(max(float(j["duration_s"]), 1.0), 1),
+            "gpus": j["gpus"],
+            "team": j["team"],
+            "priority": j["priority"],
+            "large": j["large"],
+            "template": j["template"],
+        }
+        for k, j in enumerate(jobs)
+    ]

@@ -17,6 +17,7 @@ left of any budget that applies (:func:`refusals`, used by :func:`traingate.gate
 >>> refusals(45.0, "full", [b])
 ['estimated cost of full $45 exceeds what is left of the run budget of r1: $40 ($10 of $50 spent); raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...) or lower stages.full.max_steps']
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,11 +38,11 @@ class Scope(StrEnum):
 @dataclass(frozen=True)
 class BudgetLeft:
     scope: Scope
-    name: str            # the run id, the sweep's study, the team
+    name: str  # the run id, the sweep's study, the team
     limit_usd: float
     spent_usd: float
-    fix: str             # how to raise it
-    period: str = ""     # a team budget's: "week from 2026-09-14 (UTC)"
+    fix: str  # how to raise it
+    period: str = ""  # a team budget's: "week from 2026-09-14 (UTC)"
 
     @property
     def left_usd(self) -> float:
@@ -79,9 +80,18 @@ def spent_between(attempts: Iterable[Attempt], since: float, until: float) -> fl
     return usd
 
 
-def budget_left(*, run_id: str, team: str, runs: Iterable[Run], now: float, max_run_usd: float | None = None,
-                team_budgets: Mapping[str, TeamBudget] | None = None, sweep: str | None = None,
-                max_sweep_usd: float | None = None, sweep_spent_usd: float = 0.0) -> list[BudgetLeft]:
+def budget_left(
+    *,
+    run_id: str,
+    team: str,
+    runs: Iterable[Run],
+    now: float,
+    max_run_usd: float | None = None,
+    team_budgets: Mapping[str, TeamBudget] | None = None,
+    sweep: str | None = None,
+    max_sweep_usd: float | None = None,
+    sweep_spent_usd: float = 0.0,
+) -> list[BudgetLeft]:
     """What is left of each budget that applies to a stage of ``run_id`` (of ``team``), from the recorded
     ``runs`` (every run of the team when a team budget applies; the run itself otherwise).
 
@@ -93,19 +103,40 @@ def budget_left(*, run_id: str, team: str, runs: Iterable[Run], now: float, max_
     out: list[BudgetLeft] = []
     if max_run_usd is not None:
         mine = [a for r in runs if r.run_id == run_id for a in r.attempts]
-        out.append(BudgetLeft(Scope.RUN, run_id, max_run_usd, sum(charge(a).usd for a in mine),
-                              "raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...)"))
+        out.append(
+            BudgetLeft(
+                Scope.RUN,
+                run_id,
+                max_run_usd,
+                sum(charge(a).usd for a in mine),
+                "raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...)",
+            )
+        )
     if sweep is not None and max_sweep_usd is not None:
-        out.append(BudgetLeft(Scope.SWEEP, sweep, max_sweep_usd, sweep_spent_usd,
-                              "raise sweep.budget.max_cost_usd in the sweep's spec"))
+        out.append(
+            BudgetLeft(
+                Scope.SWEEP,
+                sweep,
+                max_sweep_usd,
+                sweep_spent_usd,
+                "raise sweep.budget.max_cost_usd in the sweep's spec",
+            )
+        )
     tb = (team_budgets or {}).get(team)
     if tb is not None:
         since = period_start(tb.period, now)
         attempts = [a for r in runs if r.team == team for a in r.attempts]
         day = dt.datetime.fromtimestamp(since, dt.timezone.utc).date().isoformat()
-        out.append(BudgetLeft(Scope.TEAM, team, tb.budget_usd, spent_between(attempts, since, now),
-                              f"raise team_budgets.{team}.budget_usd in the pools config, or wait for the next "
-                              f"{tb.period}", period=f"{tb.period} from {day} (UTC)"))
+        out.append(
+            BudgetLeft(
+                Scope.TEAM,
+                team,
+                tb.budget_usd,
+                spent_between(attempts, since, now),
+                f"raise team_budgets.{team}.budget_usd in the pools config, or wait for the next {tb.period}",
+                period=f"{tb.period} from {day} (UTC)",
+            )
+        )
     return out
 
 
@@ -116,9 +147,12 @@ def _usd(v: float) -> str:
 def refusals(estimate_usd: float, stage: str, budgets: Sequence[BudgetLeft]) -> list[str]:
     """One line per budget the estimate of ``stage`` does not fit in: the scope, the numbers, the fix."""
     knob = f"stages.{stage}.max_steps"
-    return [f"estimated cost of {stage} {_usd(estimate_usd)} exceeds what is left of the {b.label}: "
-            f"{_usd(b.left_usd)} ({_usd(b.spent_usd)} of {_usd(b.limit_usd)} spent); {b.fix} or lower {knob}"
-            for b in budgets if estimate_usd > b.left_usd]
+    return [
+        f"estimated cost of {stage} {_usd(estimate_usd)} exceeds what is left of the {b.label}: "
+        f"{_usd(b.left_usd)} ({_usd(b.spent_usd)} of {_usd(b.limit_usd)} spent); {b.fix} or lower {knob}"
+        for b in budgets
+        if estimate_usd > b.left_usd
+    ]
 
 
 def tightest(budgets: Sequence[BudgetLeft]) -> BudgetLeft | None:

@@ -19,6 +19,7 @@ included, divided by the runs that succeeded -- the waste a throughput number hi
 >>> round(c.slot_hours, 3), round(c.usd, 2), round(c.lost_usd, 2), round(c.idle_usd, 2)
 (4.133, 10.33, 10.33, 0.67)
 """
+
 from __future__ import annotations
 
 import math
@@ -38,27 +39,31 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class Attempt:
-    run_id: str                 # the traingate run (pipeline) the attempt belongs to
+    run_id: str  # the traingate run (pipeline) the attempt belongs to
     stage: str
-    number: int                 # 0-based, within the stage
+    number: int  # 0-based, within the stage
     pool: str
     slots: int
     price_per_slot_hour: float
-    start: float                # epoch seconds
+    start: float  # epoch seconds
     end: float
     outcome: Outcome
-    backoff_s: float = 0.0      # waited after this attempt before the next launch (slots held)
-    idle_s: float = 0.0         # slots held while no step ran (within start..end)
+    backoff_s: float = 0.0  # waited after this attempt before the next launch (slots held)
+    idle_s: float = 0.0  # slots held while no step ran (within start..end)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", Outcome(self.outcome))
-        problems = [f"slots = {self.slots}: needs >= 1" if self.slots < 1 else "",
-                    f"price_per_slot_hour = {self.price_per_slot_hour}: needs a finite value >= 0"
-                    if not (math.isfinite(self.price_per_slot_hour) and self.price_per_slot_hour >= 0) else "",
-                    f"end = {self.end:g} is before start = {self.start:g}" if self.end < self.start else "",
-                    f"backoff_s = {self.backoff_s:g}: needs >= 0" if self.backoff_s < 0 else "",
-                    f"idle_s = {self.idle_s:g}: needs 0 .. end - start ({self.end - self.start:g})"
-                    if self.end >= self.start and not 0 <= self.idle_s <= self.end - self.start + 1e-9 else ""]
+        problems = [
+            f"slots = {self.slots}: needs >= 1" if self.slots < 1 else "",
+            f"price_per_slot_hour = {self.price_per_slot_hour}: needs a finite value >= 0"
+            if not (math.isfinite(self.price_per_slot_hour) and self.price_per_slot_hour >= 0)
+            else "",
+            f"end = {self.end:g} is before start = {self.start:g}" if self.end < self.start else "",
+            f"backoff_s = {self.backoff_s:g}: needs >= 0" if self.backoff_s < 0 else "",
+            f"idle_s = {self.idle_s:g}: needs 0 .. end - start ({self.end - self.start:g})"
+            if self.end >= self.start and not 0 <= self.idle_s <= self.end - self.start + 1e-9
+            else "",
+        ]
         problems = [p for p in problems if p]
         if problems:
             raise ValueError(f"attempt {self.number} of {self.run_id}/{self.stage}: " + "; ".join(problems))
@@ -69,21 +74,42 @@ class Attempt:
 
     def to_record(self) -> dict[str, Any]:
         """The attempt as a StageResult records it: what it held and what that cost (``usd``)."""
-        return {"stage": self.stage, "number": self.number, "pool": self.pool, "slots": self.slots,
-                "price_per_slot_hour": self.price_per_slot_hour, "start": self.start, "end": self.end,
-                "held_s": self.held_s, "backoff_s": self.backoff_s, "idle_s": self.idle_s,
-                "outcome": str(self.outcome), "usd": charge(self).usd}
+        return {
+            "stage": self.stage,
+            "number": self.number,
+            "pool": self.pool,
+            "slots": self.slots,
+            "price_per_slot_hour": self.price_per_slot_hour,
+            "start": self.start,
+            "end": self.end,
+            "held_s": self.held_s,
+            "backoff_s": self.backoff_s,
+            "idle_s": self.idle_s,
+            "outcome": str(self.outcome),
+            "usd": charge(self).usd,
+        }
 
     @classmethod
     def from_record(cls, run_id: str, r: dict[str, Any]) -> "Attempt":
         """The reverse of :meth:`to_record`; ``held_s`` and ``usd`` are derived, so not read back."""
-        return cls(run_id, r["stage"], int(r["number"]), r["pool"], int(r["slots"]), float(r["price_per_slot_hour"]),
-                   float(r["start"]), float(r["end"]), Outcome(r["outcome"]), backoff_s=float(r["backoff_s"]),
-                   idle_s=float(r["idle_s"]))
+        return cls(
+            run_id,
+            r["stage"],
+            int(r["number"]),
+            r["pool"],
+            int(r["slots"]),
+            float(r["price_per_slot_hour"]),
+            float(r["start"]),
+            float(r["end"]),
+            Outcome(r["outcome"]),
+            backoff_s=float(r["backoff_s"]),
+            idle_s=float(r["idle_s"]),
+        )
 
 
-def attempts_of(run_id: str, stage: str, supervised: Sequence[dict[str, Any]], pool: str, slots: int,
-                price_per_slot_hour: float) -> list[Attempt]:
+def attempts_of(
+    run_id: str, stage: str, supervised: Sequence[dict[str, Any]], pool: str, slots: int, price_per_slot_hour: float
+) -> list[Attempt]:
     """The ledger's attempts from the supervisor's (``asdict`` of its Attempt, in launch order), numbered
     0.. across the stage: one stage may span several supervisions (smoke's stop-and-resume, a resume).
 
@@ -97,10 +123,24 @@ def attempts_of(run_id: str, stage: str, supervised: Sequence[dict[str, Any]], p
         first = a.get("first_step_time")
         idle = min(max(0.0, (float(first) if first is not None else end) - start), end - start)
         cause = a.get("cause")
-        outcome = Outcome.COMPLETED if cause is None else \
-            Outcome.PREEMPTED if cause == Cause.PREEMPTED else Outcome.FAILED
-        out.append(Attempt(run_id, stage, n, pool, slots, price_per_slot_hour, start, end, outcome,
-                           backoff_s=float(a.get("backoff_s") or 0.0), idle_s=idle))
+        outcome = (
+            Outcome.COMPLETED if cause is None else Outcome.PREEMPTED if cause == Cause.PREEMPTED else Outcome.FAILED
+        )
+        out.append(
+            Attempt(
+                run_id,
+                stage,
+                n,
+                pool,
+                slots,
+                price_per_slot_hour,
+                start,
+                end,
+                outcome,
+                backoff_s=float(a.get("backoff_s") or 0.0),
+                idle_s=idle,
+            )
+        )
     return out
 
 
@@ -128,7 +168,7 @@ def charge(a: Attempt) -> Charge:
 @dataclass
 class Totals:
     attempts: int = 0
-    unfinished_attempts: int = 0     # failed or preempted
+    unfinished_attempts: int = 0  # failed or preempted
     slot_hours: float = 0.0
     usd: float = 0.0
     lost_slot_hours: float = 0.0
@@ -158,8 +198,9 @@ class Totals:
 @dataclass(frozen=True)
 class Run:
     """One traingate run (a climb of the ladder) and whether it succeeded."""
+
     run_id: str
-    experiment: str             # its family: runs of one experiment try to produce the same model
+    experiment: str  # its family: runs of one experiment try to produce the same model
     team: str
     succeeded: bool
     attempts: tuple[Attempt, ...] = ()
@@ -236,22 +277,44 @@ def _estimate_vs_actual(f: Family) -> str:
 def render(r: Report, title: str = "cost") -> str:
     """The report as text: totals, per team, per experiment family (markdown tables)."""
     t = r.total
-    lines = [f"# {title}", "",
-             f"{t.attempts} attempts ({t.unfinished_attempts} failed or preempted), {t.slot_hours:.4f} slot-hours, "
-             f"{_usd(t.usd)}; lost to failures and backoff {_usd(t.lost_usd)} ({_pct(t.lost_share)}); "
-             f"idle {_usd(t.idle_usd)} ({_pct(t.idle_share)})", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"{t.attempts} attempts ({t.unfinished_attempts} failed or preempted), {t.slot_hours:.4f} slot-hours, "
+        f"{_usd(t.usd)}; lost to failures and backoff {_usd(t.lost_usd)} ({_pct(t.lost_share)}); "
+        f"idle {_usd(t.idle_usd)} ({_pct(t.idle_share)})",
+        "",
+    ]
 
     def rows(header: str, items: Sequence[tuple[str, Totals, list[str]]], extra: list[str]) -> list[str]:
         cols = [header, "attempts", "slot-hours", "spend", "lost", "lost share", "idle share", *extra]
         out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for name, x, more in items:
-            out.append("| " + " | ".join([name, str(x.attempts), f"{x.slot_hours:.4f}", _usd(x.usd), _usd(x.lost_usd),
-                                          _pct(x.lost_share), _pct(x.idle_share), *more]) + " |")
+            out.append(
+                "| "
+                + " | ".join(
+                    [
+                        name,
+                        str(x.attempts),
+                        f"{x.slot_hours:.4f}",
+                        _usd(x.usd),
+                        _usd(x.lost_usd),
+                        _pct(x.lost_share),
+                        _pct(x.idle_share),
+                        *more,
+                    ]
+                )
+                + " |"
+            )
         return out + [""]
 
     lines += rows("team", [(k, v, []) for k, v in r.by_team.items()], [])
-    lines += rows("experiment", [(k, f.totals, [f"{f.successful_runs}/{f.runs}", _usd(f.cost_per_successful_run),
-                                                _estimate_vs_actual(f)])
-                                 for k, f in r.families.items()],
-                  ["succeeded", "cost per successful run", "full: canary estimate / actual"])
+    lines += rows(
+        "experiment",
+        [
+            (k, f.totals, [f"{f.successful_runs}/{f.runs}", _usd(f.cost_per_successful_run), _estimate_vs_actual(f)])
+            for k, f in r.families.items()
+        ],
+        ["succeeded", "cost per successful run", "full: canary estimate / actual"],
+    )
     return "\n".join(lines)

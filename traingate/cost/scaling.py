@@ -15,6 +15,7 @@ threshold is the caller's (``min_efficiency``, default 0.75: a sample may cost u
 ($7.7160 vs $6.9444 per 1M samples at $2.50 per slot-hour): adding processes still pays off
 (efficiency >= 75%).
 """
+
 from __future__ import annotations
 
 import math
@@ -51,20 +52,29 @@ class Scaling:
     @property
     def sentence(self) -> str:
         n = self.processes
-        head = (f"{n} processes: {self.speedup:.2f}x the throughput of 1 (scaling efficiency "
-                f"{100 * self.efficiency:.0f}%); a sample costs {1 / self.efficiency:.2f}x as much "
-                f"(${self.usd_per_million_samples(n):.4f} vs ${self.usd_per_million_samples(1):.4f} per 1M samples "
-                f"at ${self.price_per_slot_hour:.2f} per slot-hour): ")
+        head = (
+            f"{n} processes: {self.speedup:.2f}x the throughput of 1 (scaling efficiency "
+            f"{100 * self.efficiency:.0f}%); a sample costs {1 / self.efficiency:.2f}x as much "
+            f"(${self.usd_per_million_samples(n):.4f} vs ${self.usd_per_million_samples(1):.4f} per 1M samples "
+            f"at ${self.price_per_slot_hour:.2f} per slot-hour): "
+        )
         if self.pays_off:
             return head + f"adding processes still pays off (efficiency >= {100 * self.min_efficiency:.0f}%)."
         if self.speedup <= 1.0:
             return head + f"{n} processes are no faster than 1; run on 1 until the scaling bottleneck is fixed."
-        return head + (f"adding processes stops paying off (efficiency < {100 * self.min_efficiency:.0f}%); "
-                       f"use fewer, unless finishing sooner is worth the extra cost.")
+        return head + (
+            f"adding processes stops paying off (efficiency < {100 * self.min_efficiency:.0f}%); "
+            f"use fewer, unless finishing sooner is worth the extra cost."
+        )
 
 
-def advise(profile_1: Mapping[str, float], profile_n: Mapping[str, float], processes: int,
-           price_per_slot_hour: float, min_efficiency: float = 0.75) -> Scaling:
+def advise(
+    profile_1: Mapping[str, float],
+    profile_n: Mapping[str, float],
+    processes: int,
+    price_per_slot_hour: float,
+    min_efficiency: float = 0.75,
+) -> Scaling:
     """Scaling from a profile at 1 process and one at ``processes``; ValueError naming what is missing."""
     if processes < 2:
         raise ValueError(f"processes = {processes}: scaling compares 1 process with 2 or more")
@@ -76,8 +86,10 @@ def advise(profile_1: Mapping[str, float], profile_n: Mapping[str, float], proce
     for name, p in (("1 process", profile_1), (f"{processes} processes", profile_n)):
         sps = p.get("samples_per_s")
         if not isinstance(sps, (int, float)) or not math.isfinite(sps) or sps <= 0:
-            raise ValueError(f"profile at {name}: samples_per_s = {sps!r}; needs a measured throughput > 0 "
-                             "(a stage that completed steps)")
+            raise ValueError(
+                f"profile at {name}: samples_per_s = {sps!r}; needs a measured throughput > 0 "
+                "(a stage that completed steps)"
+            )
         rates.append(float(sps))
     return Scaling(processes, rates[0], rates[1], price_per_slot_hour, min_efficiency)
 

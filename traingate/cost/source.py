@@ -12,6 +12,7 @@ gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.sizin
 Not covered yet: sweep trials (their runs record a total cost, ``trial.cost_usd``, not attempts)
 and stages that have not ended (no result yet); :class:`Gathered` counts the stages it skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,14 @@ def stage_attempts(run_id: str, stage: str, spec: RunSpec, result: dict[str, Any
     if result.get("attempts"):
         return [Attempt.from_record(run_id, r) for r in result["attempts"]]
     nodes, nproc = stage_world(spec, stage)
-    return attempts_of(run_id, stage, ((result.get("details") or {}).get("supervision") or {}).get("attempts") or [],
-                       spec.resources.work_pool, sizing.slots(nodes * nproc), spec.pool.price_per_gpu_hour)
+    return attempts_of(
+        run_id,
+        stage,
+        ((result.get("details") or {}).get("supervision") or {}).get("attempts") or [],
+        spec.resources.work_pool,
+        sizing.slots(nodes * nproc),
+        spec.pool.price_per_gpu_hour,
+    )
 
 
 @dataclass
@@ -64,8 +71,10 @@ def _experiment_ids(c: MlflowClient, experiment: str | None) -> list[str]:
         return [e.experiment_id for e in c.search_experiments()]
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
-        raise ValueError(f"experiment = {experiment!r}: no such experiment in the tracking store; "
-                         "leave --experiment out to report all")
+        raise ValueError(
+            f"experiment = {experiment!r}: no such experiment in the tracking store; "
+            "leave --experiment out to report all"
+        )
     return [exp.experiment_id]
 
 
@@ -85,8 +94,9 @@ def _pipelines(c: MlflowClient, experiment: str | None, team: str | None, since_
             return out
 
 
-def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None = None,
-           since_ms: int | None = None) -> Gathered:
+def gather(
+    c: MlflowClient, *, experiment: str | None = None, team: str | None = None, since_ms: int | None = None
+) -> Gathered:
     """Every pipeline run (of ``experiment``, of ``team``, started at or after ``since_ms``) with its attempts.
 
     ``team`` must be a valid team name (the spec's rules): it goes into an MLflow filter.
@@ -117,10 +127,18 @@ def gather(c: MlflowClient, *, experiment: str | None = None, team: str | None =
                 profiles[nodes * nproc] = profile
             if result.get("estimated_cost_usd") is not None:
                 estimates[stage] = float(result["estimated_cost_usd"])
-        got.runs.append(Run(rid, tags.get("traingate.experiment", spec.identity.experiment),
-                            tags.get("traingate.team", spec.identity.team),
-                            tags.get("traingate.outcome") == "passed", tuple(attempts), estimates,
-                            profiles, spec.pool.price_per_gpu_hour))
+        got.runs.append(
+            Run(
+                rid,
+                tags.get("traingate.experiment", spec.identity.experiment),
+                tags.get("traingate.team", spec.identity.team),
+                tags.get("traingate.outcome") == "passed",
+                tuple(attempts),
+                estimates,
+                profiles,
+                spec.pool.price_per_gpu_hour,
+            )
+        )
     return got
 
 
@@ -136,9 +154,15 @@ def sweep_spend_usd(c: MlflowClient, sweep_run_id: str) -> float:
             return total
 
 
-def budgets_for(c: MlflowClient, spec: RunSpec, run_id: str, now: float,
-                team_budgets: Mapping[str, TeamBudget] | None = None,
-                sweep_run_id: str | None = None, pending: Sequence[Attempt] = ()) -> list[BudgetLeft]:
+def budgets_for(
+    c: MlflowClient,
+    spec: RunSpec,
+    run_id: str,
+    now: float,
+    team_budgets: Mapping[str, TeamBudget] | None = None,
+    sweep_run_id: str | None = None,
+    pending: Sequence[Attempt] = (),
+) -> list[BudgetLeft]:
     """:func:`traingate.cost.budget.budget_left` for a stage of ``run_id`` (a pipeline run id) from what
     the tracking store holds: the team's recorded runs, and, for a sweep trial, the sweep run's trials.
     ``team_budgets``: the pools config's (``CapacityConfig.team_budgets``), None when there is none.
@@ -150,7 +174,14 @@ def budgets_for(c: MlflowClient, spec: RunSpec, run_id: str, now: float,
     if pending:
         recorded.append(Run(run_id, spec.identity.experiment, team, False, tuple(pending)))
     sw = spec.sweep
-    return budget_left(run_id=run_id, team=team, runs=recorded, now=now, max_run_usd=spec.budget.max_run_usd,
-                       team_budgets=team_budgets, sweep=sweep_run_id,
-                       max_sweep_usd=sw.budget.max_cost_usd if sw is not None and sweep_run_id else None,
-                       sweep_spent_usd=sweep_spend_usd(c, sweep_run_id) if sweep_run_id else 0.0)
+    return budget_left(
+        run_id=run_id,
+        team=team,
+        runs=recorded,
+        now=now,
+        max_run_usd=spec.budget.max_run_usd,
+        team_budgets=team_budgets,
+        sweep=sweep_run_id,
+        max_sweep_usd=sw.budget.max_cost_usd if sw is not None and sweep_run_id else None,
+        sweep_spent_usd=sweep_spend_usd(c, sweep_run_id) if sweep_run_id else 0.0,
+    )

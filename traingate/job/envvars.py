@@ -5,6 +5,7 @@ rest are for a user's own script (the ``script`` recipe: identity, locations, ML
 and for the instruments tests and drills use. Locations the *user* sets (``TRAINGATE_STATE_DIR``,
 ``TRAINGATE_S3_ENDPOINT_URL``, ...) are read in :mod:`traingate.settings` and inherited.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from traingate.secrets import resolve
 if TYPE_CHECKING:
     from traingate.job.stagejob import StageJob
 
-JOB = "TRAINGATE_JOB"                      # path of the attempt's job.json
+JOB = "TRAINGATE_JOB"  # path of the attempt's job.json
 SUPERVISOR_PID = "TRAINGATE_SUPERVISOR_PID"  # the process that must outlive the tree (see runtime.watchdog)
 # For a user's script, which cannot read a StageJob (README: "The script gets ...").
 RUN_ID = "TRAINGATE_RUN_ID"
@@ -30,10 +31,10 @@ RESTART_CAUSE = "TRAINGATE_RESTART_CAUSE"
 RESTART_COUNT = "TRAINGATE_RESTART_COUNT"
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MLFLOW_RUN_ID = "MLFLOW_RUN_ID"
-UNIT_SPEC = "TRAINGATE_SPEC"               # the unit stage's pytest reads the resolved spec from here
+UNIT_SPEC = "TRAINGATE_SPEC"  # the unit stage's pytest reads the resolved spec from here
 # Instruments for tests, drills and benchmarks; never set in production.
-INJECT = "TRAINGATE_INJECT"                # fault plan, see traingate.runtime.inject
-FAULT = "TRAINGATE_FAULT"                  # "<phase>@<step>": SIGKILL at that phase of a checkpoint save
+INJECT = "TRAINGATE_INJECT"  # fault plan, see traingate.runtime.inject
+FAULT = "TRAINGATE_FAULT"  # "<phase>@<step>": SIGKILL at that phase of a checkpoint save
 RECORD_SAMPLES = "TRAINGATE_RECORD_SAMPLES"  # "1": each rank logs the sample ids of every step
 TRACKING_DRAIN_S = "TRAINGATE_TRACKING_DRAIN_S"  # how long a closing tracker keeps delivering to a dead store
 # The names a script's command, stage_args and resume_args may reference as ${NAME}, expanded at launch
@@ -43,15 +44,22 @@ SCRIPT_ARG_VARS = (RUN_ID, STAGE, STAGE_DIR, CHECKPOINT_DIR, RESTART_CAUSE, REST
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
-def job_environment(job: "StageJob", base: Mapping[str, str] | None = None,
-                    supervisor_pid: int | None = None) -> dict[str, str]:
+def job_environment(
+    job: "StageJob", base: Mapping[str, str] | None = None, supervisor_pid: int | None = None
+) -> dict[str, str]:
     """The environment a stage's processes get (writer)."""
     env = dict(os.environ if base is None else base)
-    env.update({
-        JOB: str(job.job_path), RUN_ID: job.run_id, STAGE: job.stage, STAGE_DIR: job.stage_dir,
-        CHECKPOINT_DIR: _checkpoint_dir(job), SUPERVISOR_PID: str(supervisor_pid or os.getpid()),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            JOB: str(job.job_path),
+            RUN_ID: job.run_id,
+            STAGE: job.stage,
+            STAGE_DIR: job.stage_dir,
+            CHECKPOINT_DIR: _checkpoint_dir(job),
+            SUPERVISOR_PID: str(supervisor_pid or os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     for var in (RESTART_CAUSE, RESTART_COUNT, MLFLOW_RUN_ID):
         env.pop(var, None)
     if job.restart_cause:
@@ -78,8 +86,15 @@ def _checkpoint_dir(job: "StageJob") -> str:
 def script_arg_values(job: "StageJob") -> dict[str, str]:
     """What each of :data:`SCRIPT_ARG_VARS` stands for in one launch of a script (the values its
     environment holds; the restart variables are "" and "0" on a first launch)."""
-    return {RUN_ID: job.run_id, STAGE: job.stage, STAGE_DIR: job.stage_dir, CHECKPOINT_DIR: _checkpoint_dir(job),
-            RESTART_CAUSE: str(job.restart_cause or ""), RESTART_COUNT: str(job.attempt), JOB: str(job.job_path)}
+    return {
+        RUN_ID: job.run_id,
+        STAGE: job.stage,
+        STAGE_DIR: job.stage_dir,
+        CHECKPOINT_DIR: _checkpoint_dir(job),
+        RESTART_CAUSE: str(job.restart_cause or ""),
+        RESTART_COUNT: str(job.attempt),
+        JOB: str(job.job_path),
+    }
 
 
 def job_path(env: Mapping[str, str] | None = None) -> Path | None:
@@ -100,15 +115,17 @@ def inplace_restart_count(env: Mapping[str, str] | None = None) -> int:
 @dataclass(frozen=True)
 class Instruments:
     """Test and drill knobs a training process honours (reader of the instrument variables)."""
+
     fault: str | None = None
     record_samples: bool = False
-    inject: str = ""            # a fault plan: the job's (drills) arrives here too, through the environment
+    inject: str = ""  # a fault plan: the job's (drills) arrives here too, through the environment
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> "Instruments":
         env = os.environ if env is None else env
-        return cls(fault=env.get(FAULT) or None, record_samples=env.get(RECORD_SAMPLES, "") == "1",
-                   inject=env.get(INJECT, ""))
+        return cls(
+            fault=env.get(FAULT) or None, record_samples=env.get(RECORD_SAMPLES, "") == "1", inject=env.get(INJECT, "")
+        )
 
     def fault_hook(self) -> Callable[[str, int], None] | None:
         """A hook that SIGKILLs this process at ``phase`` of the save of ``step`` (TRAINGATE_FAULT)."""
@@ -121,6 +138,7 @@ class Instruments:
             if p == phase and (at_step is None or step == at_step):
                 time.sleep(0.05)
                 os.kill(os.getpid(), signal.SIGKILL)
+
         return hook
 
 

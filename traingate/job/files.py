@@ -22,6 +22,7 @@ being replaced, or its writer was killed mid-write, and the next poll sees it.
 >>> read_heartbeats(d)[1].step
 7
 """
+
 from __future__ import annotations
 
 import json
@@ -71,6 +72,7 @@ def _build(cls: type, data: Any) -> Any:
 
 # ---------------------------------------------------------------- heartbeats
 
+
 @dataclass
 class Heartbeat:
     rank: int
@@ -78,11 +80,11 @@ class Heartbeat:
     time: float
     pid: int
     start_step: int = 0
-    first_step_time: float | None = None   # this launch's first completed step (time to recovery ends here)
-    phase: str = "train"                   # train | preempting | finishing: outside "train" slow is not hung
-    restart_count: int = 0                 # torchrun's in-place restarts of the worker group
-    step_time_s: float | None = None       # this rank's last step
-    data_wait_s: float | None = None       # of which waiting for its batch
+    first_step_time: float | None = None  # this launch's first completed step (time to recovery ends here)
+    phase: str = "train"  # train | preempting | finishing: outside "train" slow is not hung
+    restart_count: int = 0  # torchrun's in-place restarts of the worker group
+    step_time_s: float | None = None  # this rank's last step
+    data_wait_s: float | None = None  # of which waiting for its batch
     # [step, busy seconds] of this rank's last steps: its own work before the step's first collective
     # (synchronous data parallelism evens out whole step times; a straggler shows in this).
     recent: list[list[float]] = field(default_factory=list)
@@ -109,6 +111,7 @@ def read_heartbeats(stage_dir: Path) -> dict[int, Heartbeat]:
 
 # ---------------------------------------------------------------- last words
 
+
 @dataclass
 class LastWords:
     rank: int
@@ -117,7 +120,7 @@ class LastWords:
     time: float
     exit_code: int
     traceback: str = ""
-    restart_count: int = 0   # the group incarnation that said them (torchrun's in-place restarts)
+    restart_count: int = 0  # the group incarnation that said them (torchrun's in-place restarts)
 
 
 def write_last_words(stage_dir: Path, words: LastWords) -> None:
@@ -130,15 +133,16 @@ def write_last_words(stage_dir: Path, words: LastWords) -> None:
 def read_last_words(stage_dir: Path, restart_count: int | None = None) -> list[LastWords]:
     """Every rank's last words, oldest first; only one incarnation's with ``restart_count``."""
     words = [w for _, d in _ranked(stage_dir, "last_words") if (w := _build(LastWords, d)) is not None]
-    return sorted((w for w in words if restart_count is None or w.restart_count == restart_count),
-                  key=lambda w: w.time)
+    return sorted((w for w in words if restart_count is None or w.restart_count == restart_count), key=lambda w: w.time)
 
 
 # ---------------------------------------------------------------- result
 
+
 @dataclass
 class RuntimeResult:
     """What rank 0 leaves when the training process ends on its own."""
+
     status: Status
     exit_code: int
     steps_done: int = 0
@@ -168,6 +172,7 @@ def clear_launch_files(stage_dir: Path) -> None:
 
 # ---------------------------------------------------------------- progress, metrics, alerts, logbook
 
+
 def _append(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record, default=str) + "\n")
@@ -181,9 +186,10 @@ def append_progress(stage_dir: Path, record: dict[str, Any]) -> None:
 @dataclass
 class StepMetrics:
     """One training step as rank 0 saw it (the global loss; rank 0's own times)."""
+
     step: int
     time: float
-    loss: float            # NaN/inf stay as written: the non-finite rule needs them
+    loss: float  # NaN/inf stay as written: the non-finite rule needs them
     grad_norm: float
     lr: float
     step_time_s: float
@@ -215,15 +221,16 @@ class MetricsWriter:
 @dataclass
 class AlertRecord:
     """An alert that fired in a stage, and what the supervisor did about it."""
+
     time: float
     stage: str
     rule: str
     severity: str
     action: str
-    at: float              # the step (or epoch seconds) at which the condition first held
-    message: str           # one line, naming the runbook section
+    at: float  # the step (or epoch seconds) at which the condition first held
+    message: str  # one line, naming the runbook section
     attempt: int = 0
-    outcome: str = ""      # what was done: "notified", "paused", "rolled back to step 40", ...
+    outcome: str = ""  # what was done: "notified", "paused", "rolled back to step 40", ...
     values: dict[str, float] = field(default_factory=dict)
 
 
@@ -238,9 +245,10 @@ def read_alerts(stage_dir: Path) -> list[AlertRecord]:
 @dataclass
 class LogbookEntry:
     """One line of the run's logbook: what happened, where, and why (the OPT-175B logbook, kept for you)."""
+
     time: float
     stage: str
-    kind: str              # alert | rollback | pause | stop | quarantine | restart | budget
+    kind: str  # alert | rollback | pause | stop | quarantine | restart | budget
     text: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -283,7 +291,7 @@ class Follower:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
-        complete = chunk[:chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next call
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next call
         self.offset += len(complete)
         return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
 
@@ -297,10 +305,12 @@ class ProgressFollower(Follower):
 
 # ---------------------------------------------------------------- supervisor state
 
+
 @dataclass
 class SupervisorState:
     """What the supervisor records about a stage; ``final`` is None while it runs (or if it died)."""
-    job: dict[str, Any] = field(default_factory=dict)       # identity of the stage: run_id, stage, mlflow_run_id
+
+    job: dict[str, Any] = field(default_factory=dict)  # identity of the stage: run_id, stage, mlflow_run_id
     attempts: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
     supervisor_pid: int | None = None

@@ -19,6 +19,7 @@ A restart is the same job with the next attempt number and its cause
 >>> job.next_attempt("worker_lost", 12.5).attempt
 1
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,15 +39,16 @@ from traingate.spec import RunSpec, parse_spec
 
 
 class JobKind(StrEnum):
-    LADDER = "ladder"   # a stage of the ladder (also when it is resumed)
-    TRIAL = "trial"     # a sweep trial's stage
-    DRILL = "drill"     # a fault-injection drill's run
+    LADDER = "ladder"  # a stage of the ladder (also when it is resumed)
+    TRIAL = "trial"  # a sweep trial's stage
+    DRILL = "drill"  # a fault-injection drill's run
 
 
 @dataclass(frozen=True)
 class Rollback:
     """A roll-back the supervisor ordered: resume at ``to_step`` (the last checkpoint before the event at
     ``at_step``), draw and discard the next ``skip`` batches, and train on at ``lr_scale`` x the schedule."""
+
     to_step: int
     at_step: int
     skip: int
@@ -76,19 +78,19 @@ class StageJob:
     run_dir: str
     stage_dir: str
     checkpoint_uri: str
-    tracking_uri: str | None      # None: this job is not tracked
+    tracking_uri: str | None  # None: this job is not tracked
     mlflow_run_id: str | None
     # this attempt
     attempt: int = 0
     restart_cause: Cause | None = None
     restart_fault_ts: float | None = None
     launched_at: float | None = None
-    inplace_restarts: int = 0     # how many times torchrun may restart the group in place (supervisor's budget)
+    inplace_restarts: int = 0  # how many times torchrun may restart the group in place (supervisor's budget)
     # what this launch does beyond training to max_steps
     stop_at_step: int | None = None
     eval_every: int = 0
-    faults: str | None = None     # a fault plan (drills and tests; traingate.runtime.inject)
-    rollbacks: tuple[Rollback, ...] = ()   # this stage's roll-backs so far, oldest first
+    faults: str | None = None  # a fault plan (drills and tests; traingate.runtime.inject)
+    rollbacks: tuple[Rollback, ...] = ()  # this stage's roll-backs so far, oldest first
     # who delivers rank 0's tracking journal to MLflow: the training process itself, or its supervisor
     tracking_delivery: str = "process"
     # money: the budget that applies (None: none) and what its scope had spent before this stage began
@@ -148,8 +150,14 @@ class StageJob:
     def next_attempt(self, cause: Cause | str, fault_ts: float | None, spec: RunSpec | None = None) -> "StageJob":
         """The relaunch after a failure: same job, next attempt, the cause recorded (and a changed
         spec when a restart policy changed it, e.g. OOM halving the micro-batch)."""
-        return dataclasses.replace(self, attempt=self.attempt + 1, restart_cause=Cause(cause),
-                                   restart_fault_ts=fault_ts, spec=spec or self.spec, launched_at=None)
+        return dataclasses.replace(
+            self,
+            attempt=self.attempt + 1,
+            restart_cause=Cause(cause),
+            restart_fault_ts=fault_ts,
+            spec=spec or self.spec,
+            launched_at=None,
+        )
 
     def launch(self, now: float, inplace_restarts: int = 0, **changes: Any) -> "StageJob":
         return dataclasses.replace(self, launched_at=now, inplace_restarts=inplace_restarts, **changes)
@@ -192,10 +200,21 @@ def _without_secrets(tracking_uri: str) -> str:
     return tracking_uri
 
 
-def derive(spec: RunSpec, stage: str, *, run_id: str, run_dir: str | Path, settings: Settings,
-           mlflow_run_id: str | None = None, kind: JobKind = JobKind.LADDER, stage_dir: str | Path | None = None,
-           checkpoint_uri: str | None = None, eval_every: int = 0, stop_at_step: int | None = None,
-           faults: str | None = None) -> StageJob:
+def derive(
+    spec: RunSpec,
+    stage: str,
+    *,
+    run_id: str,
+    run_dir: str | Path,
+    settings: Settings,
+    mlflow_run_id: str | None = None,
+    kind: JobKind = JobKind.LADDER,
+    stage_dir: str | Path | None = None,
+    checkpoint_uri: str | None = None,
+    eval_every: int = 0,
+    stop_at_step: int | None = None,
+    faults: str | None = None,
+) -> StageJob:
     """The StageJob of ``stage`` of a validated ``spec``: the one place these facts are computed."""
     from traingate import sizing
     from traingate.runtime.storage import join
@@ -208,12 +227,25 @@ def derive(spec: RunSpec, stage: str, *, run_id: str, run_dir: str | Path, setti
         timeout_s = min(timeout_s, spec.recipe.script.timeout_s)
     tracked = spec.tracking.enabled
     return StageJob(
-        spec=spec, run_id=run_id, stage=stage, kind=kind, nodes=nodes, procs_per_node=nproc,
-        pool=spec.resources.work_pool, slots=sizing.slots(nodes * nproc),
-        price_per_slot_hour=spec.pool.price_per_gpu_hour, team=spec.identity.team,
-        priority=spec.resources.priority, max_steps=limits.max_steps, timeout_s=timeout_s,
-        run_dir=str(run_dir), stage_dir=str(stage_dir),
+        spec=spec,
+        run_id=run_id,
+        stage=stage,
+        kind=kind,
+        nodes=nodes,
+        procs_per_node=nproc,
+        pool=spec.resources.work_pool,
+        slots=sizing.slots(nodes * nproc),
+        price_per_slot_hour=spec.pool.price_per_gpu_hour,
+        team=spec.identity.team,
+        priority=spec.resources.priority,
+        max_steps=limits.max_steps,
+        timeout_s=timeout_s,
+        run_dir=str(run_dir),
+        stage_dir=str(stage_dir),
         checkpoint_uri=checkpoint_uri or join(spec.checkpoint.uri or settings.checkpoint_uri, run_id, stage),
         tracking_uri=_without_secrets(settings.tracking_uri) if tracked else None,
         mlflow_run_id=mlflow_run_id if tracked else None,
-        eval_every=eval_every, stop_at_step=stop_at_step, faults=faults)
+        eval_every=eval_every,
+        stop_at_step=stop_at_step,
+        faults=faults,
+    )

@@ -9,19 +9,20 @@ True
 >>> Cause.WORKER_LOST in RETRYABLE, Cause.USER_ERROR in RETRYABLE
 (True, False)
 """
+
 from __future__ import annotations
 
 from enum import StrEnum
 
 
 class Status(StrEnum):
-    COMPLETED = "completed"   # ran to its step limit (or its tests ran)
-    STOPPED = "stopped"       # stopped on purpose at a checkpoint (smoke's first half, a sweep's on_progress)
-    PREEMPTED = "preempted"   # SIGTERM honoured: emergency checkpoint written, resumable
-    PRUNED = "pruned"         # a sweep trial the scheduler stopped early
-    DIVERGED = "diverged"     # non-finite loss beyond optim.nonfinite_tolerance
-    FAILED = "failed"         # any other end; the cause says why
-    SKIPPED = "skipped"       # not run (a resumed ladder's finished stages)
+    COMPLETED = "completed"  # ran to its step limit (or its tests ran)
+    STOPPED = "stopped"  # stopped on purpose at a checkpoint (smoke's first half, a sweep's on_progress)
+    PREEMPTED = "preempted"  # SIGTERM honoured: emergency checkpoint written, resumable
+    PRUNED = "pruned"  # a sweep trial the scheduler stopped early
+    DIVERGED = "diverged"  # non-finite loss beyond optim.nonfinite_tolerance
+    FAILED = "failed"  # any other end; the cause says why
+    SKIPPED = "skipped"  # not run (a resumed ladder's finished stages)
 
 
 class Cause(StrEnum):
@@ -30,21 +31,29 @@ class Cause(StrEnum):
     HANG = "hang"
     COLLECTIVE_TIMEOUT = "collective_timeout"
     TRANSIENT_IO = "transient_io"
-    CHECKPOINT_ERROR = "checkpoint_error"     # the checkpoint store failed after in-process retries
+    CHECKPOINT_ERROR = "checkpoint_error"  # the checkpoint store failed after in-process retries
     DISK_FULL = "disk_full"
     OOM = "oom"
     DIVERGED = "diverged"
-    USER_ERROR = "user_error"                 # bad config, a bug in recipe code, a refused checkpoint
-    TIMEOUT = "timeout"                       # the stage's own time limit
-    ORCHESTRATOR_LOST = "orchestrator_lost"   # the supervisor died; the tree checkpointed and exited
-    ROLLBACK = "rollback"                     # an alert rolled the stage back to a checkpoint before it
-    ALERT = "alert"                           # an alert's action stopped the stage for good
+    USER_ERROR = "user_error"  # bad config, a bug in recipe code, a refused checkpoint
+    TIMEOUT = "timeout"  # the stage's own time limit
+    ORCHESTRATOR_LOST = "orchestrator_lost"  # the supervisor died; the tree checkpointed and exited
+    ROLLBACK = "rollback"  # an alert rolled the stage back to a checkpoint before it
+    ALERT = "alert"  # an alert's action stopped the stage for good
 
 
 # A restart from the latest checkpoint can fix these; it cannot fix a bad config, a bug, NaN math or a
 # full disk. OOM is retryable only under the opt-in OOM policy (see traingate.supervision.oom).
-RETRYABLE = frozenset({Cause.PREEMPTED, Cause.WORKER_LOST, Cause.HANG, Cause.COLLECTIVE_TIMEOUT,
-                       Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR})
+RETRYABLE = frozenset(
+    {
+        Cause.PREEMPTED,
+        Cause.WORKER_LOST,
+        Cause.HANG,
+        Cause.COLLECTIVE_TIMEOUT,
+        Cause.TRANSIENT_IO,
+        Cause.CHECKPOINT_ERROR,
+    }
+)
 
 
 def status_for(cause: Cause | str | None) -> Status:

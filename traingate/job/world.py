@@ -1,4 +1,5 @@
 """How many nodes and processes a stage runs with: the one place that decides it."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

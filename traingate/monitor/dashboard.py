@@ -16,6 +16,7 @@ that sees the state directory, while the run goes on or after it ended.
 >>> bar(0.5, 10)
 '█████░░░░░'
 """
+
 from __future__ import annotations
 
 import math
@@ -35,14 +36,15 @@ TRAINING_STAGES = STAGE_ORDER[1:]
 SPARK = "▁▂▃▄▅▆▇█"
 NONFINITE = "×"
 SPARK_WIDTH = 40
-HISTORY = 2000          # metric lines of the watched stage kept for the sparklines
-RATE_WINDOW = 30        # recent steps the rate (and so the ETA) is measured over
-MAX_RANK_ROWS = 8       # a wide job shows its slowest ranks, not a screenful of them
-EPOCH_FLOOR = 1e9      # an alert's ``at`` above this is a time (2001 on), below it a step
-QUIET_S = 30.0          # no orchestrator to ask: finished stages and nothing written for this long
+HISTORY = 2000  # metric lines of the watched stage kept for the sparklines
+RATE_WINDOW = 30  # recent steps the rate (and so the ETA) is measured over
+MAX_RANK_ROWS = 8  # a wide job shows its slowest ranks, not a screenful of them
+EPOCH_FLOOR = 1e9  # an alert's ``at`` above this is a time (2001 on), below it a step
+QUIET_S = 30.0  # no orchestrator to ask: finished stages and nothing written for this long
 
 
 # ---------------------------------------------------------------- pure drawing helpers
+
 
 def sparkline(values: Sequence[float], width: int = SPARK_WIDTH) -> str:
     """``values`` in at most ``width`` characters: means of equal buckets, scaled between their
@@ -52,7 +54,7 @@ def sparkline(values: Sequence[float], width: int = SPARK_WIDTH) -> str:
     n = min(width, len(values))
     buckets: list[float] = []
     for i in range(n):
-        chunk = values[i * len(values) // n:(i + 1) * len(values) // n]
+        chunk = values[i * len(values) // n : (i + 1) * len(values) // n]
         buckets.append(sum(chunk) / len(chunk) if all(math.isfinite(v) for v in chunk) else math.nan)
     finite = [v for v in buckets if math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
@@ -89,10 +91,12 @@ def usd(amount: float | None) -> str:
 
 # ---------------------------------------------------------------- the snapshot
 
+
 @dataclass(frozen=True)
 class StageLine:
     """One stage of the run as its files say: ``status`` is a :class:`Status` value, ``running``,
     or ``waiting`` (directory made, nothing launched yet)."""
+
     name: str
     status: str
     step: int | None = None
@@ -106,7 +110,7 @@ class RankTime:
     step: int
     step_time_s: float | None
     data_wait_s: float | None
-    age_s: float            # since this rank's last heartbeat
+    age_s: float  # since this rank's last heartbeat
 
 
 @dataclass(frozen=True)
@@ -114,22 +118,22 @@ class Snapshot:
     run_id: str
     now: float
     stages: tuple[StageLine, ...]
-    stage: str | None                    # the stage shown: the running one, else the last that ran
+    stage: str | None  # the stage shown: the running one, else the last that ran
     status: str = "waiting"
     step: int = 0
     max_steps: int = 0
     eta_s: float | None = None
     steps_per_s: float | None = None
     samples_per_s: float | None = None
-    loss: tuple[float, ...] = ()         # the stage's loss per step, oldest first (NaN stays NaN)
-    throughput: tuple[float, ...] = ()   # samples/s per step, oldest first
+    loss: tuple[float, ...] = ()  # the stage's loss per step, oldest first (NaN stays NaN)
+    throughput: tuple[float, ...] = ()  # samples/s per step, oldest first
     ranks: tuple[RankTime, ...] = ()
     gpu_util_percent: float | None = None  # None: no GPU reported (a CPU run)
     alerts: tuple[files.AlertRecord, ...] = ()
     restarts: int = 0
     rollbacks: int = 0
-    spent_usd: float = 0.0               # the whole run so far, every stage and attempt
-    projected_usd: float | None = None   # the run at the end of the shown stage, at its current rate
+    spent_usd: float = 0.0  # the whole run so far, every stage and attempt
+    projected_usd: float | None = None  # the run at the end of the shown stage, at its current rate
     pool: str = ""
     slots: int = 0
     price_per_slot_hour: float = 0.0
@@ -152,8 +156,9 @@ def _unit_line(stage_dir: Path) -> StageLine:
             bad += int(s.get("failures", 0)) + int(s.get("errors", 0))
     except (ElementTree.ParseError, OSError, ValueError):
         return StageLine("unit", "running", detail="writing its report")
-    return StageLine("unit", Status.FAILED if bad or not total else Status.COMPLETED,
-                     detail=f"{total - bad}/{total} tests passed")
+    return StageLine(
+        "unit", Status.FAILED if bad or not total else Status.COMPLETED, detail=f"{total - bad}/{total} tests passed"
+    )
 
 
 _METRIC_FIELDS = tuple(f.name for f in fields(files.StepMetrics))
@@ -223,8 +228,15 @@ class RunReader:
         shown = next((s for s in training if s.status == "running"), training[-1] if training else None)
         if shown is None:
             current = lines[-1].name if lines else None
-            return Snapshot(self.run_id, now, tuple(lines), current, lines[-1].status if lines else "waiting",
-                            spent_usd=spent, experiment=experiment)
+            return Snapshot(
+                self.run_id,
+                now,
+                tuple(lines),
+                current,
+                lines[-1].status if lines else "waiting",
+                spent_usd=spent,
+                experiment=experiment,
+            )
         d = self.run_dir / shown.name
         job = files.read_json(d / files.JOB) or {}
         optim = (job.get("spec") or {}).get("optim") or {}
@@ -248,21 +260,51 @@ class RunReader:
         projected = spent + eta * usd_per_s if eta is not None else None
         # The one rule of every restart count (`traingate show`, the runs table); roll-backs are among them.
         # An ended attempt was followed by another launch, unless it was the stage's last.
-        followed = attempts[:-1] if state is not None and state.final is not None else \
-            [a for a in attempts if a.get("ended_at") is not None]
+        followed = (
+            attempts[:-1]
+            if state is not None and state.final is not None
+            else [a for a in attempts if a.get("ended_at") is not None]
+        )
         restarts = sum(1 for a in followed if is_restart(a.get("cause")))
         rollbacks = sum(1 for a in attempts if a.get("cause") == "rollback")
         gpu = next((m.gpu_util_percent for m in reversed(metrics) if m.gpu_util_percent is not None), None)
-        throughput = tuple(global_batch / (b.time - a.time) for a, b in zip(metrics, list(metrics)[1:])
-                           if b.time > a.time and b.step == a.step + 1) if global_batch else ()
-        ranks = tuple(RankTime(r, b.step, b.step_time_s, b.data_wait_s, max(0.0, now - b.time))
-                      for r, b in sorted(beats.items()))
+        throughput = (
+            tuple(
+                global_batch / (b.time - a.time)
+                for a, b in zip(metrics, list(metrics)[1:])
+                if b.time > a.time and b.step == a.step + 1
+            )
+            if global_batch
+            else ()
+        )
+        ranks = tuple(
+            RankTime(r, b.step, b.step_time_s, b.data_wait_s, max(0.0, now - b.time)) for r, b in sorted(beats.items())
+        )
         return Snapshot(
-            self.run_id, now, tuple(lines), shown.name, shown.status, step, max_steps, eta, rate,
-            rate * global_batch if rate and global_batch else None, tuple(m.loss for m in metrics), throughput,
-            ranks, gpu, tuple(files.read_alerts(d)), restarts, rollbacks, spent, projected,
-            str(job.get("pool") or ""), int(job.get("slots") or 0), float(job.get("price_per_slot_hour") or 0.0),
-            experiment)
+            self.run_id,
+            now,
+            tuple(lines),
+            shown.name,
+            shown.status,
+            step,
+            max_steps,
+            eta,
+            rate,
+            rate * global_batch if rate and global_batch else None,
+            tuple(m.loss for m in metrics),
+            throughput,
+            ranks,
+            gpu,
+            tuple(files.read_alerts(d)),
+            restarts,
+            rollbacks,
+            spent,
+            projected,
+            str(job.get("pool") or ""),
+            int(job.get("slots") or 0),
+            float(job.get("price_per_slot_hour") or 0.0),
+            experiment,
+        )
 
     @property
     def run_id(self) -> str:
@@ -298,8 +340,11 @@ def _running_since(state: files.SupervisorState | None, job: dict[str, Any]) -> 
     if state is None or state.final is not None:
         return None
     recorded = [float(a["launched_at"]) for a in state.attempts if a.get("launched_at") is not None]
-    open_ = [float(a["launched_at"]) for a in state.attempts
-             if a.get("ended_at") is None and a.get("launched_at") is not None]
+    open_ = [
+        float(a["launched_at"])
+        for a in state.attempts
+        if a.get("ended_at") is None and a.get("launched_at") is not None
+    ]
     if open_:
         return open_[-1]
     launched = job.get("launched_at")
@@ -319,6 +364,7 @@ def read_snapshot(run_dir: Path, now: float | None = None) -> Snapshot:
 
 
 # ---------------------------------------------------------------- is it over?
+
 
 def run_over(run_dir: Path, now: float | None = None) -> str | None:
     """Why the run in ``run_dir`` has ended, or None while it goes on.
@@ -360,9 +406,17 @@ def summary_line(s: Snapshot) -> str:
 
 # ---------------------------------------------------------------- rich rendering
 
-_STATUS_STYLE = {"running": "bold cyan", "waiting": "dim", Status.COMPLETED: "green", Status.STOPPED: "yellow",
-                 Status.PREEMPTED: "yellow", Status.PRUNED: "yellow", Status.DIVERGED: "bold red",
-                 Status.FAILED: "bold red", Status.SKIPPED: "dim"}
+_STATUS_STYLE = {
+    "running": "bold cyan",
+    "waiting": "dim",
+    Status.COMPLETED: "green",
+    Status.STOPPED: "yellow",
+    Status.PREEMPTED: "yellow",
+    Status.PRUNED: "yellow",
+    Status.DIVERGED: "bold red",
+    Status.FAILED: "bold red",
+    Status.SKIPPED: "dim",
+}
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -373,9 +427,12 @@ def render(s: Snapshot, width: int = 80) -> Any:
     from rich.text import Text
 
     spark_w = max(10, min(SPARK_WIDTH, width - 40))
-    head = Text.assemble(("traingate watch ", "bold"), (s.run_id, "bold magenta"),
-                         (f"  {s.experiment}" if s.experiment else "", ""),
-                         (time.strftime("  %H:%M:%S", time.localtime(s.now)), "dim"))
+    head = Text.assemble(
+        ("traingate watch ", "bold"),
+        (s.run_id, "bold magenta"),
+        (f"  {s.experiment}" if s.experiment else "", ""),
+        (time.strftime("  %H:%M:%S", time.localtime(s.now)), "dim"),
+    )
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", width=8, no_wrap=True)
     grid.add_column(overflow="fold")
@@ -391,8 +448,13 @@ def render(s: Snapshot, width: int = 80) -> Any:
         grid.add_row(s.stage, progress)
         if s.loss:
             last = s.loss[-1]
-            grid.add_row("loss", Text.assemble((sparkline(s.loss, spark_w), "cyan"),
-                                               f" {last:.4g}" if math.isfinite(last) else (f" {last}", "bold red")))
+            grid.add_row(
+                "loss",
+                Text.assemble(
+                    (sparkline(s.loss, spark_w), "cyan"),
+                    f" {last:.4g}" if math.isfinite(last) else (f" {last}", "bold red"),
+                ),
+            )
         if s.throughput:
             rate = f" {s.samples_per_s:,.0f} samples/s" if s.samples_per_s else ""
             grid.add_row("speed", Text.assemble((sparkline(s.throughput, spark_w), "green"), rate))
@@ -416,24 +478,32 @@ def render(s: Snapshot, width: int = 80) -> Any:
         alerts.append(f"(+{len(s.alerts) - 3} earlier in alerts.jsonl)", "dim")
     alerts.rstrip()
     grid.add_row("alerts", alerts if s.alerts else Text("none", "dim"))
-    restarts = f"{s.restarts}" + (f" (of which {s.rollbacks} roll-back{'s' if s.rollbacks != 1 else ''})"
-                                  if s.rollbacks else "")
+    restarts = f"{s.restarts}" + (
+        f" (of which {s.rollbacks} roll-back{'s' if s.rollbacks != 1 else ''})" if s.rollbacks else ""
+    )
     grid.add_row("restarts", restarts)
     cost = Text(f"{usd(s.spent_usd)} so far")
     if s.projected_usd is not None and s.status == "running":
         cost.append(f", {usd(s.projected_usd)} at the end of {s.stage}")
     grid.add_row("cost", cost)
     if s.pool:
-        grid.add_row("pool", Text(f"{s.pool}: {s.slots} slot{'s' if s.slots != 1 else ''} x "
-                                  f"${s.price_per_slot_hour:g}/slot-hour", "dim"))
+        grid.add_row(
+            "pool",
+            Text(
+                f"{s.pool}: {s.slots} slot{'s' if s.slots != 1 else ''} x ${s.price_per_slot_hour:g}/slot-hour", "dim"
+            ),
+        )
     return Group(head, grid)
 
 
 def _ranks(ranks: Sequence[RankTime]) -> Any:
     from rich.text import Text
 
-    shown = sorted(ranks, key=lambda r: -(r.step_time_s or 0.0))[:MAX_RANK_ROWS] \
-        if len(ranks) > MAX_RANK_ROWS else list(ranks)
+    shown = (
+        sorted(ranks, key=lambda r: -(r.step_time_s or 0.0))[:MAX_RANK_ROWS]
+        if len(ranks) > MAX_RANK_ROWS
+        else list(ranks)
+    )
     out = Text()
     for r in sorted(shown, key=lambda r: r.rank):
         t = f"{r.step_time_s * 1000:.0f} ms" if r.step_time_s is not None else "-"
@@ -446,5 +516,17 @@ def _ranks(ranks: Sequence[RankTime]) -> Any:
     return out
 
 
-__all__ = ["RankTime", "RunReader", "Snapshot", "StageLine", "bar", "duration", "read_snapshot", "render",
-           "run_over", "sparkline", "summary_line", "usd"]
+__all__ = [
+    "RankTime",
+    "RunReader",
+    "Snapshot",
+    "StageLine",
+    "bar",
+    "duration",
+    "read_snapshot",
+    "render",
+    "run_over",
+    "sparkline",
+    "summary_line",
+    "usd",
+]

@@ -18,6 +18,7 @@ rolled-back steps showed is no longer the run's history.
 
 Nothing here acts; the supervisor does (:mod:`traingate.supervision.supervisor`).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,22 +34,35 @@ RANK_HISTORY = 256  # steps of per-rank times kept for the straggler rule
 
 
 class StageMonitor:
-    def __init__(self, spec: AlertsSpec, stage_dir: Path, slots: int, price_per_slot_hour: float,
-                 budget_usd: float | None = None, spent_before_usd: float = 0.0, budget_scope: str = "run",
-                 started_at: float = 0.0):
+    def __init__(
+        self,
+        spec: AlertsSpec,
+        stage_dir: Path,
+        slots: int,
+        price_per_slot_hour: float,
+        budget_usd: float | None = None,
+        spent_before_usd: float = 0.0,
+        budget_scope: str = "run",
+        started_at: float = 0.0,
+    ):
         self.spec = spec
         self.stage_dir = Path(stage_dir)
         self.usd_per_s = slots * price_per_slot_hour / 3600.0
         self.budget_usd, self.spent_before, self.scope = budget_usd, spent_before_usd, budget_scope
         self.started_at = started_at
-        n = 50 + max(2 * spec.stagnation.window, spec.loss_spike.window + 200, spec.grad_norm_explosion.window + 200,
-                     spec.data_loader_stall.window, spec.step_time_regression.recent)
+        n = 50 + max(
+            2 * spec.stagnation.window,
+            spec.loss_spike.window + 200,
+            spec.grad_norm_explosion.window + 200,
+            spec.data_loader_stall.window,
+            spec.step_time_regression.recent,
+        )
         self.loss: deque[tuple[float, float]] = deque(maxlen=n)
         self.grad: deque[tuple[float, float]] = deque(maxlen=n)
         self.step_time: deque[tuple[float, float]] = deque(maxlen=n)
         self.data_wait: deque[tuple[float, float]] = deque(maxlen=n)
         st = spec.step_time_regression
-        self.step_time_head: list[tuple[float, float]] = []   # the stage's first steps: its own baseline
+        self.step_time_head: list[tuple[float, float]] = []  # the stage's first steps: its own baseline
         self.head_len = st.skip + st.baseline
         self.val: list[tuple[float, float]] = []
         self.val_metric = "val_loss"
@@ -61,8 +75,9 @@ class StageMonitor:
         self.min_attempt = 0
         # Events this stage already alerted on (an earlier supervision: smoke's first half, a paused run
         # being resumed) are not alerted on again when their lines are read back.
-        self.seen: set[tuple[Rule, float]] = {(Rule(a.rule), float(a.at)) for a in files.read_alerts(self.stage_dir)
-                                              if a.rule in EVENT_RULES}
+        self.seen: set[tuple[Rule, float]] = {
+            (Rule(a.rule), float(a.at)) for a in files.read_alerts(self.stage_dir) if a.rule in EVENT_RULES
+        }
         self.active: set[Rule] = set()
         self.next_eval = 0.0
 
@@ -96,7 +111,7 @@ class StageMonitor:
             for step, busy in b.recent:
                 times[int(step)] = float(busy)
             if len(times) > RANK_HISTORY:
-                for s in sorted(times)[:len(times) - RANK_HISTORY]:
+                for s in sorted(times)[: len(times) - RANK_HISTORY]:
                     del times[s]
 
     def rewind(self, to_step: int, next_attempt: int) -> None:
@@ -132,10 +147,20 @@ class StageMonitor:
         # A storm counts the restarts after the last one raised: the next needs `count` more.
         last_storm = max((at for r, at in self.seen if r == Rule.RESTART_STORM), default=-math.inf)
         restart_times = [t for t in restart_times if t > last_storm]
-        signals = Signals(loss=list(self.loss), val=self.val, grad_norm=list(self.grad), step_time=step_time,
-                          data_wait=list(self.data_wait), rank_step_times=ranks, gpu_util=list(self.gpu_util),
-                          restart_times=sorted(restart_times), spend_usd=list(self.spend),
-                          budget_usd=self.budget_usd, budget_scope=self.scope, heartbeats=list(self.beats))
+        signals = Signals(
+            loss=list(self.loss),
+            val=self.val,
+            grad_norm=list(self.grad),
+            step_time=step_time,
+            data_wait=list(self.data_wait),
+            rank_step_times=ranks,
+            gpu_util=list(self.gpu_util),
+            restart_times=sorted(restart_times),
+            spend_usd=list(self.spend),
+            budget_usd=self.budget_usd,
+            budget_scope=self.scope,
+            heartbeats=list(self.beats),
+        )
         firings = evaluate(signals, self.spec, now)
         new = []
         holding = set()
@@ -172,12 +197,22 @@ def run_spend_usd(run_dir: Path, but: str | None = None) -> float:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return 0.0
-    return sum(stage_spend_usd(d) for d in sorted(run_dir.iterdir())
-               if d.is_dir() and d.name != but and (d / files.SUPERVISOR).exists())
+    return sum(
+        stage_spend_usd(d)
+        for d in sorted(run_dir.iterdir())
+        if d.is_dir() and d.name != but and (d / files.SUPERVISOR).exists()
+    )
 
 
 def alert_payload(f: Firing, stage: str, attempt: int) -> dict[str, Any]:
     """A firing as an event payload / logbook data: plain JSON."""
-    return {"rule": str(f.rule), "severity": str(f.severity), "action": str(f.action), "at": f.at,
-            "message": f.message, "stage": stage, "attempt": attempt,
-            "values": {k: v for k, v in f.values.items() if isinstance(v, (int, float)) and math.isfinite(v)}}
+    return {
+        "rule": str(f.rule),
+        "severity": str(f.severity),
+        "action": str(f.action),
+        "at": f.at,
+        "message": f.message,
+        "stage": stage,
+        "attempt": attempt,
+        "values": {k: v for k, v in f.values.items() if isinstance(v, (int, float)) and math.isfinite(v)},
+    }

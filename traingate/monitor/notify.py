@@ -5,6 +5,7 @@ spec holds ``${env:NAME}`` and the URL is resolved here, in memory, when a messa
 is logged without it. Prefect Automations on the ``traingate.alert.*`` events are the other way to be
 told (deployments/automations/alerts.yaml).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ def post(url_ref: str, payload: dict[str, Any], say: Callable[[str], None] = log
 
     It is sent after every post before it has been answered or has failed.
     """
+
     def send() -> None:
         host = "the alert webhook"
         try:

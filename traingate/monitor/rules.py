@@ -19,6 +19,7 @@ Nothing here carries an action out: the caller does (notify, pause, stop, roll b
 >>> loss_spike(loss[:-1], spec.loss_spike) is None
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -44,15 +45,16 @@ class Severity(StrEnum):
 
 
 class Action(StrEnum):
-    NOTIFY = "notify"          # tell someone; the run goes on
-    PAUSE = "pause"            # checkpoint and stop; `traingate resume` continues it
-    STOP = "stop"              # stop for good
-    ROLLBACK = "rollback"      # back to the last good checkpoint before the event, continue with mitigation
+    NOTIFY = "notify"  # tell someone; the run goes on
+    PAUSE = "pause"  # checkpoint and stop; `traingate resume` continues it
+    STOP = "stop"  # stop for good
+    ROLLBACK = "rollback"  # back to the last good checkpoint before the event, continue with mitigation
     QUARANTINE = "quarantine"  # leave the offending rank's host out of the next launch
 
 
 class Rule(StrEnum):
     """Every alert; the value is its section anchor in docs/runbooks.md."""
+
     NONFINITE_LOSS = "nonfinite-loss"
     LOSS_SPIKE = "loss-spike"
     STAGNATION = "stagnation"
@@ -74,8 +76,8 @@ class Firing:
     rule: Rule
     severity: Severity
     action: Action
-    at: float                 # the x (step or epoch seconds) at which the condition first held
-    message: str              # one line: the numbers, then the runbook section
+    at: float  # the x (step or epoch seconds) at which the condition first held
+    message: str  # one line: the numbers, then the runbook section
     values: dict[str, float] = field(default_factory=dict)  # the same numbers, for metrics and event payloads
 
     @property
@@ -100,13 +102,16 @@ class RuleSpec(SpecModel):
     @model_validator(mode="after")
     def _action_fits(self) -> "RuleSpec":
         if self.action not in self.allowed_actions:
-            raise ValueError(f"action {self.action.value!r} does not apply to this alert; use one of "
-                             f"{sorted(a.value for a in self.allowed_actions)}")
+            raise ValueError(
+                f"action {self.action.value!r} does not apply to this alert; use one of "
+                f"{sorted(a.value for a in self.allowed_actions)}"
+            )
         return self
 
 
 class _StateRuleSpec(RuleSpec):
     """A rule that finds the training state itself gone bad: critical, rolled back by default."""
+
     severity: Severity = Severity.CRITICAL
     action: Action = Action.ROLLBACK
     allowed_actions: ClassVar[frozenset[Action]] = _STATE_ACTIONS
@@ -123,13 +128,17 @@ class LossSpikeSpec(_StateRuleSpec):
     window: int = Field(default=50, ge=5, description="points before a candidate that make its baseline")
     min_points: int = Field(default=10, ge=3, description="no verdict on fewer finite points than this")
     z: float = Field(default=6.0, gt=0, description="robust z-score (median/MAD) above which a point is a spike")
-    min_rise: float = Field(default=0.25, ge=0, description="and at least this fraction above the median: "
-                                                             "a flat curve's tiny wiggle has a huge z")
+    min_rise: float = Field(
+        default=0.25,
+        ge=0,
+        description="and at least this fraction above the median: a flat curve's tiny wiggle has a huge z",
+    )
 
 
 class StagnationSpec(RuleSpec):
-    window: int = Field(default=200, ge=2, description="points per window; the last window is compared "
-                                                        "with the one before it")
+    window: int = Field(
+        default=200, ge=2, description="points per window; the last window is compared with the one before it"
+    )
     min_improvement: float = Field(default=0.01, ge=0, description="relative fall of the median loss")
 
 
@@ -203,20 +212,30 @@ class NoProgressSpec(RuleSpec):
 
 class RollbackSpec(SpecModel):
     """What a roll-back does besides going back to the last checkpoint before the event."""
-    skip_batches: bool = Field(default=True, description="skip the batches from that checkpoint up to and "
-                                                          "including the offending step")
-    lr_scale: float = Field(default=1.0, gt=0, le=1, description="multiply the learning rate by this from the "
-                                                                 "roll-back on (compounds over roll-backs)")
+
+    skip_batches: bool = Field(
+        default=True, description="skip the batches from that checkpoint up to and including the offending step"
+    )
+    lr_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="multiply the learning rate by this from the roll-back on (compounds over roll-backs)",
+    )
     max_rollbacks: int = Field(default=3, ge=0, description="per stage; one more firing pauses the run instead")
 
 
 class AlertsSpec(SpecModel):
     """The spec's ``alerts:`` section: every rule's thresholds, severity and action, and how a roll-back
     mitigates. The supervisor evaluates them about once a second while a stage trains."""
+
     enabled: bool = True
     every_s: float = Field(default=1.0, gt=0, le=60, description="how often the supervisor evaluates the rules")
-    webhook_url: str | None = Field(default=None, description="POST every alert here as JSON (Slack-compatible "
-                                    "`text`); a URL with a token belongs in the environment: ${env:NAME}")
+    webhook_url: str | None = Field(
+        default=None,
+        description="POST every alert here as JSON (Slack-compatible "
+        "`text`); a URL with a token belongs in the environment: ${env:NAME}",
+    )
     rollback: RollbackSpec = RollbackSpec()
     nonfinite_loss: NonfiniteLossSpec = NonfiniteLossSpec()
     loss_spike: LossSpikeSpec = LossSpikeSpec()
@@ -236,13 +255,20 @@ class AlertsSpec(SpecModel):
 
 # ---------------------------------------------------------------- helpers
 
+
 def _g(v: float) -> str:
     return f"{v:.4g}"
 
 
 def _fire(rule: Rule, spec: RuleSpec, at: float, text: str, **values: float) -> Firing:
-    return Firing(rule, spec.severity, spec.action, at,
-                  f"{rule.value}: {text} [{spec.action.value}; runbook {RUNBOOK}#{rule.value}]", values)
+    return Firing(
+        rule,
+        spec.severity,
+        spec.action,
+        at,
+        f"{rule.value}: {text} [{spec.action.value}; runbook {RUNBOOK}#{rule.value}]",
+        values,
+    )
 
 
 def _finite(points: Series) -> list[Point]:
@@ -259,6 +285,7 @@ def _by_x(points: Series) -> dict[float, float]:
 
 # ---------------------------------------------------------------- loss and optimisation
 
+
 def nonfinite_loss(loss: Series, spec: NonfiniteLossSpec, metric: str = "train_loss") -> Firing | None:
     """The first NaN or infinite loss."""
     if not spec.enabled:
@@ -266,8 +293,14 @@ def nonfinite_loss(loss: Series, spec: NonfiniteLossSpec, metric: str = "train_l
     for x, v in loss:
         if not math.isfinite(float(v)):
             bad = sum(1 for _, w in loss if not math.isfinite(float(w)))
-            return _fire(Rule.NONFINITE_LOSS, spec, x, f"{metric} is {float(v)} at step {_x(x)} "
-                         f"({bad} non-finite of {len(loss)} points)", step=x, nonfinite_points=bad)
+            return _fire(
+                Rule.NONFINITE_LOSS,
+                spec,
+                x,
+                f"{metric} is {float(v)} at step {_x(x)} ({bad} non-finite of {len(loss)} points)",
+                step=x,
+                nonfinite_points=bad,
+            )
     return None
 
 
@@ -285,16 +318,23 @@ def loss_spike(loss: Series, spec: LossSpikeSpec, metric: str = "train_loss") ->
         if not math.isfinite(v):
             continue  # the non-finite rule's business; it must not poison the baseline
         if len(history) >= spec.min_points:
-            base = history[-spec.window:]
+            base = history[-spec.window :]
             med = statistics.median(base)
             scale = 1.4826 * statistics.median(abs(b - med) for b in base)
             rise = v - med
             if rise > spec.min_rise * abs(med) and (scale == 0 or rise / scale > spec.z):
                 z = rise / scale if scale else math.inf
-                return _fire(Rule.LOSS_SPIKE, spec, x,
-                             f"{metric} {_g(v)} at step {_x(x)} is {_g(z)} robust z above the median {_g(med)} "
-                             f"of the {len(base)} points before it (threshold {_g(spec.z)})",
-                             step=x, value=v, median=med, z=z)
+                return _fire(
+                    Rule.LOSS_SPIKE,
+                    spec,
+                    x,
+                    f"{metric} {_g(v)} at step {_x(x)} is {_g(z)} robust z above the median {_g(med)} "
+                    f"of the {len(base)} points before it (threshold {_g(spec.z)})",
+                    step=x,
+                    value=v,
+                    median=med,
+                    z=z,
+                )
         history.append(v)
     return None
 
@@ -308,16 +348,22 @@ def stagnation(loss: Series, spec: StagnationSpec, metric: str = "train_loss") -
     if len(pts) < 2 * spec.window:
         return None
     w = spec.window
-    before = statistics.median(v for _, v in pts[-2 * w:-w])
+    before = statistics.median(v for _, v in pts[-2 * w : -w])
     last = statistics.median(v for _, v in pts[-w:])
     gain = (before - last) / abs(before) if before else 0.0
     if gain >= spec.min_improvement:
         return None
     start = pts[-w][0]
-    return _fire(Rule.STAGNATION, spec, start,
-                 f"median {metric} {_g(last)} over steps {_x(start)}-{_x(pts[-1][0])} is {_g(100 * gain)}% below "
-                 f"the {_g(before)} of the {w} points before (needs >= {_g(100 * spec.min_improvement)}%)",
-                 median_before=before, median_last=last, improvement=gain)
+    return _fire(
+        Rule.STAGNATION,
+        spec,
+        start,
+        f"median {metric} {_g(last)} over steps {_x(start)}-{_x(pts[-1][0])} is {_g(100 * gain)}% below "
+        f"the {_g(before)} of the {w} points before (needs >= {_g(100 * spec.min_improvement)}%)",
+        median_before=before,
+        median_last=last,
+        improvement=gain,
+    )
 
 
 def val_not_improved(val: Series, spec: ValNotImprovedSpec, metric: str = "val_loss") -> Firing | None:
@@ -334,10 +380,17 @@ def val_not_improved(val: Series, spec: ValNotImprovedSpec, metric: str = "val_l
             best_i = i
         if i - best_i >= spec.patience:
             bx, bv = pts[best_i]
-            return _fire(Rule.VAL_NOT_IMPROVED, spec, pts[i][0],
-                         f"{metric} has not improved for {i - best_i} evaluations (patience {spec.patience}): "
-                         f"best {_g(bv)} at step {_x(bx)}, latest {_g(v)} at step {_x(pts[i][0])}",
-                         best=bv, best_step=bx, latest=v, evaluations=i - best_i)
+            return _fire(
+                Rule.VAL_NOT_IMPROVED,
+                spec,
+                pts[i][0],
+                f"{metric} has not improved for {i - best_i} evaluations (patience {spec.patience}): "
+                f"best {_g(bv)} at step {_x(bx)}, latest {_g(v)} at step {_x(pts[i][0])}",
+                best=bv,
+                best_step=bx,
+                latest=v,
+                evaluations=i - best_i,
+            )
     return None
 
 
@@ -351,20 +404,26 @@ def grad_norm_explosion(grad_norm: Series, spec: GradNormExplosionSpec, metric: 
         if not math.isfinite(v):
             return _fire(Rule.GRAD_NORM_EXPLOSION, spec, x, f"{metric} is {v} at step {_x(x)}", step=x)
         if len(history) >= spec.min_points:
-            med = statistics.median(history[-spec.window:])
+            med = statistics.median(history[-spec.window :])
             if v > spec.factor * med:
-                return _fire(Rule.GRAD_NORM_EXPLOSION, spec, x,
-                             f"{metric} {_g(v)} at step {_x(x)} is {_g(v / med if med else math.inf)}x the median "
-                             f"{_g(med)} of the steps before it (threshold {_g(spec.factor)}x)",
-                             step=x, value=v, median=med)
+                return _fire(
+                    Rule.GRAD_NORM_EXPLOSION,
+                    spec,
+                    x,
+                    f"{metric} {_g(v)} at step {_x(x)} is {_g(v / med if med else math.inf)}x the median "
+                    f"{_g(med)} of the steps before it (threshold {_g(spec.factor)}x)",
+                    step=x,
+                    value=v,
+                    median=med,
+                )
         history.append(v)
     return None
 
 
 # ---------------------------------------------------------------- throughput
 
-def step_time_regression(step_time: Series, spec: StepTimeRegressionSpec,
-                         metric: str = "step_time_s") -> Firing | None:
+
+def step_time_regression(step_time: Series, spec: StepTimeRegressionSpec, metric: str = "step_time_s") -> Firing | None:
     """The median of the latest ``recent`` step times is more than ``max_increase`` above the run's own
     baseline: the median of the ``baseline`` steps after the first ``skip``."""
     if not spec.enabled:
@@ -372,17 +431,23 @@ def step_time_regression(step_time: Series, spec: StepTimeRegressionSpec,
     pts = _finite(step_time)
     if len(pts) < spec.skip + spec.baseline + spec.recent:
         return None
-    base = statistics.median(v for _, v in pts[spec.skip:spec.skip + spec.baseline])
-    recent = statistics.median(v for _, v in pts[-spec.recent:])
+    base = statistics.median(v for _, v in pts[spec.skip : spec.skip + spec.baseline])
+    recent = statistics.median(v for _, v in pts[-spec.recent :])
     if base <= 0 or recent <= base * (1 + spec.max_increase):
         return None
     start = pts[-spec.recent][0]
-    return _fire(Rule.STEP_TIME_REGRESSION, spec, start,
-                 f"median {metric} {_g(recent)} s over steps {_x(start)}-{_x(pts[-1][0])} is "
-                 f"{_g(100 * (recent / base - 1))}% above the run's baseline {_g(base)} s "
-                 f"(steps {_x(pts[spec.skip][0])}-{_x(pts[spec.skip + spec.baseline - 1][0])}; "
-                 f"limit +{_g(100 * spec.max_increase)}%)",
-                 baseline=base, recent=recent, increase=recent / base - 1)
+    return _fire(
+        Rule.STEP_TIME_REGRESSION,
+        spec,
+        start,
+        f"median {metric} {_g(recent)} s over steps {_x(start)}-{_x(pts[-1][0])} is "
+        f"{_g(100 * (recent / base - 1))}% above the run's baseline {_g(base)} s "
+        f"(steps {_x(pts[spec.skip][0])}-{_x(pts[spec.skip + spec.baseline - 1][0])}; "
+        f"limit +{_g(100 * spec.max_increase)}%)",
+        baseline=base,
+        recent=recent,
+        increase=recent / base - 1,
+    )
 
 
 def straggler(rank_step_times: Mapping[int, Series], spec: StragglerSpec) -> Firing | None:
@@ -392,7 +457,7 @@ def straggler(rank_step_times: Mapping[int, Series], spec: StragglerSpec) -> Fir
         return None
     by_rank = {r: _by_x(s) for r, s in rank_step_times.items()}
     common = sorted(set.intersection(*(set(d) for d in by_rank.values())))
-    steps = common[-spec.window:]
+    steps = common[-spec.window :]
     if len(steps) < spec.window:
         return None
     worst: tuple[float, int, float] | None = None
@@ -409,14 +474,22 @@ def straggler(rank_step_times: Mapping[int, Series], spec: StragglerSpec) -> Fir
     if worst is None:
         return None
     frac, r, ratio = worst
-    return _fire(Rule.STRAGGLER, spec, steps[0],
-                 f"rank {r} was more than {_g(100 * spec.slower_by)}% slower than the other ranks' median in "
-                 f"{_g(100 * frac)}% of steps {_x(steps[0])}-{_x(steps[-1])} (median ratio {_g(ratio)}x; "
-                 f"threshold {_g(100 * spec.share)}%)", rank=r, share=frac, ratio=ratio)
+    return _fire(
+        Rule.STRAGGLER,
+        spec,
+        steps[0],
+        f"rank {r} was more than {_g(100 * spec.slower_by)}% slower than the other ranks' median in "
+        f"{_g(100 * frac)}% of steps {_x(steps[0])}-{_x(steps[-1])} (median ratio {_g(ratio)}x; "
+        f"threshold {_g(100 * spec.share)}%)",
+        rank=r,
+        share=frac,
+        ratio=ratio,
+    )
 
 
-def gpu_underutilised(util: Series, spec: GpuUnderutilisedSpec, now: float,
-                      metric: str = "gpu_util_percent") -> Firing | None:
+def gpu_underutilised(
+    util: Series, spec: GpuUnderutilisedSpec, now: float, metric: str = "gpu_util_percent"
+) -> Firing | None:
     """Every GPU-utilisation sample for the last ``for_s`` seconds is below ``below_percent``.
     An empty series (no GPU, NVML absent) never fires."""
     if not spec.enabled:
@@ -432,10 +505,15 @@ def gpu_underutilised(util: Series, spec: GpuUnderutilisedSpec, now: float,
     if now - since < spec.for_s:
         return None
     low = [v for _, v in pts[i:]]
-    return _fire(Rule.GPU_UNDERUTILISED, spec, since,
-                 f"{metric} below {_g(spec.below_percent)}% for {_g(now - since)} s "
-                 f"(mean {_g(statistics.fmean(low))}%, {len(low)} samples; threshold {_g(spec.for_s)} s)",
-                 seconds=now - since, mean_percent=statistics.fmean(low))
+    return _fire(
+        Rule.GPU_UNDERUTILISED,
+        spec,
+        since,
+        f"{metric} below {_g(spec.below_percent)}% for {_g(now - since)} s "
+        f"(mean {_g(statistics.fmean(low))}%, {len(low)} samples; threshold {_g(spec.for_s)} s)",
+        seconds=now - since,
+        mean_percent=statistics.fmean(low),
+    )
 
 
 def data_loader_stall(data_wait: Series, step_time: Series, spec: DataLoaderStallSpec) -> Firing | None:
@@ -443,19 +521,25 @@ def data_loader_stall(data_wait: Series, step_time: Series, spec: DataLoaderStal
     if not spec.enabled:
         return None
     wait, total = _by_x(_finite(data_wait)), _by_x(_finite(step_time))
-    steps = sorted(set(wait) & set(total))[-spec.window:]
+    steps = sorted(set(wait) & set(total))[-spec.window :]
     if len(steps) < spec.window:
         return None
     spent = sum(total[s] for s in steps)
     share = sum(wait[s] for s in steps) / spent if spent > 0 else 0.0
     if share <= spec.max_share:
         return None
-    return _fire(Rule.DATA_LOADER_STALL, spec, steps[0],
-                 f"{_g(100 * share)}% of step time over steps {_x(steps[0])}-{_x(steps[-1])} was spent waiting "
-                 f"for data (limit {_g(100 * spec.max_share)}%)", share=share)
+    return _fire(
+        Rule.DATA_LOADER_STALL,
+        spec,
+        steps[0],
+        f"{_g(100 * share)}% of step time over steps {_x(steps[0])}-{_x(steps[-1])} was spent waiting "
+        f"for data (limit {_g(100 * spec.max_share)}%)",
+        share=share,
+    )
 
 
 # ---------------------------------------------------------------- run health
+
 
 def checkpoint_interval_s(every_steps: int | None, every_minutes: float | None, step_time_s: float) -> float | None:
     """The expected time between checkpoints: the sooner of the step and the time trigger."""
@@ -465,8 +549,9 @@ def checkpoint_interval_s(every_steps: int | None, every_minutes: float | None, 
     return min(candidates) if candidates else None
 
 
-def checkpoint_stale(checkpoint_times: Sequence[float], started_at: float, interval_s: float,
-                     spec: CheckpointStaleSpec, now: float) -> Firing | None:
+def checkpoint_stale(
+    checkpoint_times: Sequence[float], started_at: float, interval_s: float, spec: CheckpointStaleSpec, now: float
+) -> Firing | None:
     """No checkpoint completed within ``factor`` x the interval, counting from the newest one or from this
     launch (a resumed process's older checkpoints do not make it late)."""
     if not spec.enabled or interval_s <= 0:
@@ -476,9 +561,15 @@ def checkpoint_stale(checkpoint_times: Sequence[float], started_at: float, inter
     if age <= spec.factor * interval_s:
         return None
     what = "the last checkpoint" if checkpoint_times and last > started_at else "the launch (no checkpoint since)"
-    return _fire(Rule.CHECKPOINT_STALE, spec, last,
-                 f"{_g(age)} s since {what}; expected one every {_g(interval_s)} s "
-                 f"(limit {_g(spec.factor)}x = {_g(spec.factor * interval_s)} s)", age_s=age, interval_s=interval_s)
+    return _fire(
+        Rule.CHECKPOINT_STALE,
+        spec,
+        last,
+        f"{_g(age)} s since {what}; expected one every {_g(interval_s)} s "
+        f"(limit {_g(spec.factor)}x = {_g(spec.factor * interval_s)} s)",
+        age_s=age,
+        interval_s=interval_s,
+    )
 
 
 def restart_storm(restart_times: Sequence[float], spec: RestartStormSpec) -> Firing | None:
@@ -489,21 +580,32 @@ def restart_storm(restart_times: Sequence[float], spec: RestartStormSpec) -> Fir
     for i in range(len(ts) - spec.count + 1):
         span = ts[i + spec.count - 1] - ts[i]
         if span <= spec.within_s:
-            return _fire(Rule.RESTART_STORM, spec, ts[i + spec.count - 1],
-                         f"{spec.count} restarts within {_g(span)} s (limit {spec.count} in {_g(spec.within_s)} s; "
-                         f"{len(ts)} restarts in all)", restarts=spec.count, span_s=span)
+            return _fire(
+                Rule.RESTART_STORM,
+                spec,
+                ts[i + spec.count - 1],
+                f"{spec.count} restarts within {_g(span)} s (limit {spec.count} in {_g(spec.within_s)} s; "
+                f"{len(ts)} restarts in all)",
+                restarts=spec.count,
+                span_s=span,
+            )
     return None
 
 
-def _budget(rule: Rule, spend: Series, limit_usd: float, fraction: float, spec: RuleSpec,
-            scope: str) -> Firing | None:
+def _budget(rule: Rule, spend: Series, limit_usd: float, fraction: float, spec: RuleSpec, scope: str) -> Firing | None:
     if not spec.enabled or limit_usd <= 0:
         return None
     for x, v in spend:
         if v >= fraction * limit_usd:
-            return _fire(rule, spec, x, f"{scope} spent ${_g(v)} of its ${_g(limit_usd)} budget "
-                         f"({_g(100 * v / limit_usd)}%; threshold {_g(100 * fraction)}%)",
-                         spent_usd=v, budget_usd=limit_usd)
+            return _fire(
+                rule,
+                spec,
+                x,
+                f"{scope} spent ${_g(v)} of its ${_g(limit_usd)} budget "
+                f"({_g(100 * v / limit_usd)}%; threshold {_g(100 * fraction)}%)",
+                spent_usd=v,
+                budget_usd=limit_usd,
+            )
     return None
 
 
@@ -532,17 +634,25 @@ def no_progress(heartbeats: Series, spec: NoProgressSpec, now: float) -> Firing 
             high, since = step, t
     if now - since < spec.for_s:
         return None
-    return _fire(Rule.NO_PROGRESS, spec, since,
-                 f"highest step {_x(high)} reached {_g(now - since)} s ago while the latest heartbeat is "
-                 f"{_g(now - last_beat)} s old (limit {_g(spec.for_s)} s)", step=high, seconds=now - since)
+    return _fire(
+        Rule.NO_PROGRESS,
+        spec,
+        since,
+        f"highest step {_x(high)} reached {_g(now - since)} s ago while the latest heartbeat is "
+        f"{_g(now - last_beat)} s old (limit {_g(spec.for_s)} s)",
+        step=high,
+        seconds=now - since,
+    )
 
 
 # ---------------------------------------------------------------- all at once
+
 
 @dataclass
 class Signals:
     """What a monitor knows about one run at one moment; an empty field means "not measured" and its
     rules do not run."""
+
     loss: Series = ()
     val: Series = ()
     grad_norm: Series = ()
@@ -574,12 +684,15 @@ def evaluate(signals: Signals, spec: AlertsSpec, now: float) -> list[Firing]:
         gpu_underutilised(s.gpu_util, spec.gpu_underutilised, now) if s.gpu_util else None,
         data_loader_stall(s.data_wait, s.step_time, spec.data_loader_stall) if s.data_wait and s.step_time else None,
         checkpoint_stale(s.checkpoint_times, s.started_at, s.checkpoint_interval_s, spec.checkpoint_stale, now)
-        if s.started_at is not None and s.checkpoint_interval_s else None,
+        if s.started_at is not None and s.checkpoint_interval_s
+        else None,
         restart_storm(s.restart_times, spec.restart_storm) if s.restart_times else None,
         budget_warning(s.spend_usd, s.budget_usd, spec.budget_warning, s.budget_scope)
-        if s.spend_usd and s.budget_usd is not None else None,
+        if s.spend_usd and s.budget_usd is not None
+        else None,
         budget_exhausted(s.spend_usd, s.budget_usd, spec.budget_exhausted, s.budget_scope)
-        if s.spend_usd and s.budget_usd is not None else None,
+        if s.spend_usd and s.budget_usd is not None
+        else None,
         no_progress(s.heartbeats, spec.no_progress, now) if s.heartbeats else None,
     ]
     return [f for f in out if f is not None]

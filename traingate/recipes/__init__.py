@@ -4,6 +4,7 @@ A recipe is an object with the methods of :class:`Recipe`. Two built-in recipes
 (``digits-cnn``, ``char-gpt``) live in the registry; ``script`` is not a recipe
 object but a launch kind handled by the stage launcher (an unmodified command).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

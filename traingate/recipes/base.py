@@ -1,4 +1,5 @@
 """The recipe interface and the in-memory dataset every built-in recipe uses."""
+
 from __future__ import annotations
 
 import hashlib
@@ -68,7 +69,8 @@ class Recipe:
             loc = ".".join(str(p) for p in err["loc"])
             raise SpecError(
                 f"recipe.params.{loc} = {err.get('input')!r}: {err['msg']} "
-                f"(recipe {self.name!r} takes {sorted(self.Params.model_fields)})") from None
+                f"(recipe {self.name!r} takes {sorted(self.Params.model_fields)})"
+            ) from None
 
     # -- data
     def data_uri(self) -> str:

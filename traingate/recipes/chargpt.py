@@ -3,6 +3,7 @@
 The default corpus ships inside the package (an excerpt of the Python language
 reference), so the recipe works offline on a fresh machine.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(p.n_embd)
         self.attn = nn.MultiheadAttention(p.n_embd, p.n_head, dropout=p.dropout, batch_first=True)
         self.ln2 = nn.LayerNorm(p.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(p.n_embd, 4 * p.n_embd), nn.GELU(),
-                                 nn.Linear(4 * p.n_embd, p.n_embd), nn.Dropout(p.dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(p.n_embd, 4 * p.n_embd), nn.GELU(), nn.Linear(4 * p.n_embd, p.n_embd), nn.Dropout(p.dropout)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
@@ -78,8 +80,10 @@ class CharGPT(Recipe):
         from traingate.spec import SpecError
 
         if self.params.n_embd % self.params.n_head:
-            raise SpecError(f"recipe.params.n_embd = {self.params.n_embd}: must be divisible by "
-                            f"n_head = {self.params.n_head}; change one of them")
+            raise SpecError(
+                f"recipe.params.n_embd = {self.params.n_embd}: must be divisible by "
+                f"n_head = {self.params.n_head}; change one of them"
+            )
         self._text: str | None = None
 
     def data_uri(self) -> str:
@@ -99,11 +103,15 @@ class CharGPT(Recipe):
             try:
                 fs, path = fsspec.core.url_to_fs(real, **storage_options(real))
                 if fs.isdir(path):
-                    raise SpecError(f"data.uri = {shown!r}: is a directory; char-gpt reads one UTF-8 text file, "
-                                    "point data.uri at it")
+                    raise SpecError(
+                        f"data.uri = {shown!r}: is a directory; char-gpt reads one UTF-8 text file, "
+                        "point data.uri at it"
+                    )
                 raw = fs.cat_file(path)
             except FileNotFoundError:
-                raise SpecError(f"data.uri = {shown!r}: corpus file not found; point data.uri at a UTF-8 text file") from None
+                raise SpecError(
+                    f"data.uri = {shown!r}: corpus file not found; point data.uri at a UTF-8 text file"
+                ) from None
             except Exception as e:  # noqa: BLE001 - storage errors become one line; anything else is re-raised
                 why = storage_failure(e)
                 if why is None:
@@ -113,11 +121,15 @@ class CharGPT(Recipe):
                 # Universal newlines, as text-mode reading gave: the corpus (and its hash) is unchanged.
                 text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
             except UnicodeDecodeError as e:
-                raise SpecError(f"data.uri = {shown!r}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
-                                "char-gpt trains on a text corpus, point data.uri at a UTF-8 text file") from None
+                raise SpecError(
+                    f"data.uri = {shown!r}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
+                    "char-gpt trains on a text corpus, point data.uri at a UTF-8 text file"
+                ) from None
             if "\x00" in text:
-                raise SpecError(f"data.uri = {shown!r}: holds NUL bytes, so it is binary, not a text corpus; point "
-                                "data.uri at a UTF-8 text file")
+                raise SpecError(
+                    f"data.uri = {shown!r}: holds NUL bytes, so it is binary, not a text corpus; point "
+                    "data.uri at a UTF-8 text file"
+                )
             if self.params.max_chars:
                 text = text[: self.params.max_chars]
             self._text = text
@@ -135,8 +147,10 @@ class CharGPT(Recipe):
         n = self._windows()
         n_val = max(1, int(round(n * self.spec.data.val_fraction)))
         if n - n_val < 1:
-            raise SpecError(f"data.uri = {self.data_uri()!r}: corpus has {len(self._read())} chars, too few for "
-                            f"block_size {self.params.block_size}; use a larger corpus or a smaller block_size")
+            raise SpecError(
+                f"data.uri = {self.data_uri()!r}: corpus has {len(self._read())} chars, too few for "
+                f"block_size {self.params.block_size}; use a larger corpus or a smaller block_size"
+            )
         return n - n_val
 
     def vocab(self) -> list[str]:
@@ -150,9 +164,10 @@ class CharGPT(Recipe):
         n = self._windows()
         windows = ids[: n * bs + 1].unfold(0, bs + 1, bs)  # non-overlapping (bs+1)-windows sharing one char
         n_val = max(1, int(round(n * self.spec.data.val_fraction)))
-        train, val = windows[: n - n_val], windows[n - n_val:]
-        return TensorData((train[:, :-1].contiguous(), train[:, 1:].contiguous())), \
-            TensorData((val[:, :-1].contiguous(), val[:, 1:].contiguous()))
+        train, val = windows[: n - n_val], windows[n - n_val :]
+        return TensorData((train[:, :-1].contiguous(), train[:, 1:].contiguous())), TensorData(
+            (val[:, :-1].contiguous(), val[:, 1:].contiguous())
+        )
 
     def build_model(self) -> nn.Module:
         return GPT(self.params, len(self.vocab()))
@@ -174,8 +189,7 @@ class CharGPT(Recipe):
             total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
             count += y.numel()
         val_loss = total / count
-        return {"val_loss": val_loss, "val_bits_per_char": val_loss / math.log(2),
-                "sample": self.sample(model, 120)}
+        return {"val_loss": val_loss, "val_bits_per_char": val_loss / math.log(2), "sample": self.sample(model, 120)}
 
     @torch.no_grad()
     def sample(self, model: nn.Module, n: int, seed: int = 0) -> str:
@@ -183,7 +197,7 @@ class CharGPT(Recipe):
         g = torch.Generator().manual_seed(seed)
         idx = torch.zeros(1, 1, dtype=torch.long, device=device_of(model))
         for _ in range(n):
-            logits = model(idx[:, -self.params.block_size:])[:, -1]
+            logits = model(idx[:, -self.params.block_size :])[:, -1]
             # Drawn on the CPU with a CPU generator: the same sample on every device.
             nxt = torch.multinomial(F.softmax(logits, -1).cpu(), 1, generator=g).to(idx.device)
             idx = torch.cat([idx, nxt], 1)

@@ -1,4 +1,5 @@
 """digits-cnn: a small CNN on scikit-learn's bundled 8x8 digits (real data, offline)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -79,8 +80,11 @@ class DigitsCNN(Recipe):
             pred = logits.argmax(1)
             correct += (pred == y).sum().item()
             confusion.index_put_((y.cpu(), pred.cpu()), torch.ones_like(y.cpu()), accumulate=True)
-        return {"val_loss": total_loss / len(data), "val_accuracy": correct / len(data),
-                "confusion": confusion.tolist()}
+        return {
+            "val_loss": total_loss / len(data),
+            "val_accuracy": correct / len(data),
+            "confusion": confusion.tolist(),
+        }
 
 
 def _read_digits() -> tuple[Any, Any]:

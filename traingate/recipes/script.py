@@ -9,6 +9,7 @@ gives the step, every other named group is a metric.
 >>> summarize(series)["loss_decrease_fraction"]
 0.4
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,9 +29,16 @@ PYTHONS = ("python", "python3")
 _PLATFORM_REF = re.compile(r"\$\{(TRAINGATE_[A-Za-z0-9_]*)\}")
 
 
-def build_command(spec: RunSpec, stage: str, python: str, nproc: int, nnodes: int = 1,
-                  rdzv_endpoint: str | None = None, values: Mapping[str, str] | None = None,
-                  resume: bool = False) -> list[str]:
+def build_command(
+    spec: RunSpec,
+    stage: str,
+    python: str,
+    nproc: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    values: Mapping[str, str] | None = None,
+    resume: bool = False,
+) -> list[str]:
     """The command line for one stage of a script recipe: stage args appended, then ``resume_args`` when
     ``resume``; ``${TRAINGATE_...}`` words expanded from ``values`` (envvars.script_arg_values).
 
@@ -49,8 +57,10 @@ def build_command(spec: RunSpec, stage: str, python: str, nproc: int, nnodes: in
         cmd = expand(cmd, values, "recipe.script.command")
     if s.launcher == "torchrun":
         if cmd[0] not in PYTHONS:
-            raise ValueError(f"recipe.script.command = {s.command!r}: launcher torchrun needs a python command "
-                             "('python train.py ...' or 'python -m pkg'); use launcher: plain otherwise")
+            raise ValueError(
+                f"recipe.script.command = {s.command!r}: launcher torchrun needs a python command "
+                "('python train.py ...' or 'python -m pkg'); use launcher: plain otherwise"
+            )
         return [python, "-m", "torch.distributed.run", *torchrun_args(nproc, nnodes, rdzv_endpoint), *cmd[1:]]
     if cmd[0] in PYTHONS:
         cmd[0] = python  # the environment traingate runs in, not whatever `python` is on PATH
@@ -61,12 +71,16 @@ def expand(words: list[str], values: Mapping[str, str], field: str) -> list[str]
     """``words`` with every ``${TRAINGATE_NAME}`` replaced by its value; an unknown name is a SpecError."""
     out = []
     for i, word in enumerate(words):
+
         def value(m: re.Match[str], i: int = i, word: str = word) -> str:
             name = m.group(1)
             if name not in values:
-                raise SpecError(f"{field}[{i}] = {word!r}: ${{{name}}} is not a location traingate provides; use "
-                                f"one of {', '.join('${' + v + '}' for v in sorted(values))}")
+                raise SpecError(
+                    f"{field}[{i}] = {word!r}: ${{{name}}} is not a location traingate provides; use "
+                    f"one of {', '.join('${' + v + '}' for v in sorted(values))}"
+                )
             return values[name]
+
         out.append(_PLATFORM_REF.sub(value, word))
     return out
 
@@ -85,8 +99,12 @@ def check_args(spec: RunSpec, names: tuple[str, ...]) -> None:
 def torchrun_args(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> list[str]:
     if nnodes > 1:
         assert rdzv_endpoint, "validated by ResourcesSpec"
-        return [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}"]
+        return [
+            f"--nnodes={nnodes}",
+            f"--nproc_per_node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+        ]
     return ["--standalone", f"--nproc_per_node={nproc}"]
 
 
@@ -144,6 +162,7 @@ def summarize(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
 
 # ---------------------------------------------------------------- output progress (the heartbeat of a script)
 
+
 class OutputProgress:
     """What a script's output says about its progress, for hang detection: the lines it printed and
     the last step its metric regexes matched (``step`` groups). Fed line by line from the output reader.
@@ -156,7 +175,7 @@ class OutputProgress:
         self.step_progress = bool(self._step_rx)
         self.lines = 0
         self.step: int | None = None
-        self.last: float | None = None   # when progress was last made (time.time())
+        self.last: float | None = None  # when progress was last made (time.time())
         self._lock = threading.Lock()
 
     def feed(self, line: str) -> None:
@@ -186,6 +205,7 @@ class OutputProgress:
             self.feed(line)
             if then is not None:
                 then(line)
+
         return on_line
 
 
@@ -198,10 +218,11 @@ _DIGITS = re.compile(r"\d+")
 @dataclass(frozen=True)
 class ScriptCheckpoint:
     """One file the script wrote that its ``recipe.script.checkpoints`` glob declares."""
-    path: str            # relative to the checkpoint dir, '/'-separated
+
+    path: str  # relative to the checkpoint dir, '/'-separated
     size: int
     sha256: str
-    step: int | None     # the last number in the file's name (ckpt_000040.pt -> 40), if any
+    step: int | None  # the last number in the file's name (ckpt_000040.pt -> 40), if any
     mtime: float
 
 
@@ -218,8 +239,10 @@ def step_of(name: str) -> int | None:
 def check_glob(pattern: str) -> None:
     p = PurePosixPath(pattern)
     if p.is_absolute() or ".." in p.parts or pattern.startswith("$"):
-        raise SpecError(f"recipe.script.checkpoints = {pattern!r}: a glob relative to ${{TRAINGATE_CHECKPOINT_DIR}} "
-                        "is expected; write e.g. 'ckpt_*.pt' or 'epoch_*/model.pt'")
+        raise SpecError(
+            f"recipe.script.checkpoints = {pattern!r}: a glob relative to ${{TRAINGATE_CHECKPOINT_DIR}} "
+            "is expected; write e.g. 'ckpt_*.pt' or 'epoch_*/model.pt'"
+        )
 
 
 def _declared(local_dir: Path, pattern: str | None) -> list[Path]:
@@ -252,8 +275,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def index_checkpoints(local_dir: str | Path, pattern: str | None,
-                      known: Mapping[str, ScriptCheckpoint] | None = None) -> list[ScriptCheckpoint]:
+def index_checkpoints(
+    local_dir: str | Path, pattern: str | None, known: Mapping[str, ScriptCheckpoint] | None = None
+) -> list[ScriptCheckpoint]:
     """Every declared checkpoint file under ``local_dir``, oldest first. ``known``: an earlier index; a file
     with the same size and mtime keeps its hash (a multi-GB file is not re-read after every attempt)."""
     root = Path(local_dir)
@@ -263,8 +287,9 @@ def index_checkpoints(local_dir: str | Path, pattern: str | None,
         rel = p.relative_to(root).as_posix()
         old = (known or {}).get(rel)
         same = old is not None and old.size == st.st_size and old.mtime == st.st_mtime
-        out.append(ScriptCheckpoint(rel, st.st_size, old.sha256 if same and old else _sha256(p), step_of(rel),
-                                    st.st_mtime))
+        out.append(
+            ScriptCheckpoint(rel, st.st_size, old.sha256 if same and old else _sha256(p), step_of(rel), st.st_mtime)
+        )
     return sorted(out, key=lambda c: (c.mtime, c.step if c.step is not None else -1, c.path))
 
 
@@ -342,8 +367,10 @@ def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
     got = _sha256(tmp)
     if got != c.sha256:
         tmp.unlink()
-        raise OSError(f"checkpoint {store.uri(c.path)}: sha256 {got[:12]}... differs from its index's "
-                      f"{c.sha256[:12]}...; it was changed after it was published")
+        raise OSError(
+            f"checkpoint {store.uri(c.path)}: sha256 {got[:12]}... differs from its index's "
+            f"{c.sha256[:12]}...; it was changed after it was published"
+        )
     tmp.replace(dest)
     return dest
 

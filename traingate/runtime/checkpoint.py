@@ -39,6 +39,7 @@ True
 >>> ck.find_latest(), ck.load(3)["model"]["w"].tolist()
 (3, [1.0, 1.0])
 """
+
 from __future__ import annotations
 
 import errno
@@ -107,7 +108,7 @@ def _fault_in(buf: torch.Tensor) -> None:
     if buf.numel() == 0 or buf.is_pinned():  # pinned memory is resident from the start
         return
     flat = buf.reshape(-1).view(torch.uint8)
-    flat[::mmap.PAGESIZE].zero_()
+    flat[:: mmap.PAGESIZE].zero_()
     flat[-1:].zero_()
 
 
@@ -194,14 +195,14 @@ class RetentionPolicy:
 
     def keep(self, steps: list[int], metrics: dict[int, float] | None = None) -> set[int]:
         steps = sorted(steps)
-        kept = set(steps[-self.keep_last:])
+        kept = set(steps[-self.keep_last :])
         if self.keep_every:
             kept |= {s for s in steps if s % self.keep_every == 0}
         if self.keep_best and metrics:
             scored = [s for s in steps if s in metrics]
             sign = 1.0 if self.best_mode == "min" else -1.0
             # Ties go to the newer step: it holds more training for the same score.
-            kept |= set(sorted(scored, key=lambda s: (sign * metrics[s], -s))[:self.keep_best])
+            kept |= set(sorted(scored, key=lambda s: (sign * metrics[s], -s))[: self.keep_best])
         return kept
 
 
@@ -255,18 +256,28 @@ class _HashingWriter:
 class Checkpointer:
     """Save/find/load step-numbered checkpoints under one root URI (see module docstring)."""
 
-    def __init__(self, root_uri: str, retention: RetentionPolicy = RetentionPolicy(),
-                 async_save: bool = True, staging_dir: str | None = None,
-                 fault_hook: Callable[[str, int], None] | None = None, in_flight: InFlightPolicy = "wait",
-                 run_id: str | None = None, stage: str | None = None, spec: "RunSpec | None" = None):
+    def __init__(
+        self,
+        root_uri: str,
+        retention: RetentionPolicy = RetentionPolicy(),
+        async_save: bool = True,
+        staging_dir: str | None = None,
+        fault_hook: Callable[[str, int], None] | None = None,
+        in_flight: InFlightPolicy = "wait",
+        run_id: str | None = None,
+        stage: str | None = None,
+        spec: "RunSpec | None" = None,
+    ):
         """``run_id``, ``stage`` and ``spec`` (all three or none): the identity of the run that resumes
         from here. Saves are stamped with it and loads refuse a checkpoint that is not its own."""
         if in_flight not in ("wait", "skip"):
             raise ValueError(f"in_flight = {in_flight!r}: use 'wait' or 'skip'")
         given = [x is not None for x in (run_id, stage, spec)]
         if any(given) and not all(given):
-            raise ValueError("Checkpointer: run_id, stage and spec go together (the identity a resume is checked "
-                             "against); pass all three or none")
+            raise ValueError(
+                "Checkpointer: run_id, stage and spec go together (the identity a resume is checked "
+                "against); pass all three or none"
+            )
         self.expect = ResumeIdentity.of(run_id, stage, spec) if all(given) else None
         self.storage = Storage(root_uri)
         self.retention = retention
@@ -283,7 +294,7 @@ class Checkpointer:
         # Fault injection for drills and atomicity tests: called with a phase name and the step.
         self._fault_hook = fault_hook
         self.last_saved_step: int | None = None
-        self.blocked_s = 0.0        # total time training waited on saves (snapshot + waiting for a previous one)
+        self.blocked_s = 0.0  # total time training waited on saves (snapshot + waiting for a previous one)
         self.last_blocked_s = 0.0
         self.saves_skipped = 0
         if not self.storage.is_local:
@@ -312,6 +323,7 @@ class Checkpointer:
             t0 = time.perf_counter()
             self._host.reserve(shapes, copies)
             self.prepare_s = time.perf_counter() - t0
+
         if self._pool is None:
             reserve()
         else:
@@ -323,8 +335,7 @@ class Checkpointer:
         if fut is not None:
             fut.result()
 
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None,
-             force: bool = False) -> bool:
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None, force: bool = False) -> bool:
         """Snapshot ``state`` (name -> object) and write it in the background as ``step_<step>``.
 
         Returns False when the save was skipped because one is still in flight (policy "skip");
@@ -334,8 +345,11 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self._inflight is not None and not self._inflight.done() and self.in_flight == "skip" and not force:
             self.saves_skipped += 1
-            log.warning("checkpoint step %d skipped: the save of step %s is still in flight (in_flight=skip)",
-                        step, self._inflight_step)
+            log.warning(
+                "checkpoint step %d skipped: the save of step %s is still in flight (in_flight=skip)",
+                step,
+                self._inflight_step,
+            )
             return False
         self._raise_if_failed(wait=True)  # at most one save in flight; its buffers are free after this
         self._await_prepared()
@@ -438,8 +452,9 @@ class Checkpointer:
                         with atomic_file(dfd, f"{key}.pt") as f:
                             files[f"{key}.pt"] = self._serialise(step, obj, f)
                     self._fault("before_manifest", step)
-                    blob = self._manifest_blob({"format": 1, "step": step, "created": time.time(),
-                                                "files": files, **meta})
+                    blob = self._manifest_blob(
+                        {"format": 1, "step": step, "created": time.time(), "files": files, **meta}
+                    )
                     with atomic_file(dfd, MANIFEST) as f:
                         f.write(blob)
             else:
@@ -454,8 +469,7 @@ class Checkpointer:
                         f.flush()
                         os.fsync(f.fileno())
                 self._fault("before_manifest", step)
-                blob = self._manifest_blob({"format": 1, "step": step, "created": time.time(),
-                                            "files": files, **meta})
+                blob = self._manifest_blob({"format": 1, "step": step, "created": time.time(), "files": files, **meta})
                 for fname in files:
                     self._fault("upload", step)
                     self.storage.put_file(os.path.join(staging, fname), f"{name}/{fname}")
@@ -473,14 +487,16 @@ class Checkpointer:
                     f"{_mib(_free_bytes(where))} free at {where}, this checkpoint needs about "
                     f"{_mib(_state_bytes(state))}; previous checkpoint "
                     f"{step_dir(prev) if prev is not None else '(none)'} kept. "
-                    "Free space or point checkpoint.uri elsewhere") from e
+                    "Free space or point checkpoint.uri elsewhere"
+                ) from e
             raise
         except Exception as e:
             if is_transient(e):
                 raise CheckpointError(
                     f"checkpoint step {step} not stored at {self.uri}: the storage kept failing after "
                     f"{self.storage.retries} retries ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                    "previous checkpoint kept") from e
+                    "previous checkpoint kept"
+                ) from e
             raise
         finally:
             if staging:
@@ -493,9 +509,11 @@ class Checkpointer:
         if not manifests:
             return
         metric = self.retention.best_metric
-        scores = {s: float(m["metrics"][metric]) for s, m in manifests.items()
-                  if metric and isinstance(m.get("metrics"), dict)
-                  and isinstance(m["metrics"].get(metric), (int, float))}
+        scores = {
+            s: float(m["metrics"][metric])
+            for s, m in manifests.items()
+            if metric and isinstance(m.get("metrics"), dict) and isinstance(m["metrics"].get(metric), (int, float))
+        }
         keep = self.retention.keep(list(manifests), scores)
         newest = max(manifests)
         for entry in self.storage.listdir():
@@ -514,8 +532,9 @@ class Checkpointer:
 
     def _link_refused(self, step: int) -> CheckpointRefused:
         target = os.readlink(self.storage._path(step_dir(step)))
-        return self._refused(step, f"it is a symbolic link to {target}", "A checkpoint is a plain directory; "
-                                                                         "remove the link")
+        return self._refused(
+            step, f"it is a symbolic link to {target}", "A checkpoint is a plain directory; remove the link"
+        )
 
     def _manifest(self, step: int) -> dict[str, Any] | None:
         if self.storage.is_link(step_dir(step)):
@@ -595,8 +614,11 @@ class Checkpointer:
         m = self.manifest(step)
         for fname in m["files"]:
             if not _PLAIN_NAME.match(fname) or fname == MANIFEST:
-                raise self._refused(step, f"its manifest lists {fname!r}, not a plain file of {step_dir(step)}",
-                                    "A manifest may name only files of its own directory; find out who wrote it")
+                raise self._refused(
+                    step,
+                    f"its manifest lists {fname!r}, not a plain file of {step_dir(step)}",
+                    "A manifest may name only files of its own directory; find out who wrote it",
+                )
         out = {}
         for fname, info in m["files"].items():
             try:
@@ -606,8 +628,9 @@ class Checkpointer:
             except RefusedPath as e:
                 raise self._refused(step, e.strerror, "A checkpoint holds plain files only; remove it") from None
             if not isinstance(info, dict) or hashlib.sha256(data).hexdigest() != info.get("sha256"):
-                raise CheckpointError(f"{step_dir(step)}/{fname} fails its sha256 check (corrupt or tampered); "
-                                      "it is not loaded")
+                raise CheckpointError(
+                    f"{step_dir(step)}/{fname} fails its sha256 check (corrupt or tampered); it is not loaded"
+                )
             out[fname] = data
         return m, out
 
@@ -620,19 +643,32 @@ class Checkpointer:
                 raise CheckpointRefused(
                     f"{self.storage.uri(step_dir(step))}/{fname} refused: it holds objects outside the "
                     f"weights-only allowlist and was not unpickled ({str(e).splitlines()[0][:160]}). "
-                    "Do not load it; find out who wrote it") from None
+                    "Do not load it; find out who wrote it"
+                ) from None
         if self.expect is not None:
             if manifest.get("run_id") is None and isinstance(manifest.get("init_from"), dict):
-                log.info("checkpoint %s is a warm start from %s (init_from without a destination identity); "
-                         "run %s stage %s takes it over", step_dir(step), manifest["init_from"].get("uri"),
-                         self.expect.run_id, self.expect.stage)
+                log.info(
+                    "checkpoint %s is a warm start from %s (init_from without a destination identity); "
+                    "run %s stage %s takes it over",
+                    step_dir(step),
+                    manifest["init_from"].get("uri"),
+                    self.expect.run_id,
+                    self.expect.stage,
+                )
             elif (why := self.expect.mismatch(manifest)) is not None:
-                raise self._refused(step, why, "Resume it with the run, stage and spec that wrote it, or start "
-                                               "from it on purpose (Checkpointer.init_from)")
+                raise self._refused(
+                    step,
+                    why,
+                    "Resume it with the run, stage and spec that wrote it, or start "
+                    "from it on purpose (Checkpointer.init_from)",
+                )
         ts = state.get("train_state")
         if isinstance(ts, dict) and "step" in ts and ts["step"] != step:
-            raise self._refused(step, f"its state is at step {ts['step']!r} but its manifest says {step} "
-                                      "(renamed or tampered)", "Find out who changed it")
+            raise self._refused(
+                step,
+                f"its state is at step {ts['step']!r} but its manifest says {step} (renamed or tampered)",
+                "Find out who changed it",
+            )
         return state
 
     def load(self, step: int) -> dict[str, Any]:
@@ -688,9 +724,16 @@ class Checkpointer:
             if m and int(m.group(1)) >= step:
                 self.storage.rm(entry)
         origin = {k: manifest.get(k) for k in ("run_id", "stage", "fingerprint", "spec_hash")}
-        blob = self._manifest_blob({"format": 1, "step": step, "created": time.time(), "files": manifest["files"],
-                                    "metrics": manifest.get("metrics") or {},
-                                    "init_from": {"uri": src.storage.uri(name), "step": step, **origin}})
+        blob = self._manifest_blob(
+            {
+                "format": 1,
+                "step": step,
+                "created": time.time(),
+                "files": manifest["files"],
+                "metrics": manifest.get("metrics") or {},
+                "init_from": {"uri": src.storage.uri(name), "step": step, **origin},
+            }
+        )
         for fname, data in blobs.items():
             self.storage.write_bytes(f"{name}/{fname}", data)  # local: temp name + rename, links replaced
         self.storage.write_bytes(f"{name}/{MANIFEST}", blob)

@@ -1,4 +1,5 @@
 """Distributed setup in one place: rank, world size, device, backend."""
+
 from __future__ import annotations
 
 import os
@@ -41,9 +42,12 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     if world == 1 and "MASTER_ADDR" not in os.environ:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None,
-                                **_attempt_store(world, rank, timeout_s))
+        dist.init_process_group(
+            backend=backend,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+            **_attempt_store(world, rank, timeout_s),
+        )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
@@ -57,8 +61,13 @@ def _attempt_store(world: int, rank: int, timeout_s: float) -> dict:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return {"store": dist.PrefixStore(f"traingate/attempt_{attempt}", store), "rank": rank, "world_size": world}
 

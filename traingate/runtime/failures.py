@@ -9,6 +9,7 @@ inside the training process, so it lives with the runtime.
 >>> cause_of_exception(ValueError("[gloo] connection closed by peer"))
 <Cause.WORKER_LOST: 'worker_lost'>
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,8 +19,11 @@ from traingate.job.vocab import Cause
 from traingate.runtime import exitcodes
 
 # Errors from the collective layer that mean "a peer went away" rather than "a peer is slow".
-PEER_LOST = re.compile(r"connection (closed|reset) by peer|broken pipe|socket closed|peer.*(closed|disconnect)"
-                       r"|connection refused|ncclRemoteError|remote process exited", re.I)
+PEER_LOST = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|socket closed|peer.*(closed|disconnect)"
+    r"|connection refused|ncclRemoteError|remote process exited",
+    re.I,
+)
 TIMED_OUT = re.compile(r"timed? ?out|timeout|watchdog caught collective", re.I)
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
@@ -65,7 +69,12 @@ def cause_of_exception(e: BaseException) -> Cause:
 
 
 def exit_code_for(cause: Cause | str) -> int:
-    return {Cause.USER_ERROR: exitcodes.USER_ERROR, Cause.TRANSIENT_IO: exitcodes.TRANSIENT_IO,
-            Cause.CHECKPOINT_ERROR: exitcodes.TRANSIENT_IO, Cause.DIVERGED: exitcodes.DIVERGED,
-            Cause.PREEMPTED: exitcodes.PREEMPTED, Cause.ORCHESTRATOR_LOST: exitcodes.PREEMPTED,
-            Cause.DISK_FULL: exitcodes.DISK_FULL}.get(Cause(cause), 1)
+    return {
+        Cause.USER_ERROR: exitcodes.USER_ERROR,
+        Cause.TRANSIENT_IO: exitcodes.TRANSIENT_IO,
+        Cause.CHECKPOINT_ERROR: exitcodes.TRANSIENT_IO,
+        Cause.DIVERGED: exitcodes.DIVERGED,
+        Cause.PREEMPTED: exitcodes.PREEMPTED,
+        Cause.ORCHESTRATOR_LOST: exitcodes.PREEMPTED,
+        Cause.DISK_FULL: exitcodes.DISK_FULL,
+    }.get(Cause(cause), 1)

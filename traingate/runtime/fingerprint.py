@@ -33,6 +33,7 @@ True
 >>> a.mismatch(ResumeIdentity.of("run-1", "full", load_spec_text(text, ["optim.lr=0.5"])).stamp())
 'written under an incompatible spec (optim.lr: 0.5 in the checkpoint, 0.003 now)'
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,15 +89,21 @@ class ResumeIdentity:
 
     def stamp(self) -> dict[str, Any]:
         """The manifest entries that record this identity."""
-        return {"run_id": self.run_id, "stage": self.stage, "fingerprint": self.fingerprint,
-                "resume_fields": self.fields}
+        return {
+            "run_id": self.run_id,
+            "stage": self.stage,
+            "fingerprint": self.fingerprint,
+            "resume_fields": self.fields,
+        }
 
     def mismatch(self, manifest: dict[str, Any]) -> str | None:
         """Why a checkpoint with this manifest is not this identity's to resume (one line), or None."""
         run, stage, fp = manifest.get("run_id"), manifest.get("stage"), manifest.get("fingerprint")
         if run is None or stage is None or fp is None:
-            return ("it carries no run identity (run id, stage and resume fingerprint): not written by this "
-                    "version of traingate")
+            return (
+                "it carries no run identity (run id, stage and resume fingerprint): not written by this "
+                "version of traingate"
+            )
         if run != self.run_id:
             return f"it belongs to run {run!r}, not to this run {self.run_id!r}"
         if stage != self.stage:
@@ -105,9 +112,14 @@ class ResumeIdentity:
             return None
         saved = manifest.get("resume_fields")
         if isinstance(saved, dict):
-            diffs = [f"{k}: {json.dumps(saved.get(k))} in the checkpoint, {json.dumps(v)} now"
-                     for k, v in self.fields.items() if saved.get(k) != v]
-            diffs += [f"{k}: {json.dumps(saved[k])} in the checkpoint, unset now" for k in saved if k not in self.fields]
+            diffs = [
+                f"{k}: {json.dumps(saved.get(k))} in the checkpoint, {json.dumps(v)} now"
+                for k, v in self.fields.items()
+                if saved.get(k) != v
+            ]
+            diffs += [
+                f"{k}: {json.dumps(saved[k])} in the checkpoint, unset now" for k in saved if k not in self.fields
+            ]
             if diffs:
                 return f"written under an incompatible spec ({'; '.join(diffs)})"
         return f"written under an incompatible spec (resume fingerprint {fp}, {self.fingerprint} now)"

@@ -18,6 +18,7 @@ sleeps 0.1 s every step (a straggler; not one-shot: it lasts as long as the vari
 >>> [f.token for f in parse("kill@7:1, io@10")]
 ['kill@7:1', 'io@10']
 """
+
 from __future__ import annotations
 
 import errno
@@ -93,8 +94,18 @@ class Injector:
                 if marker.exists():
                     continue
                 self.marker_dir.mkdir(parents=True, exist_ok=True)
-                marker.write_text(json.dumps({"fault": f.token, "kind": f.kind, "step": step, "rank": self.rank,
-                                              "time": time.time(), "pid": os.getpid()}))
+                marker.write_text(
+                    json.dumps(
+                        {
+                            "fault": f.token,
+                            "kind": f.kind,
+                            "step": step,
+                            "rank": self.rank,
+                            "time": time.time(),
+                            "pid": os.getpid(),
+                        }
+                    )
+                )
                 return f
         return None
 
@@ -132,8 +143,9 @@ class Injector:
         elif f.kind == "ctimeout":
             import torch.distributed as dist
 
-            raise dist.DistBackendError("[gloo] Timed out waiting 300000ms for recv operation to complete "
-                                        "(injected fault)")
+            raise dist.DistBackendError(
+                "[gloo] Timed out waiting 300000ms for recv operation to complete (injected fault)"
+            )
         elif f.kind == "error":
             raise RuntimeError(f"injected bug in recipe code at step {step}")
 
@@ -165,4 +177,5 @@ def chain(*hooks: Callable[[str, int], None] | None) -> Callable[[str, int], Non
     def hook(phase: str, step: int) -> None:
         for h in live:
             h(phase, step)
+
     return hook

@@ -1,4 +1,5 @@
 """Step timing: the numbers a sizing estimate is made from."""
+
 from __future__ import annotations
 
 import resource

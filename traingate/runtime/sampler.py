@@ -28,6 +28,7 @@ True
 >>> u.next_batch() + u.next_batch() == b
 True
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,10 @@ import torch
 class ResumableSampler:
     def __init__(self, n: int, global_batch: int, seed: int, shuffle: bool = True):
         if global_batch > n:
-            raise ValueError(f"global batch {global_batch} is larger than the {n} training samples; "
-                             "lower optim.batch_size or use more data")
+            raise ValueError(
+                f"global batch {global_batch} is larger than the {n} training samples; "
+                "lower optim.batch_size or use more data"
+            )
         self.n, self.global_batch, self.seed, self.shuffle = n, global_batch, seed, shuffle
         self.epoch, self.offset = 0, 0
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
@@ -58,21 +61,28 @@ class ResumableSampler:
         """The global batch of sample ids for the next step (the tail of an epoch is dropped)."""
         if self.offset + self.global_batch > self.n:
             self.epoch, self.offset = self.epoch + 1, 0
-        ids = self._permutation()[self.offset:self.offset + self.global_batch].tolist()
+        ids = self._permutation()[self.offset : self.offset + self.global_batch].tolist()
         self.offset += self.global_batch
         return ids
 
     @staticmethod
     def shard(ids: list[int], rank: int, world_size: int) -> list[int]:
         per = len(ids) // world_size
-        return ids[rank * per:(rank + 1) * per]
+        return ids[rank * per : (rank + 1) * per]
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset, "n": self.n, "seed": self.seed,
-                "global_batch": self.global_batch}
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "n": self.n,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["n"] != self.n or state["seed"] != self.seed:
-            raise ValueError(f"checkpoint sampler is for n={state['n']}, seed={state['seed']} but this run has "
-                             f"n={self.n}, seed={self.seed}; resume with the same data and optim.seed")
+            raise ValueError(
+                f"checkpoint sampler is for n={state['n']}, seed={state['seed']} but this run has "
+                f"n={self.n}, seed={self.seed}; resume with the same data and optim.seed"
+            )
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

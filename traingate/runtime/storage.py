@@ -9,6 +9,7 @@ link (or anything but a plain file) and writes go to a fresh temporary name that
 into place, so a link planted where a file is written is replaced, never written through.
 The root itself may be a link (it is configuration, not content).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,11 +30,28 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Not worth retrying: a full disk or a permission error only delays the clear error.
-_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
-                     errno.EISDIR, errno.ENOTDIR, errno.ELOOP}
+_PERMANENT_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ELOOP,
+}
 # S3 error codes that mean "the service, not your request": retry.
-_TRANSIENT_S3_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
-                       "RequestTimeTooSkewed", "500", "502", "503", "504"}
+_TRANSIENT_S3_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 
 
 class RefusedPath(OSError):
@@ -55,8 +73,15 @@ def is_transient(e: BaseException) -> bool:
     names = {c.__name__ for c in type(e).__mro__}
     module = type(e).__module__ or ""
     if module.startswith(("botocore", "aiobotocore")):
-        if names & {"ConnectionError", "HTTPClientError", "ConnectionClosedError", "ReadTimeoutError",
-                    "ConnectTimeoutError", "EndpointConnectionError", "ResponseStreamingError"}:
+        if names & {
+            "ConnectionError",
+            "HTTPClientError",
+            "ConnectionClosedError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "EndpointConnectionError",
+            "ResponseStreamingError",
+        }:
             return True
         code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
         return code in _TRANSIENT_S3_CODES
@@ -144,8 +169,9 @@ class Storage:
     def _parts(self, rel: str) -> list[str]:
         parts = [p for p in rel.strip("/").split("/") if p]
         if any(p in (".", "..") for p in parts):
-            raise RefusedPath(errno.EINVAL, f"{rel!r} is not a path inside {self.root}; "
-                                            "'.' and '..' components are refused")
+            raise RefusedPath(
+                errno.EINVAL, f"{rel!r} is not a path inside {self.root}; '.' and '..' components are refused"
+            )
         return parts
 
     def _path(self, rel: str = "") -> str:
@@ -176,12 +202,18 @@ class Storage:
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR) or not _is_link(fd, name):
                         raise
-                    where = self.uri("/".join(parts[:i + 1]))
+                    where = self.uri("/".join(parts[: i + 1]))
                     if not create:
-                        raise RefusedPath(errno.ELOOP, f"{where} is a symbolic link ({os.readlink(name, dir_fd=fd)}); "
-                                                       "it is not followed. Remove the link") from None
-                    log.warning("storage: %s was a symbolic link to %s; replaced by a directory, the target "
-                                "is untouched", where, os.readlink(name, dir_fd=fd))
+                        raise RefusedPath(
+                            errno.ELOOP,
+                            f"{where} is a symbolic link ({os.readlink(name, dir_fd=fd)}); "
+                            "it is not followed. Remove the link",
+                        ) from None
+                    log.warning(
+                        "storage: %s was a symbolic link to %s; replaced by a directory, the target is untouched",
+                        where,
+                        os.readlink(name, dir_fd=fd),
+                    )
                     os.unlink(name, dir_fd=fd)
                     os.mkdir(name, dir_fd=fd)
                     made = True
@@ -213,8 +245,10 @@ class Storage:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise RefusedPath(errno.ELOOP, f"{self.uri(rel)} is a symbolic link "
-                                               f"({os.readlink(parts[-1], dir_fd=dfd)}); it is not followed") from None
+                raise RefusedPath(
+                    errno.ELOOP,
+                    f"{self.uri(rel)} is a symbolic link ({os.readlink(parts[-1], dir_fd=dfd)}); it is not followed",
+                ) from None
             raise
         finally:
             os.close(dfd)
@@ -240,9 +274,16 @@ class Storage:
             except Exception as e:  # noqa: BLE001 - anything not transient is re-raised at once
                 if not is_transient(e) or attempt == self.retries:
                     raise
-                delay = self.base_delay_s * 2 ** attempt * (0.5 + self._jitter.random())
-                log.warning("storage: %s failed (%s: %s); retry %d/%d in %.1fs",
-                            what, type(e).__name__, str(e).splitlines()[0][:200], attempt + 1, self.retries, delay)
+                delay = self.base_delay_s * 2**attempt * (0.5 + self._jitter.random())
+                log.warning(
+                    "storage: %s failed (%s: %s); retry %d/%d in %.1fs",
+                    what,
+                    type(e).__name__,
+                    str(e).splitlines()[0][:200],
+                    attempt + 1,
+                    self.retries,
+                    delay,
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -256,6 +297,7 @@ class Storage:
         def write() -> None:
             with self.fs.open(self._path(rel), "wb") as f:
                 f.write(data)
+
         self.retry(f"write {rel}", write)
 
     def read_bytes(self, rel: str) -> bytes:
@@ -268,6 +310,7 @@ class Storage:
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names directly under rel ([] when it does not exist)."""
+
         def ls() -> list[str]:
             try:
                 self.fs.invalidate_cache(self._path(rel))
@@ -275,6 +318,7 @@ class Storage:
             except FileNotFoundError:
                 return []
             return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
         return self.retry(f"list {rel}", ls)
 
     def rm(self, rel: str) -> None:
@@ -283,6 +327,7 @@ class Storage:
                 self.fs.rm(self._path(rel), recursive=True)
             except FileNotFoundError:
                 pass  # already gone: the goal state
+
         self.retry(f"remove {rel}", remove)
 
     def uri(self, rel: str = "") -> str:

@@ -7,6 +7,7 @@ this process reads nothing else of it and never calls back into Prefect. Rank 0 
 caught error, last words the supervisor reads (:mod:`traingate.job.files`). If the
 supervisor dies, the ranks checkpoint and exit (:mod:`traingate.runtime.watchdog`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,12 +69,18 @@ def _lr_lambda(spec: RunSpec, total_steps: int, scale: Callable[[], float] = lam
             return scale()
         progress = min(1.0, (step - warm) / max(1, total_steps - warm))
         return scale() * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
     return f
 
 
 class Trainer:
-    def __init__(self, job: StageJob, d: DistInfo, instruments: envvars.Instruments | None = None,
-                 timeline: dict[str, float] | None = None):
+    def __init__(
+        self,
+        job: StageJob,
+        d: DistInfo,
+        instruments: envvars.Instruments | None = None,
+        timeline: dict[str, float] | None = None,
+    ):
         spec = job.spec
         self.timeline = dict(timeline or {})
         self.job, self.spec, self.stage, self.d = job, spec, job.stage, d
@@ -100,8 +107,9 @@ class Trainer:
             self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
         self.lr_scale = 1.0  # the roll-backs' learning-rate factor, set on resume
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(spec, self.max_steps,
-                                                                            lambda: self.lr_scale))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, _lr_lambda(spec, self.max_steps, lambda: self.lr_scale)
+        )
         self.scaler = torch.amp.GradScaler("cuda", enabled=d.device.type == "cuda")
         self.micro = spec.optim.batch_size
         self.accum = spec.optim.grad_accum
@@ -117,21 +125,37 @@ class Trainer:
         self.metrics_out = files.MetricsWriter(self.out_dir) if d.is_main and job.spec.alerts.enabled else None
         ck = spec.checkpoint
         storage_fault = self.injector.storage_hook if self.injector.faults else None
-        self.ckpt = Checkpointer(job.checkpoint_uri, RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best,
-                                                                  ck.best_metric, ck.best_mode),
-                                 async_save=ck.async_save, in_flight=ck.in_flight, staging_dir=str(self.out_dir),
-                                 fault_hook=inject.chain(instruments.fault_hook(), storage_fault),
-                                 run_id=job.run_id, stage=self.stage, spec=spec) if d.is_main else None
+        self.ckpt = (
+            Checkpointer(
+                job.checkpoint_uri,
+                RetentionPolicy(ck.keep_last, ck.keep_every, ck.keep_best, ck.best_metric, ck.best_mode),
+                async_save=ck.async_save,
+                in_flight=ck.in_flight,
+                staging_dir=str(self.out_dir),
+                fault_hook=inject.chain(instruments.fault_hook(), storage_fault),
+                run_id=job.run_id,
+                stage=self.stage,
+                spec=spec,
+            )
+            if d.is_main
+            else None
+        )
         self.mlflow_run_id = run_to_resume(job.mlflow_run_id, self.ckpt)  # checkpoints carry it forward
-        self.tracker = make_tracker(d.rank, spec.tracking.enabled, job.tracking_uri, self.mlflow_run_id,
-                                    journal_dir=self.out_dir / "tracking",
-                                    deliver=job.tracking_delivery == "process")
+        self.tracker = make_tracker(
+            d.rank,
+            spec.tracking.enabled,
+            job.tracking_uri,
+            self.mlflow_run_id,
+            journal_dir=self.out_dir / "tracking",
+            deliver=job.tracking_delivery == "process",
+        )
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
         self.stop = StopFlag(envvars.supervisor_pid())
         # Line-buffered: a SIGKILL loses at most the line of the step in progress.
-        self.sample_log = open(self.out_dir / f"samples.rank{d.rank}.txt", "a", buffering=1) \
-            if instruments.record_samples else None
+        self.sample_log = (
+            open(self.out_dir / f"samples.rank{d.rank}.txt", "a", buffering=1) if instruments.record_samples else None
+        )
         # Intermediate validation for sweeps: every `eval_every` steps rank 0 appends
         # {step, val_loss, val_accuracy, ...} to progress.jsonl; an in-process caller may also
         # pass `on_progress`, which stops training (status "stopped") by returning True.
@@ -162,9 +186,14 @@ class Trainer:
         state = self.state()  # collective: every rank takes part
         recent, self._recent_losses = self._recent_losses, []
         if self.ckpt is not None:
-            meta = {"run_id": self.job.run_id, "stage": self.stage, "spec_hash": self.spec.spec_hash(),
-                    "mlflow_run_id": self.mlflow_run_id, "emergency": emergency,
-                    "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {}}
+            meta = {
+                "run_id": self.job.run_id,
+                "stage": self.stage,
+                "spec_hash": self.spec.spec_hash(),
+                "mlflow_run_id": self.mlflow_run_id,
+                "emergency": emergency,
+                "metrics": {"train_loss": sum(recent) / len(recent)} if recent else {},
+            }
             # An emergency or final checkpoint is never skipped by the in-flight policy.
             self.ckpt.save(self.step, state, meta, force=emergency or self.step >= self.max_steps)
             if emergency:
@@ -208,14 +237,15 @@ class Trainer:
         for group, base in zip(self.opt.param_groups, self.sched.base_lrs):
             group["lr"] = base * self.sched.lr_lambdas[0](self.sched.last_epoch)
         if self.d.is_main:
-            log.warning("roll-back mitigation at step %d: skipped %d batches, learning rate x%g",
-                        self.step, skip, self.lr_scale)
+            log.warning(
+                "roll-back mitigation at step %d: skipped %d batches, learning rate x%g", self.step, skip, self.lr_scale
+            )
 
     # ---------------------------------------------------------------- loop
     def _train_step(self) -> tuple[float, float, bool, bool]:
         t_data = time.perf_counter()
         ids = ResumableSampler.shard(self.sampler.next_batch(), self.d.rank, self.d.world_size)
-        micro_ids = [ids[i * self.micro:(i + 1) * self.micro] for i in range(self.accum)]
+        micro_ids = [ids[i * self.micro : (i + 1) * self.micro] for i in range(self.accum)]
         batches = [tuple(t.to(self.d.device, non_blocking=True) for t in self.train.batch(m)) for m in micro_ids]
         self.profile.data_wait(time.perf_counter() - t_data)
         if self.sample_log is not None:
@@ -234,8 +264,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.spec.optim.max_grad_norm)
         # One small all-reduce a step: the global loss, whether any rank saw a non-finite value,
         # and whether any rank was asked to stop -- so every rank takes the same decision.
-        flags = torch.stack([total, (~torch.isfinite(total)).float(), torch.tensor(float(self.stop.requested),
-                                                                                   device=self.d.device)])
+        flags = torch.stack(
+            [total, (~torch.isfinite(total)).float(), torch.tensor(float(self.stop.requested), device=self.d.device)]
+        )
         if self.d.world_size > 1:
             sums = flags.clone()
             dist.all_reduce(sums[:2], op=dist.ReduceOp.SUM)
@@ -262,8 +293,11 @@ class Trainer:
         self.model.eval()
         evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
         self.model.train()
-        rec = {"step": self.step, "time": time.time(),
-               **{k: float(v) for k, v in evals.items() if isinstance(v, (int, float))}}
+        rec = {
+            "step": self.step,
+            "time": time.time(),
+            **{k: float(v) for k, v in evals.items() if isinstance(v, (int, float))},
+        }
         files.append_progress(self.out_dir, rec)
         self.tracker.log_metrics({k: v for k, v in rec.items() if k.startswith("val_")}, step=self.step)
         return bool(self.on_progress and self.on_progress(rec))
@@ -273,11 +307,23 @@ class Trainer:
         now = time.time()
         if self._first_step_time is None and self.step > self._start_step:
             self._first_step_time = now  # the supervisor's time-to-recovery ends here
-        files.write_heartbeat(self.out_dir, files.Heartbeat(
-            rank=self.d.rank, step=self.step, time=now, pid=os.getpid(), start_step=self._start_step,
-            first_step_time=self._first_step_time, phase=phase, restart_count=envvars.inplace_restart_count(),
-            timeline=self.timeline, step_time_s=self._last_dt, data_wait_s=self.profile.last_data_wait,
-            recent=list(self._busy)))
+        files.write_heartbeat(
+            self.out_dir,
+            files.Heartbeat(
+                rank=self.d.rank,
+                step=self.step,
+                time=now,
+                pid=os.getpid(),
+                start_step=self._start_step,
+                first_step_time=self._first_step_time,
+                phase=phase,
+                restart_count=envvars.inplace_restart_count(),
+                timeline=self.timeline,
+                step_time_s=self._last_dt,
+                data_wait_s=self.profile.last_data_wait,
+                recent=list(self._busy),
+            ),
+        )
 
     def run(self) -> Outcome:
         out = Outcome()
@@ -288,9 +334,17 @@ class Trainer:
         # A group torchrun restarted in place starts with this process, not with the job's launch.
         self.profile.started(self.job.launched_at if not envvars.inplace_restart_count() else None)
         if self.d.is_main:
-            log.info("stage %s: world %d on %s (backend %s), steps %d -> %d, %d train samples%s", self.stage,
-                     self.d.world_size, self.d.device, self.d.backend or "none", self.step, self.max_steps, len(self.train),
-                     f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "")
+            log.info(
+                "stage %s: world %d on %s (backend %s), steps %d -> %d, %d train samples%s",
+                self.stage,
+                self.d.world_size,
+                self.d.device,
+                self.d.backend or "none",
+                self.step,
+                self.max_steps,
+                len(self.train),
+                f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "",
+            )
         ck = self.spec.checkpoint
         last_ckpt_time = time.monotonic()
         self.model.train()
@@ -323,22 +377,46 @@ class Trainer:
             system: dict[str, float] = {}
             if self.step % self.spec.tracking.log_every == 0 or self.step == self.max_steps:
                 system = self.signals.collect(dt)
-                self.tracker.log_metrics({
-                    "train_loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
-                    "step_time_s": dt, "samples_per_s": global_batch / dt, "tokens_per_s": global_batch * tps / dt,
-                    "data_wait_s": self.profile.last_data_wait, **system}, step=self.step)
+                self.tracker.log_metrics(
+                    {
+                        "train_loss": loss,
+                        "lr": self.sched.get_last_lr()[0],
+                        "grad_norm": gnorm,
+                        "step_time_s": dt,
+                        "samples_per_s": global_batch / dt,
+                        "tokens_per_s": global_batch * tps / dt,
+                        "data_wait_s": self.profile.last_data_wait,
+                        **system,
+                    },
+                    step=self.step,
+                )
             if self.metrics_out is not None:
-                self.metrics_out.write(files.StepMetrics(
-                    self.step, time.time(), loss, gnorm, self.sched.get_last_lr()[0], dt, self.profile.last_data_wait,
-                    self.job.attempt, gpu_util_percent=system.get("system/gpu_util_percent_mean",
-                                                                  system.get("system/rank0/gpu_util_percent"))))
+                self.metrics_out.write(
+                    files.StepMetrics(
+                        self.step,
+                        time.time(),
+                        loss,
+                        gnorm,
+                        self.sched.get_last_lr()[0],
+                        dt,
+                        self.profile.last_data_wait,
+                        self.job.attempt,
+                        gpu_util_percent=system.get(
+                            "system/gpu_util_percent_mean", system.get("system/rank0/gpu_util_percent")
+                        ),
+                    )
+                )
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
                 out.status = Status.STOPPED
                 break
             if nonfinite_steps > tolerance:
                 out.status, out.exit_code = Status.DIVERGED, exitcodes.DIVERGED
-                log.error("non-finite loss at step %d (%d steps > tolerance %d); stopping",
-                          self.step, nonfinite_steps, tolerance)
+                log.error(
+                    "non-finite loss at step %d (%d steps > tolerance %d); stopping",
+                    self.step,
+                    nonfinite_steps,
+                    tolerance,
+                )
                 break
             if stop:
                 log.warning("%s: writing emergency checkpoint at step %d", self.stop.reason, self.step)
@@ -376,14 +454,19 @@ class Trainer:
         return out
 
     def _summary(self, losses: list[float], nonfinite: int, max_grad: float, out: Outcome) -> dict[str, Any]:
-        m: dict[str, Any] = {"nonfinite_steps": nonfinite, "max_grad_norm": max_grad,
-                             "steps": self.step, "resumed_from_step": out.resumed_from_step,
-                             "world_size": self.d.world_size}
+        m: dict[str, Any] = {
+            "nonfinite_steps": nonfinite,
+            "max_grad_norm": max_grad,
+            "steps": self.step,
+            "resumed_from_step": out.resumed_from_step,
+            "world_size": self.d.world_size,
+        }
         if losses:
             k = max(1, min(5, len(losses) // 4))  # smooth the ends over a few steps
             first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-            m.update(first_loss=first, final_loss=last,
-                     loss_decrease_fraction=(first - last) / first if first > 0 else 0.0)
+            m.update(
+                first_loss=first, final_loss=last, loss_decrease_fraction=(first - last) / first if first > 0 else 0.0
+            )
         if out.status == Status.COMPLETED:
             self.model.eval()
             evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
@@ -433,8 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     # The optimizer's first step imports TorchDynamo (~1.3 s, torch's own doing). Started now, that import
     # overlaps the job read, the rendezvous and the checkpoint read (which wait on I/O) instead of
     # delaying the first step of every start and every restart.
-    threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="warm-imports",
-                     daemon=True).start()
+    threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="warm-imports", daemon=True).start()
     args = _parse(argv)
     path = Path(args.job) if args.job else envvars.job_path()
     if path is None:
@@ -456,17 +538,25 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(job, d, envvars.Instruments.from_environ(), timeline)
         outcome = trainer.run()
         if d.is_main:
-            files.write_result(out_dir, files.RuntimeResult(
-                status=outcome.status, exit_code=outcome.exit_code, steps_done=outcome.steps_done,
-                resumed_from_step=outcome.resumed_from_step, metrics=outcome.metrics,
-                checkpoint_uri=trainer.ckpt.uri if trainer.ckpt else None,
-                last_checkpoint_step=trainer.ckpt.last_saved_step if trainer.ckpt else None,
-                checkpoint_blocked_s=trainer.ckpt.blocked_s if trainer.ckpt else 0.0))
+            files.write_result(
+                out_dir,
+                files.RuntimeResult(
+                    status=outcome.status,
+                    exit_code=outcome.exit_code,
+                    steps_done=outcome.steps_done,
+                    resumed_from_step=outcome.resumed_from_step,
+                    metrics=outcome.metrics,
+                    checkpoint_uri=trainer.ckpt.uri if trainer.ckpt else None,
+                    last_checkpoint_step=trainer.ckpt.last_saved_step if trainer.ckpt else None,
+                    checkpoint_blocked_s=trainer.ckpt.blocked_s if trainer.ckpt else 0.0,
+                ),
+            )
         trainer.close()
         if outcome.status == Status.PREEMPTED and trainer.stop.orphaned:
             _stop_agent()  # torchrun would restart the group in place: nobody is left to want that
-            return _last_words(out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(trainer.stop.reason),
-                               exitcodes.PREEMPTED)
+            return _last_words(
+                out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(trainer.stop.reason), exitcodes.PREEMPTED
+            )
         return outcome.exit_code
     except (SpecError, CheckpointRefused) as e:
         return _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR)
@@ -495,9 +585,18 @@ def _last_words(out_dir: Path, d: DistInfo | None, cause: Cause, e: BaseExceptio
     log.error("%s: %s", cause, e)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        files.write_last_words(out_dir, files.LastWords(
-            rank=rank, cause=cause, error=f"{type(e).__name__}: {e}", time=time.time(), exit_code=code,
-            traceback=traceback.format_exc()[-4000:], restart_count=envvars.inplace_restart_count()))
+        files.write_last_words(
+            out_dir,
+            files.LastWords(
+                rank=rank,
+                cause=cause,
+                error=f"{type(e).__name__}: {e}",
+                time=time.time(),
+                exit_code=code,
+                traceback=traceback.format_exc()[-4000:],
+                restart_count=envvars.inplace_restart_count(),
+            ),
+        )
     except OSError as write_err:
         log.error("could not write last words: %s", write_err)
     return code

@@ -17,6 +17,7 @@ itself. Without a zygote (not started yet, dead, refusing) the entry runs ``trai
 Wire format, entry -> zygote: one request, ``!I`` length + JSON ``{argv, env, cwd, agent}``, fds 0-2
 attached. Zygote/child -> entry: ``!ci`` records: ``P`` pid, ``X`` exit code, ``S`` signal number.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read en
 
 
 # ---------------------------------------------------------------- thin entry (runs under torchrun)
+
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m traingate.runtime.warm SOCKET [train args]``: run one worker, warm if a zygote answers."""
@@ -63,11 +65,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in _RELAYED:
         signal.signal(sig, relay)
-    request = json.dumps({"argv": train_argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                          "agent": os.getppid()}).encode()
+    request = json.dumps(
+        {"argv": train_argv, "env": dict(os.environ), "cwd": os.getcwd(), "agent": os.getppid()}
+    ).encode()
     try:
-        conn.sendmsg([_LEN.pack(len(request)) + request],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        conn.sendmsg(
+            [_LEN.pack(len(request)) + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))]
+        )
     except OSError:
         conn.close()
         return _cold(train_argv)
@@ -116,6 +120,7 @@ def _die(signum: int) -> int:
 
 # ---------------------------------------------------------------- zygote (started by the supervisor)
 
+
 def serve(path: str) -> int:
     """Bind ``path``, import the training stack once, then fork a worker per request until SIGTERM.
 
@@ -150,9 +155,13 @@ def serve(path: str) -> int:
 
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
-        print(f"zygote: {threads} threads after the imports (a BLAS/OpenMP pool? OMP_NUM_THREADS="
-              f"{os.environ.get('OMP_NUM_THREADS')}); forking would copy their locks; not serving, "
-              "workers start cold", file=sys.stderr, flush=True)
+        print(
+            f"zygote: {threads} threads after the imports (a BLAS/OpenMP pool? OMP_NUM_THREADS="
+            f"{os.environ.get('OMP_NUM_THREADS')}); forking would copy their locks; not serving, "
+            "workers start cold",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     print(f"zygote: ready on {path} (pid {os.getpid()})", file=sys.stderr, flush=True)
     children: dict[int, tuple[socket.socket, int | None]] = {}  # pid -> (its entry's connection, its agent)
@@ -193,8 +202,9 @@ def serve(path: str) -> int:
     return 0
 
 
-def _fork_worker(conn: socket.socket, listener: socket.socket,
-                 children: dict[int, tuple[socket.socket, int | None]]) -> tuple[int, int | None] | None:
+def _fork_worker(
+    conn: socket.socket, listener: socket.socket, children: dict[int, tuple[socket.socket, int | None]]
+) -> tuple[int, int | None] | None:
     """Fork a worker for the request on ``conn``: (its pid, its torchrun agent or None), None for a bad request."""
     conn.settimeout(10.0)
     try:
@@ -212,8 +222,12 @@ def _fork_worker(conn: socket.socket, listener: socket.socket,
     for fd in fds:
         os.close(fd)
     env = request["env"]
-    print(f"zygote: forked worker {pid} (rank {env.get('RANK', '0')}, torchrun restart "
-          f"{env.get('TORCHELASTIC_RESTART_COUNT', '-')})", file=sys.stderr, flush=True)
+    print(
+        f"zygote: forked worker {pid} (rank {env.get('RANK', '0')}, torchrun restart "
+        f"{env.get('TORCHELASTIC_RESTART_COUNT', '-')})",
+        file=sys.stderr,
+        flush=True,
+    )
     return pid, (int(request["agent"]) if "TORCHELASTIC_RUN_ID" in env else None)
 
 
@@ -222,13 +236,13 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) - len(payload) % 4]))
+            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) - len(payload) % 4]))
     if len(data) < _LEN.size or len(fds) != 3:
         for fd in fds:
             os.close(fd)
         raise ValueError(f"expected a length and 3 fds, got {len(data)} bytes and {len(fds)} fds")
-    (size,) = _LEN.unpack(data[:_LEN.size])
-    body = data[_LEN.size:]
+    (size,) = _LEN.unpack(data[: _LEN.size])
+    body = data[_LEN.size :]
     while len(body) < size:
         more = conn.recv(size - len(body))
         if not more:
@@ -237,8 +251,13 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def _become_worker(conn: socket.socket, listener: socket.socket,
-                   children: dict[int, tuple[socket.socket, int | None]], request: dict, fds: list[int]) -> None:
+def _become_worker(
+    conn: socket.socket,
+    listener: socket.socket,
+    children: dict[int, tuple[socket.socket, int | None]],
+    request: dict,
+    fds: list[int],
+) -> None:
     """In the forked child: take the entry's place (session, fds, environment, cwd) and train."""
     import threading
 
@@ -332,6 +351,7 @@ class _suppress_gone:
 
 # ---------------------------------------------------------------- the supervisor's handle
 
+
 class Zygote:
     """One stage's zygote process, started by the supervisor, stopped with the stage.
 
@@ -347,9 +367,14 @@ class Zygote:
         self.dir = tempfile.mkdtemp(prefix="traingate-zygote-")
         self.socket = os.path.join(self.dir, "sock")
         with open(log_path, "ab") as log:
-            self.popen = subprocess.Popen([python, "-m", "traingate.runtime.warm", "--serve", self.socket],
-                                          env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                [python, "-m", "traingate.runtime.warm", "--serve", self.socket],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:

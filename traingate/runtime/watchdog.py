@@ -7,6 +7,7 @@ all ranks agree on the step, write the emergency checkpoint, and exit — so a l
 ``traingate resume`` loses nothing. psutil compares the process's start time too, so a
 recycled pid does not pass for the supervisor.
 """
+
 from __future__ import annotations
 
 import signal

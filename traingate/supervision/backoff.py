@@ -7,6 +7,7 @@
 >>> budget.charge(5.0); budget.charge(5.0); budget.allows()
 False
 """
+
 from __future__ import annotations
 
 import random
@@ -22,7 +23,7 @@ class Backoff:
 
     def delay(self, restart: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before restart number ``restart`` (0-based)."""
-        d = min(self.max_s, self.base_s * self.factor ** restart)
+        d = min(self.max_s, self.base_s * self.factor**restart)
         if self.jitter:
             d *= 1.0 - self.jitter * (rng or random).random()
         return d
@@ -35,6 +36,7 @@ class RetryBudget:
     Downtime charged per restart is the failed launch's wall-clock plus the backoff before
     the next one: the count stops a fast crash loop, the clock stops a slow one.
     """
+
     max_restarts: int
     max_downtime_s: float
     restarts: int = 0
@@ -52,5 +54,7 @@ class RetryBudget:
     def why_not(self, next_downtime_s: float = 0.0) -> str:
         if self.restarts >= self.max_restarts:
             return f"retry budget spent: {self.restarts} restarts (supervision.max_restarts = {self.max_restarts})"
-        return (f"retry budget spent: {self.downtime_s + next_downtime_s:.0f} s lost to faults "
-                f"(supervision.max_downtime_s = {self.max_downtime_s:.0f})")
+        return (
+            f"retry budget spent: {self.downtime_s + next_downtime_s:.0f} s lost to faults "
+            f"(supervision.max_downtime_s = {self.max_downtime_s:.0f})"
+        )

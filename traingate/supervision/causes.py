@@ -13,6 +13,7 @@ the training process names its own errors with :mod:`traingate.runtime.failures`
 >>> c.cause, c.retryable
 (<Cause.USER_ERROR: 'user_error'>, False)
 """
+
 from __future__ import annotations
 
 import re
@@ -34,14 +35,15 @@ INPLACE_OK = frozenset({Cause.WORKER_LOST, Cause.COLLECTIVE_TIMEOUT, Cause.TRANS
 @dataclass
 class Evidence:
     """Everything known about how one launch ended."""
+
     returncode: int
-    result_status: Status | None = None    # rank 0's result.json status, if written
+    result_status: Status | None = None  # rank 0's result.json status, if written
     last_words: list[LastWords] = field(default_factory=list)
     log_tail: list[str] = field(default_factory=list)
-    hang_detected: bool = False            # the supervisor killed it: heartbeats stopped advancing
-    stop_requested: bool = False           # the supervisor stopped it on request (cancel/preempt)
-    timed_out: bool = False                # the stage's time limit
-    writes_result: bool = True             # False for a user's script: exit 0 is its only verdict
+    hang_detected: bool = False  # the supervisor killed it: heartbeats stopped advancing
+    stop_requested: bool = False  # the supervisor stopped it on request (cancel/preempt)
+    timed_out: bool = False  # the stage's time limit
+    writes_result: bool = True  # False for a user's script: exit 0 is its only verdict
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ def normalize(text: str | None) -> Cause:
 
 def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     """How a launch ended. ``oom_retry``: the OOM policy is on, so an OOM is worth a restart."""
+
     def out(cause: Cause, detail: str) -> Classification:
         return Classification(cause, cause in RETRYABLE or (cause == Cause.OOM and oom_retry), detail)
 
@@ -93,7 +96,7 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     if ev.timed_out:
         return out(Cause.TIMEOUT, "the stage exceeded stages.<stage>.timeout_s")
     tail = "\n".join(ev.log_tail)
-    root = tail[tail.find("Root Cause"):] if "Root Cause" in tail else tail  # torchrun's first observed failure
+    root = tail[tail.find("Root Cause") :] if "Root Cause" in tail else tail  # torchrun's first observed failure
     signals = [int(s) for s in _TORCHRUN_SIGNAL.findall(root) or _TORCHRUN_SIGNAL.findall(tail)]
     if ev.returncode < 0:
         signals.append(-ev.returncode)

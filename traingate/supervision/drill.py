@@ -9,6 +9,7 @@ was injected, how each fault was classified, how long recovery took and what it 
 >>> len(faults), len({f.kind for f in faults})
 (5, 4)
 """
+
 from __future__ import annotations
 
 import random
@@ -29,12 +30,18 @@ from traingate.supervision.supervisor import Attempt, Hooks, Supervision, superv
 # What a drill may inject: the retryable faults. (oom/nan/error are stop-fast causes, tested separately.)
 DRILL_KINDS = ("kill", "term", "stop", "io", "ctimeout")
 DEFAULT_KINDS = ("kill", "term", "stop", "io")
-EXPECTED_CAUSE = {"kill": "worker_lost", "term": "preempted", "stop": "hang", "io": "transient_io",
-                  "ctimeout": "collective_timeout"}
+EXPECTED_CAUSE = {
+    "kill": "worker_lost",
+    "term": "preempted",
+    "stop": "hang",
+    "io": "transient_io",
+    "ctimeout": "collective_timeout",
+}
 
 
-def plan(kinds: list[str], n: int, max_steps: int, world_size: int, seed: int,
-         checkpoint_every: int | None = None) -> list[inject.Fault]:
+def plan(
+    kinds: list[str], n: int, max_steps: int, world_size: int, seed: int, checkpoint_every: int | None = None
+) -> list[inject.Fault]:
     """``n`` faults at random steps in [2, max_steps - 2], cycling through ``kinds``.
 
     Faults are spaced so each one ends a launch of its own: at least 2 steps apart, and an
@@ -49,8 +56,10 @@ def plan(kinds: list[str], n: int, max_steps: int, world_size: int, seed: int,
     gaps = [2 * checkpoint_every + 2 if k == "io" and checkpoint_every else 2 for k in order]
     slack = max_steps - 4 - sum(gaps[:-1])
     if slack < 0:
-        raise ValueError(f"{n} faults ({', '.join(order)}) do not fit in {max_steps} steps; "
-                         "raise the stage's max_steps or lower --faults")
+        raise ValueError(
+            f"{n} faults ({', '.join(order)}) do not fit in {max_steps} steps; "
+            "raise the stage's max_steps or lower --faults"
+        )
     extra = sorted(rng.randint(0, slack) for _ in range(n))
     faults, pos = [], 2
     for kind, gap, e in zip(order, gaps, extra):
@@ -66,8 +75,8 @@ class FaultRecord:
     kind: str
     fired_at_step: int
     classified_as: str | None
-    recovery_s: float | None      # fault -> first step of the relaunched tree
-    steps_lost: int | None        # steps done after the checkpoint resumed from, thrown away
+    recovery_s: float | None  # fault -> first step of the relaunched tree
+    steps_lost: int | None  # steps done after the checkpoint resumed from, thrown away
 
 
 @dataclass
@@ -101,19 +110,26 @@ class DrillReport:
         return self.status == Status.COMPLETED and self.weights_equal
 
     def render(self) -> str:
-        lines = [f"drill {'PASSED' if self.passed else 'FAILED'}: {len(self.faults)} faults injected "
-                 f"({', '.join(sorted({f.kind for f in self.faults}))}), {self.recoveries} recoveries, "
-                 f"final weights {'bitwise equal to' if self.weights_equal else 'DIFFERENT from'} the undisturbed run",
-                 "", "| fault | fired at step | classified as | time to recovery (s) | steps lost |",
-                 "|---|---|---|---|---|"]
+        lines = [
+            f"drill {'PASSED' if self.passed else 'FAILED'}: {len(self.faults)} faults injected "
+            f"({', '.join(sorted({f.kind for f in self.faults}))}), {self.recoveries} recoveries, "
+            f"final weights {'bitwise equal to' if self.weights_equal else 'DIFFERENT from'} the undisturbed run",
+            "",
+            "| fault | fired at step | classified as | time to recovery (s) | steps lost |",
+            "|---|---|---|---|---|",
+        ]
         for f in self.faults:
             rec = f"{f.recovery_s:.1f}" if f.recovery_s is not None else "-"
-            lines.append(f"| {f.fault} | {f.fired_at_step} | {f.classified_as or '-'} | {rec} | "
-                         f"{f.steps_lost if f.steps_lost is not None else '-'} |")
-        lines += ["", f"time: undisturbed {self.reference_s:.1f} s, drill {self.drill_s:.1f} s, "
-                      f"lost {self.time_lost_s:.1f} s",
-                  f"steps: {self.steps} useful, {self.steps_executed} executed, {self.steps_lost} lost, "
-                  f"goodput {self.goodput:.1%}"]
+            lines.append(
+                f"| {f.fault} | {f.fired_at_step} | {f.classified_as or '-'} | {rec} | "
+                f"{f.steps_lost if f.steps_lost is not None else '-'} |"
+            )
+        lines += [
+            "",
+            f"time: undisturbed {self.reference_s:.1f} s, drill {self.drill_s:.1f} s, lost {self.time_lost_s:.1f} s",
+            f"steps: {self.steps} useful, {self.steps_executed} executed, {self.steps_lost} lost, "
+            f"goodput {self.goodput:.1%}",
+        ]
         if self.mismatched:
             lines.append(f"differing tensors: {', '.join(self.mismatched[:10])}")
         if self.error:
@@ -134,8 +150,13 @@ def compare_states(a: Any, b: Any, prefix: str = "") -> list[str]:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype \
-            and a.shape == b.shape and torch.equal(a, b)
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
         return [] if same else [prefix or "<root>"]
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{prefix}.{k}" for k in set(a) ^ set(b)]
@@ -149,8 +170,11 @@ def compare_states(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def _weights(state: dict[str, Any]) -> dict[str, Any]:
     # Model and optimizer state decide the next step; the rest (wall-clock RNG of samplers aside) follows.
-    return {"model": state["model"], "optimizer": state["train_state"]["optimizer"],
-            "step": state["train_state"]["step"]}
+    return {
+        "model": state["model"],
+        "optimizer": state["train_state"]["optimizer"],
+        "step": state["train_state"]["step"],
+    }
 
 
 def records(sup: Supervision, fired: list[dict[str, Any]]) -> list[FaultRecord]:
@@ -161,8 +185,9 @@ def records(sup: Supervision, fired: list[dict[str, Any]]) -> list[FaultRecord]:
         if m["fault"] in seen:
             continue  # a fault on every rank fires once per rank: report it once
         seen.add(m["fault"])
-        ended: Attempt | None = next((a for a in sup.attempts
-                                      if a.launched_at <= m["time"] <= (a.ended_at or float("inf"))), None)
+        ended: Attempt | None = next(
+            (a for a in sup.attempts if a.launched_at <= m["time"] <= (a.ended_at or float("inf"))), None
+        )
         nxt = sup.attempts[ended.number + 1] if ended is not None and ended.number + 1 < len(sup.attempts) else None
         recovery = nxt.first_step_time - m["time"] if nxt is not None and nxt.first_step_time else None
         lost = None
@@ -176,23 +201,44 @@ def steps_executed(sup: Supervision) -> int:
     return sum(max(0, (a.end_step or 0) - (a.start_step or 0)) for a in sup.attempts)
 
 
-def run_drill(spec: RunSpec, stage: str, faults: list[inject.Fault], work_dir: Path,
-              hooks: Hooks | None = None, settings: Settings | None = None) -> DrillReport:
+def run_drill(
+    spec: RunSpec,
+    stage: str,
+    faults: list[inject.Fault],
+    work_dir: Path,
+    hooks: Hooks | None = None,
+    settings: Settings | None = None,
+) -> DrillReport:
     """Train ``stage`` undisturbed, then again with ``faults``; compare the final states."""
     settings = settings or Settings.from_env()
     hooks = hooks or Hooks()
     # Every planned fault must be survivable: room in the retry budget for all of them.
-    spec = parse_spec(apply_overrides(spec.to_dict(), [
-        f"supervision.max_restarts={max(spec.supervision.max_restarts, len(faults) + 2)}",
-        "tracking.enabled=false", "checkpoint.uri=null"]))
+    spec = parse_spec(
+        apply_overrides(
+            spec.to_dict(),
+            [
+                f"supervision.max_restarts={max(spec.supervision.max_restarts, len(faults) + 2)}",
+                "tracking.enabled=false",
+                "checkpoint.uri=null",
+            ],
+        )
+    )
     shutil.rmtree(work_dir, ignore_errors=True)
     write_resolved(spec, work_dir / "spec.yaml")
 
     def one(name: str, injected: list[inject.Fault]) -> tuple[Supervision, float, str]:
         stage_dir = work_dir / name
-        job = derive(spec, stage, run_id=f"drill-{name}", run_dir=work_dir, settings=settings, kind=JobKind.DRILL,
-                     stage_dir=stage_dir, checkpoint_uri=(stage_dir / "checkpoints").as_uri(),
-                     faults=inject.render(injected) or None)
+        job = derive(
+            spec,
+            stage,
+            run_id=f"drill-{name}",
+            run_dir=work_dir,
+            settings=settings,
+            kind=JobKind.DRILL,
+            stage_dir=stage_dir,
+            checkpoint_uri=(stage_dir / "checkpoints").as_uri(),
+            faults=inject.render(injected) or None,
+        )
         hooks.info(f"drill: {name} run" + (f" with faults {job.faults}" if injected else ""))
         t0 = time.monotonic()
         sup = supervise(job, hooks=hooks)
@@ -203,10 +249,21 @@ def run_drill(spec: RunSpec, stage: str, faults: list[inject.Fault], work_dir: P
         raise RuntimeError(f"the undisturbed run did not complete ({ref.error}); fix it before drilling")
     sup, drill_s, drill_uri = one("drill", faults)
     fired = inject.fired(work_dir / "drill")
-    mismatched = compare_states(_weights(final_state(ref_uri)), _weights(final_state(drill_uri))) \
-        if sup.status == Status.COMPLETED else ["<drill run did not complete>"]
+    mismatched = (
+        compare_states(_weights(final_state(ref_uri)), _weights(final_state(drill_uri)))
+        if sup.status == Status.COMPLETED
+        else ["<drill run did not complete>"]
+    )
     return DrillReport(
-        planned=[f.token for f in faults], faults=records(sup, fired), recoveries=sup.restarts,
-        reference_s=ref_s, drill_s=drill_s, steps=getattr(spec.stages, stage).max_steps,
-        steps_executed=steps_executed(sup), weights_equal=not mismatched, mismatched=mismatched,
-        status=sup.status, error=sup.error)
+        planned=[f.token for f in faults],
+        faults=records(sup, fired),
+        recoveries=sup.restarts,
+        reference_s=ref_s,
+        drill_s=drill_s,
+        steps=getattr(spec.stages, stage).max_steps,
+        steps_executed=steps_executed(sup),
+        weights_equal=not mismatched,
+        mismatched=mismatched,
+        status=sup.status,
+        error=sup.error,
+    )

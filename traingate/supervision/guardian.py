@@ -8,6 +8,7 @@ gone it sends them SIGTERM (training ranks write their emergency checkpoint, tor
 its group, the server shuts down), waits ``GRACE`` seconds, and SIGKILLs what is left.
 psutil compares start times, so a recycled pid is never signalled.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,13 @@ POLL_S = 0.5
 
 def start(grace_s: float, pid: int | None = None) -> subprocess.Popen:
     """Start a guardian for ``pid`` (default: this process)."""
-    return subprocess.Popen([sys.executable, "-m", "traingate.supervision.guardian", str(pid or os.getpid()),
-                             str(grace_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "traingate.supervision.guardian", str(pid or os.getpid()), str(grace_s)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 _started: list[subprocess.Popen] = []

@@ -10,11 +10,13 @@ A run is hung when some rank's step has not advanced for the hang timeout, or wh
 >>> hang_timeout(canary_p99_s=90.0, floor_s=60.0)
 180.0
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from traingate.job.files import Heartbeat
+
 
 def hang_timeout(canary_p99_s: float | None, floor_s: float, factor: float = 2.0) -> float:
     """Default hang timeout: ``factor`` x the canary's p99 step time, never below ``floor_s``."""
@@ -24,6 +26,7 @@ def hang_timeout(canary_p99_s: float | None, floor_s: float, factor: float = 2.0
 @dataclass
 class HangDetector:
     """Watches per-rank heartbeats of one launch (wall-clock ``time.time()`` seconds)."""
+
     timeout_s: float
     startup_timeout_s: float  # also bounds the end: final checkpoint, evaluation, shutdown
     world_size: int
@@ -67,22 +70,33 @@ class HangDetector:
             if now - self.launched_at > self.startup_timeout_s:
                 missing = sorted(set(range(self.world_size)) - set(self._last))
                 if self.progress != "step":
-                    return (f"the script printed no {self.progress} within {self.startup_timeout_s:.0f} s of launch "
-                            "(supervision.startup_timeout_s)")
-                return (f"rank(s) {missing} wrote no heartbeat within {self.startup_timeout_s:.0f} s of launch "
-                        "(supervision.startup_timeout_s)")
+                    return (
+                        f"the script printed no {self.progress} within {self.startup_timeout_s:.0f} s of launch "
+                        "(supervision.startup_timeout_s)"
+                    )
+                return (
+                    f"rank(s) {missing} wrote no heartbeat within {self.startup_timeout_s:.0f} s of launch "
+                    "(supervision.startup_timeout_s)"
+                )
             return None
         for rank, step, still, finishing, limit in self._overdue(now)[:1]:
             if self.progress != "step":
-                return (f"the script printed no new {self.progress} for {still:.1f} s after {self.progress} {step} "
-                        f"(timeout {limit:.1f} s, supervision.hang_timeout_s)")
+                return (
+                    f"the script printed no new {self.progress} for {still:.1f} s after {self.progress} {step} "
+                    f"(timeout {limit:.1f} s, supervision.hang_timeout_s)"
+                )
             what = f"finishing after step {step}" if finishing else f"stuck at step {step}"
             return f"rank {rank} {what} for {still:.1f} s (timeout {limit:.1f} s)"
         return None
 
 
-def checkpoint_stale(step: int, last_checkpoint_step: int, every_steps: int | None,
-                     seconds_since_checkpoint: float, every_s: float | None) -> str | None:
+def checkpoint_stale(
+    step: int,
+    last_checkpoint_step: int,
+    every_steps: int | None,
+    seconds_since_checkpoint: float,
+    every_s: float | None,
+) -> str | None:
     """Alert text when no new checkpoint arrived within 2x the checkpoint interval, else None.
 
     >>> checkpoint_stale(step=120, last_checkpoint_step=50, every_steps=25,

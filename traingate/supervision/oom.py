@@ -8,6 +8,7 @@ learning-rate schedule and the math of each optimizer step are unchanged.
 >>> smaller_micro_batch(1, 4) is None
 True
 """
+
 from __future__ import annotations
 
 

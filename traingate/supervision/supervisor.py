@@ -16,6 +16,7 @@ retry them, and the supervisor decides.
 Each launch writes the attempt's StageJob (``job.json``) into the stage directory; the
 attempts are kept in ``supervisor.json`` (:mod:`traingate.job.files`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,18 +68,18 @@ def stop_request() -> str | None:
 @dataclass
 class Attempt:
     number: int
-    launched_at: float                       # epoch seconds
-    ended_at: float | None = None            # when the failure was seen (exit, hang, or an in-place restart)
+    launched_at: float  # epoch seconds
+    ended_at: float | None = None  # when the failure was seen (exit, hang, or an in-place restart)
     returncode: int | None = None
-    cause: Cause | None = None               # None: completed
+    cause: Cause | None = None  # None: completed
     retryable: bool = False
     detail: str = ""
-    inplace: bool = False                    # torchrun restarted the group in place to start this attempt
-    start_steps: dict[int, int] = field(default_factory=dict)   # rank -> step it resumed from
-    end_step: int | None = None              # last step rank 0 reported
-    first_step_time: float | None = None     # rank 0's first completed step of this attempt
+    inplace: bool = False  # torchrun restarted the group in place to start this attempt
+    start_steps: dict[int, int] = field(default_factory=dict)  # rank -> step it resumed from
+    end_step: int | None = None  # last step rank 0 reported
+    first_step_time: float | None = None  # rank 0's first completed step of this attempt
     timeline: dict[str, float] = field(default_factory=dict)  # rank 0's start-up: process start .. checkpoint loaded
-    backoff_s: float = 0.0                   # waited after this attempt, before the next launch
+    backoff_s: float = 0.0  # waited after this attempt, before the next launch
     overrides: list[str] = field(default_factory=list)  # spec changes of this launch (OOM policy)
     last_words: list[dict[str, Any]] = field(default_factory=list)
 
@@ -90,6 +91,7 @@ class Attempt:
 @dataclass
 class Hooks:
     """What the caller (a Prefect task, the drill, a test) plugs in. All optional."""
+
     on_line: Callable[[str], None] | None = None
     info: Callable[[str], None] = log.info
     on_restart: Callable[[dict[str, Any]], None] | None = None
@@ -103,10 +105,10 @@ class Hooks:
 @dataclass
 class Supervision:
     status: Status
-    cause: Cause | None          # the cause of the last attempt's end (None when completed)
-    error: str | None            # cause, detail and (for a stop) the last log lines
+    cause: Cause | None  # the cause of the last attempt's end (None when completed)
+    error: str | None  # cause, detail and (for a stop) the last log lines
     attempts: list[Attempt]
-    proc: proc.ProcResult        # the last launch
+    proc: proc.ProcResult  # the last launch
     stop_reason: str | None = None
     job: StageJob | None = None  # the last attempt's job
 
@@ -115,8 +117,14 @@ class Supervision:
         return len(self.attempts) - 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": str(self.status), "cause": self.cause, "error": self.error, "stop_reason": self.stop_reason,
-                "restarts": self.restarts, "attempts": [asdict(a) for a in self.attempts]}
+        return {
+            "status": str(self.status),
+            "cause": self.cause,
+            "error": self.error,
+            "stop_reason": self.stop_reason,
+            "restarts": self.restarts,
+            "attempts": [asdict(a) for a in self.attempts],
+        }
 
 
 def canary_p99(stage_dir: Path) -> float | None:
@@ -149,9 +157,16 @@ class _Record:
     def __init__(self, job: StageJob, earlier: list[dict[str, Any]]):
         self.dir = Path(job.stage_dir)
         self.state = files.SupervisorState(
-            job={"run_id": job.run_id, "stage": job.stage, "kind": str(job.kind), "mlflow_run_id": job.mlflow_run_id,
-                 "checkpoint_uri": job.checkpoint_uri, "run_dir": job.run_dir},
-            supervisor_pid=os.getpid())
+            job={
+                "run_id": job.run_id,
+                "stage": job.stage,
+                "kind": str(job.kind),
+                "mlflow_run_id": job.mlflow_run_id,
+                "checkpoint_uri": job.checkpoint_uri,
+                "run_dir": job.run_dir,
+            },
+            supervisor_pid=os.getpid(),
+        )
         self.earlier = earlier
 
     def write(self, attempts: list[Attempt], final: dict[str, Any] | None = None) -> None:
@@ -167,8 +182,13 @@ class _Record:
             log.warning("supervisor.json not updated: %s", e)
 
 
-def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.executable, seed: int | None = None,
-              resumed: files.SupervisorState | None = None) -> Supervision:
+def supervise(
+    job: StageJob,
+    hooks: Hooks | None = None,
+    python: str = sys.executable,
+    seed: int | None = None,
+    resumed: files.SupervisorState | None = None,
+) -> Supervision:
     """Run one StageJob to its end under supervision (see the module docstring).
 
     ``resumed``: the state of an earlier, interrupted supervision of this stage; its attempts
@@ -181,8 +201,11 @@ def supervise(job: StageJob, hooks: Hooks | None = None, python: str = sys.execu
         Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
         zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
     elif job.spec.supervision.warm_restarts:
-        why = "a script recipe (its command is the user's)" if job.is_script else \
-            f"{job.nodes} nodes (a zygote serves the workers of its own host)"
+        why = (
+            "a script recipe (its command is the user's)"
+            if job.is_script
+            else f"{job.nodes} nodes (a zygote serves the workers of its own host)"
+        )
         (hooks or Hooks()).info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
     delivery = _delivery(job, hooks or Hooks())
     if delivery is not None:
@@ -209,8 +232,14 @@ def _delivery(job: StageJob, hooks: Hooks) -> Delivery | None:
     return Delivery(resolve(job.tracking_uri, field="tracking URI"), job.mlflow_run_id, path)
 
 
-def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None,
-               resumed: files.SupervisorState | None, zygote_socket: str | None) -> Supervision:
+def _supervise(
+    job: StageJob,
+    hooks: Hooks | None,
+    python: str,
+    seed: int | None,
+    resumed: files.SupervisorState | None,
+    zygote_socket: str | None,
+) -> Supervision:
     hooks = hooks or Hooks()
     sup = job.spec.supervision
     stage, stage_dir = job.stage, Path(job.stage_dir)
@@ -227,17 +256,33 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
     stalled = -1  # consecutive failed launches that trained no step (after the first failure: 0)
     if earlier and job.attempt == 0:
         last = earlier[-1]
-        job = dataclasses.replace(job, attempt=len(earlier), restart_cause=Cause(last.get("cause") or Cause.PREEMPTED),
-                                  restart_fault_ts=last.get("ended_at"))
+        job = dataclasses.replace(
+            job,
+            attempt=len(earlier),
+            restart_cause=Cause(last.get("cause") or Cause.PREEMPTED),
+            restart_fault_ts=last.get("ended_at"),
+        )
     record.write(attempts)
     hooks.info(f"{stage}: supervised: hang timeout {hang_s:.1f} s, up to {sup.max_restarts} restarts")
     started = time.time()
-    monitor = StageMonitor(job.spec.alerts, stage_dir, job.slots, job.price_per_slot_hour, job.budget_usd,
-                           job.spent_before_usd, job.budget_scope, started) \
-        if job.spec.alerts.enabled and job.writes_heartbeats else None
+    monitor = (
+        StageMonitor(
+            job.spec.alerts,
+            stage_dir,
+            job.slots,
+            job.price_per_slot_hour,
+            job.budget_usd,
+            job.spent_before_usd,
+            job.budget_scope,
+            started,
+        )
+        if job.spec.alerts.enabled and job.writes_heartbeats
+        else None
+    )
 
-    def finish(result: proc.ProcResult, status: Status, error: str | None, stop_reason: str | None,
-               cause: Cause | None) -> Supervision:
+    def finish(
+        result: proc.ProcResult, status: Status, error: str | None, stop_reason: str | None, cause: Cause | None
+    ) -> Supervision:
         record.write(attempts, {"status": str(status), "cause": cause, "error": error, "stop_reason": stop_reason})
         return Supervision(status, cause, error, attempts, result, stop_reason, job)
 
@@ -247,8 +292,11 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         # Several nodes: no in-place restarts. Each node's agent counts its own restarts (the ranks'
         # restart_count would disagree across nodes) and a lost node takes its agent with it.
         inplace = job.writes_heartbeats and job.world_size > 1 and job.nodes == 1
-        job = job.launch(time.time(), inplace_restarts=left if inplace else 0,
-                         script_resume=_script_resumes(job, hooks) if job.is_script else False)
+        job = job.launch(
+            time.time(),
+            inplace_restarts=left if inplace else 0,
+            script_resume=_script_resumes(job, hooks) if job.is_script else False,
+        )
         job.write()
         env = envvars.job_environment(job)
         cmd = launch.stage_command(job, python, zygote_socket)
@@ -263,8 +311,9 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started, progress)
         remaining = max(1.0, deadline - time.monotonic())
         try:
-            result = tree.wait(timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree),
-                               tick_every_s=TICK_S)
+            result = tree.wait(
+                timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree), tick_every_s=TICK_S
+            )
         except BaseException:
             # The supervisor itself is going away (a runner's SIGTERM on cancel, Ctrl-C): the tree lives
             # in sessions of its own and would outlive us, so preempt it first.
@@ -273,8 +322,9 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
             raise
         words = files.read_last_words(stage_dir)
         # Incarnations torchrun started after the last tick (seen only by their last words) end first.
-        watch.notice_incarnations(max([w.restart_count for w in words], default=0), time.time(),
-                                  files.read_heartbeats(stage_dir))
+        watch.notice_incarnations(
+            max([w.restart_count for w in words], default=0), time.time(), files.read_heartbeats(stage_dir)
+        )
         attempt = attempts[-1]  # in-place restarts appended attempts of their own
         attempt.ended_at = time.time()
         attempt.returncode = result.returncode
@@ -286,12 +336,23 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
             record.write(attempts)
             continue
         runtime = files.read_result(stage_dir)
-        oom_retry = sup.oom_halve_batch and oom.smaller_micro_batch(
-            job.spec.optim.batch_size, job.spec.optim.grad_accum) is not None
-        verdict = causes.classify(causes.Evidence(
-            returncode=result.returncode, result_status=runtime.status if runtime else None, last_words=words,
-            log_tail=result.tail, hang_detected=watch.hang is not None, stop_requested=watch.stop is not None,
-            timed_out=result.timed_out, writes_result=job.writes_heartbeats), oom_retry=oom_retry)
+        oom_retry = (
+            sup.oom_halve_batch
+            and oom.smaller_micro_batch(job.spec.optim.batch_size, job.spec.optim.grad_accum) is not None
+        )
+        verdict = causes.classify(
+            causes.Evidence(
+                returncode=result.returncode,
+                result_status=runtime.status if runtime else None,
+                last_words=words,
+                log_tail=result.tail,
+                hang_detected=watch.hang is not None,
+                stop_requested=watch.stop is not None,
+                timed_out=result.timed_out,
+                writes_result=job.writes_heartbeats,
+            ),
+            oom_retry=oom_retry,
+        )
         if not verdict.completed and (verdict.cause == Cause.DISK_FULL or _disk_full(result.log_error)):
             verdict = causes.Classification(Cause.DISK_FULL, False, disk_full_detail(job))
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
@@ -311,8 +372,10 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
             # Stopped from outside (or paused by an alert): leave the checkpoint for a resume, do not restart.
             written = "written" if verdict.cause == Cause.PREEMPTED else "NOT confirmed"
             how = "paused by alert" if watch.alert_stop is not None else "preempted:"
-            err = (f"{how} {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
-                   f"continue with `traingate resume {job.run_id}`")
+            err = (
+                f"{how} {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
+                f"continue with `traingate resume {job.run_id}`"
+            )
             return finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED)
         status = status_for(verdict.cause)
         if not verdict.retryable:
@@ -342,24 +405,38 @@ def _supervise(job: StageJob, hooks: Hooks | None, python: str, seed: int | None
         budget.charge(cost)
         job = job.next_attempt(verdict.cause, attempt.ended_at, spec)
         if (why := _sleep(delay, hooks.stop_requested)) is not None:
-            return finish(result, Status.PREEMPTED,
-                          f"preempted: {why} while waiting to restart after {verdict.cause}; continue with "
-                          f"`traingate resume {job.run_id}`", why, Cause.PREEMPTED)
+            return finish(
+                result,
+                Status.PREEMPTED,
+                f"preempted: {why} while waiting to restart after {verdict.cause}; continue with "
+                f"`traingate resume {job.run_id}`",
+                why,
+                Cause.PREEMPTED,
+            )
 
 
 class _Watch:
     """What the supervisor does every tick while one launch runs."""
 
-    def __init__(self, job: StageJob, hang_s: float, attempts: list[Attempt], budget: RetryBudget, hooks: Hooks,
-                 record: _Record, monitor: StageMonitor | None = None, started: float = 0.0,
-                 progress: script_recipe.OutputProgress | None = None):
+    def __init__(
+        self,
+        job: StageJob,
+        hang_s: float,
+        attempts: list[Attempt],
+        budget: RetryBudget,
+        hooks: Hooks,
+        record: _Record,
+        monitor: StageMonitor | None = None,
+        started: float = 0.0,
+        progress: script_recipe.OutputProgress | None = None,
+    ):
         self.job, self.hang_s, self.attempts, self.budget, self.hooks = job, hang_s, attempts, budget, hooks
         self.progress = progress
         self.record = record
         self.monitor, self.started = monitor, started
-        self.rollback: Rollback | None = None     # an alert ordered a roll-back: the tree is being killed
-        self.alert_stop: Firing | None = None     # an alert paused or stopped the stage
-        self.inplace_cause: Cause | None = None   # why the next in-place restart happens, when we caused it
+        self.rollback: Rollback | None = None  # an alert ordered a roll-back: the tree is being killed
+        self.alert_stop: Firing | None = None  # an alert paused or stopped the stage
+        self.inplace_cause: Cause | None = None  # why the next in-place restart happens, when we caused it
         self.inplace_detail = ""
         self.stage_dir = Path(job.stage_dir)
         self.hang: str | None = None
@@ -377,8 +454,9 @@ class _Watch:
             return heartbeat.HangDetector(self.hang_s, sup.startup_timeout_s, 1, since, None, progress=what)
         if not self.job.writes_heartbeats:
             return None
-        return heartbeat.HangDetector(self.hang_s, sup.startup_timeout_s, self.job.world_size, since,
-                                      self.job.max_steps)
+        return heartbeat.HangDetector(
+            self.hang_s, sup.startup_timeout_s, self.job.world_size, since, self.job.max_steps
+        )
 
     def tick(self, tree: proc.ProcessTree) -> bool:
         """True: stop the tree (SIGTERM, grace, SIGKILL)."""
@@ -388,8 +466,9 @@ class _Watch:
             self.hooks.on_tick()
         if self.hooks.stop_requested is not None and (why := self.hooks.stop_requested()):
             self.stop = why
-            self.hooks.info(f"{stage}: {why}: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace for the "
-                            "emergency checkpoint")
+            self.hooks.info(
+                f"{stage}: {why}: SIGTERM to the tree, {sup.preempt_grace_s:.0f} s grace for the emergency checkpoint"
+            )
             return True
         if self.detector is None:
             return False
@@ -398,8 +477,11 @@ class _Watch:
         beats = files.read_heartbeats(self.stage_dir)
         every_word = files.read_last_words(self.stage_dir)
         # An incarnation shows itself by its heartbeats, or by its last words if it failed before its first.
-        self.notice_incarnations(max([b.restart_count for b in beats.values()]
-                                     + [w.restart_count for w in every_word], default=0), now, beats)
+        self.notice_incarnations(
+            max([b.restart_count for b in beats.values()] + [w.restart_count for w in every_word], default=0),
+            now,
+            beats,
+        )
         words = [w for w in every_word if w.restart_count == self.restart_count]  # this incarnation's only
         if (fatal := causes.fatal_for_inplace(words, _status(self.stage_dir))) is not None:
             # torchrun would restart the group in place; this failure needs the supervisor's decision.
@@ -423,8 +505,11 @@ class _Watch:
             for firing in self.monitor.poll(now, now - self.started, restarts):
                 if self.rollback is not None or self.alert_stop is not None:
                     # One action at a time: a spike usually trips the gradient-norm rule at the same step.
-                    self._record_alert(firing, "no further action: the stage is already being "
-                                       f"{'rolled back' if self.rollback is not None else 'stopped'}")
+                    self._record_alert(
+                        firing,
+                        "no further action: the stage is already being "
+                        f"{'rolled back' if self.rollback is not None else 'stopped'}",
+                    )
                     continue
                 stop = self._act(firing, tree) or stop
             if stop:
@@ -481,20 +566,28 @@ class _Watch:
             steps = Checkpointer(self.job.checkpoint_uri, async_save=False).list_steps()
             at = int(f.at)
             to = max((s for s in steps if s < at), default=0)
-            self.rollback = Rollback(to_step=to, at_step=at, skip=at - to if rb.skip_batches else 0,
-                                     lr_scale=rb.lr_scale, rule=str(f.rule))
-            outcome = (f"rolling back to step {to} ({'checkpoint' if to else 'the start: no checkpoint before it'}),"
-                       f" skipping {self.rollback.skip} batches, learning rate x{rb.lr_scale:g}")
+            self.rollback = Rollback(
+                to_step=to, at_step=at, skip=at - to if rb.skip_batches else 0, lr_scale=rb.lr_scale, rule=str(f.rule)
+            )
+            outcome = (
+                f"rolling back to step {to} ({'checkpoint' if to else 'the start: no checkpoint before it'}),"
+                f" skipping {self.rollback.skip} batches, learning rate x{rb.lr_scale:g}"
+            )
         elif action == Action.QUARANTINE:
             # One host per stage here: leaving it out of the next launch leaves nothing to launch on.
             host = socket.gethostname()
             _quarantine(self.job, host, f)
             action = Action.PAUSE
-            outcome = (f"host {host} quarantined (run directory quarantine.json); paused: no other host for this "
-                       f"stage; resume on a healthy host with `traingate resume {self.job.run_id}`")
+            outcome = (
+                f"host {host} quarantined (run directory quarantine.json); paused: no other host for this "
+                f"stage; resume on a healthy host with `traingate resume {self.job.run_id}`"
+            )
         else:
-            outcome = {Action.NOTIFY: "notified", Action.PAUSE: "paused at an emergency checkpoint; continue with "
-                       f"`traingate resume {self.job.run_id}`", Action.STOP: "stopped for good"}[action]
+            outcome = {
+                Action.NOTIFY: "notified",
+                Action.PAUSE: f"paused at an emergency checkpoint; continue with `traingate resume {self.job.run_id}`",
+                Action.STOP: "stopped for good",
+            }[action]
         self._record_alert(f, outcome)
         if action == Action.ROLLBACK:
             tree.stop_requested = True
@@ -503,8 +596,10 @@ class _Watch:
         if action in (Action.PAUSE, Action.STOP):
             self.alert_stop = dataclasses.replace(f, action=action)
             self.stop = f"{f.rule}: {f.message}"
-            self.hooks.info(f"{stage}: {action} by alert {f.rule}: SIGTERM to the tree, "
-                            f"{self.job.spec.supervision.preempt_grace_s:.0f} s grace for the emergency checkpoint")
+            self.hooks.info(
+                f"{stage}: {action} by alert {f.rule}: SIGTERM to the tree, "
+                f"{self.job.spec.supervision.preempt_grace_s:.0f} s grace for the emergency checkpoint"
+            )
             return True
         return False
 
@@ -513,11 +608,27 @@ class _Watch:
         (a Prefect event and an MLflow tag in the launch task)."""
         now = time.time()
         payload = {**alert_payload(f, self.job.stage, self.job.attempt), "outcome": outcome}
-        files.append_alert(self.stage_dir, files.AlertRecord(
-            time=now, stage=self.job.stage, rule=str(f.rule), severity=str(f.severity), action=str(f.action),
-            at=f.at, message=f.message, attempt=self.job.attempt, outcome=outcome, values=payload["values"]))
-        files.append_logbook(Path(self.job.run_dir), files.LogbookEntry(
-            time=now, stage=self.job.stage, kind="alert", text=f"{f.message} -> {outcome}", data=payload))
+        files.append_alert(
+            self.stage_dir,
+            files.AlertRecord(
+                time=now,
+                stage=self.job.stage,
+                rule=str(f.rule),
+                severity=str(f.severity),
+                action=str(f.action),
+                at=f.at,
+                message=f.message,
+                attempt=self.job.attempt,
+                outcome=outcome,
+                values=payload["values"],
+            ),
+        )
+        files.append_logbook(
+            Path(self.job.run_dir),
+            files.LogbookEntry(
+                time=now, stage=self.job.stage, kind="alert", text=f"{f.message} -> {outcome}", data=payload
+            ),
+        )
         self.hooks.info(f"{self.job.stage}: ALERT {f.severity} {f.message} -> {outcome}")
         if self.hooks.on_alert is not None:
             self.hooks.on_alert(f"alert.{f.rule}", payload)
@@ -533,8 +644,7 @@ class _Watch:
         for r, b in beats.items():
             a.start_steps.setdefault(r, b.start_step)
 
-    def notice_incarnations(self, newest: int, now: float,
-                            beats: dict[int, files.Heartbeat] | None = None) -> None:
+    def notice_incarnations(self, newest: int, now: float, beats: dict[int, files.Heartbeat] | None = None) -> None:
         """Close the attempts of incarnations torchrun has replaced, each with the cause it ended with.
 
         Times are the incarnations' own (its first last words; the next one's process start), not when
@@ -544,8 +654,14 @@ class _Watch:
             old = self.attempts[-1]
             words = files.read_last_words(self.stage_dir, self.restart_count)  # why that incarnation ended
             nxt = self.restart_count + 1
-            started = min((b.timeline["process_start"] for b in (beats or {}).values()
-                           if b.restart_count == nxt and "process_start" in b.timeline), default=None)
+            started = min(
+                (
+                    b.timeline["process_start"]
+                    for b in (beats or {}).values()
+                    if b.restart_count == nxt and "process_start" in b.timeline
+                ),
+                default=None,
+            )
             failed = min((w.time for w in words), default=None)
             old.ended_at = min(t for t in (failed, started, now) if t is not None)
             old.retryable = True
@@ -564,20 +680,32 @@ class _Watch:
             self.detector = self._detector(now)
             self.record.write(self.attempts)
 
-    def restarted(self, attempt: Attempt, cause: Cause, number: int, delay: float, overrides: list[str],
-                  inplace: bool = False) -> None:
+    def restarted(
+        self, attempt: Attempt, cause: Cause, number: int, delay: float, overrides: list[str], inplace: bool = False
+    ) -> None:
         if self.job.is_script:
             s = self.job.spec.recipe.script
             resume_step = script_recipe.latest_step(self.job.checkpoint_dir, s.checkpoints) if s.resume_args else None
         else:
             resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
-        event = {"stage": self.job.stage, "run_id": self.job.run_id, "cause": str(cause), "detail": attempt.detail,
-                 "restart": number, "backoff_s": round(delay, 3), "failed_at_step": attempt.end_step,
-                 "resume_from_step": resume_step or 0, "inplace": inplace,
-                 "steps_lost": max(0, (attempt.end_step or 0) - (resume_step or 0)), "overrides": overrides}
+        event = {
+            "stage": self.job.stage,
+            "run_id": self.job.run_id,
+            "cause": str(cause),
+            "detail": attempt.detail,
+            "restart": number,
+            "backoff_s": round(delay, 3),
+            "failed_at_step": attempt.end_step,
+            "resume_from_step": resume_step or 0,
+            "inplace": inplace,
+            "steps_lost": max(0, (attempt.end_step or 0) - (resume_step or 0)),
+            "overrides": overrides,
+        }
         how = "torchrun restarted the group in place" if inplace else f"restart in {delay:.1f} s"
-        self.hooks.info(f"{self.job.stage}: {cause} ({attempt.detail}); restart {number}/"
-                        f"{self.job.spec.supervision.max_restarts} from step {resume_step or 0}: {how}")
+        self.hooks.info(
+            f"{self.job.stage}: {cause} ({attempt.detail}); restart {number}/"
+            f"{self.job.spec.supervision.max_restarts} from step {resume_step or 0}: {how}"
+        )
         if self.hooks.on_restart is not None:
             self.hooks.on_restart(event)
 
@@ -585,8 +713,9 @@ class _Watch:
         if self.progress is not None:
             attempt.end_step = self.progress.step
             return
-        beats = {r: b for r, b in files.read_heartbeats(self.stage_dir).items()
-                 if b.restart_count == self.restart_count}
+        beats = {
+            r: b for r, b in files.read_heartbeats(self.stage_dir).items() if b.restart_count == self.restart_count
+        }
         self._track(beats)
 
     def _check_staleness(self, beat: files.Heartbeat, now: float) -> None:
@@ -595,16 +724,23 @@ class _Watch:
         last_step, created = _latest_checkpoint(self.job.checkpoint_uri)
         start = attempt.start_steps.get(0, beat.start_step)
         since = now - max(created or 0.0, attempt.launched_at)
-        why = heartbeat.checkpoint_stale(beat.step, max(last_step or 0, start or 0), ck.every_steps,
-                                         since, ck.every_minutes * 60 if ck.every_minutes else None)
+        why = heartbeat.checkpoint_stale(
+            beat.step,
+            max(last_step or 0, start or 0),
+            ck.every_steps,
+            since,
+            ck.every_minutes * 60 if ck.every_minutes else None,
+        )
         if why is None:
             self.alerted = False
         elif not self.alerted:
             self.alerted = True
             self.hooks.info(f"{self.job.stage}: ALERT checkpoint stale: {why}")
             if self.hooks.on_alert is not None:
-                self.hooks.on_alert("checkpoint.stale", {"stage": self.job.stage, "reason": why, "step": beat.step,
-                                                         "last_checkpoint_step": last_step})
+                self.hooks.on_alert(
+                    "checkpoint.stale",
+                    {"stage": self.job.stage, "reason": why, "step": beat.step, "last_checkpoint_step": last_step},
+                )
 
 
 def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
@@ -619,8 +755,10 @@ def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
         hooks.info(f"{job.stage}: {len(restored)} checkpoint file(s) brought back from {job.checkpoint_uri}")
     if script_recipe.has_checkpoint(job.checkpoint_dir, s.checkpoints):
         return True
-    hooks.info(f"{job.stage}: restart {job.attempt}: the script left no checkpoint yet "
-               f"({s.checkpoints or 'an empty checkpoint dir'}); it starts over, without its resume_args")
+    hooks.info(
+        f"{job.stage}: restart {job.attempt}: the script left no checkpoint yet "
+        f"({s.checkpoints or 'an empty checkpoint dir'}); it starts over, without its resume_args"
+    )
     return False
 
 
@@ -642,8 +780,10 @@ def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
         hooks.info(f"{job.stage}: {msg}")
         return msg
     last = script_recipe.newest(entries)
-    hooks.info(f"{job.stage}: {len(entries)} checkpoint file(s) indexed at {job.checkpoint_uri}"
-               + (f", newest {last.path}" if last is not None else ""))
+    hooks.info(
+        f"{job.stage}: {len(entries)} checkpoint file(s) indexed at {job.checkpoint_uri}"
+        + (f", newest {last.path}" if last is not None else "")
+    )
     return None
 
 
@@ -653,12 +793,21 @@ def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, moni
     attempt.cause, attempt.retryable = Cause.ROLLBACK, True
     attempt.detail = f"{rb.rule} at step {rb.at_step}: back to step {rb.to_step}"
     removed = Checkpointer(job.checkpoint_uri, async_save=False).discard_after(rb.to_step)
-    text = (f"rolled back from step {attempt.end_step} to step {rb.to_step} after {rb.rule} at step {rb.at_step}: "
-            f"skipping {rb.skip} batches, learning rate x{rb.lr_scale:g}, checkpoints removed: {removed or 'none'}")
+    text = (
+        f"rolled back from step {attempt.end_step} to step {rb.to_step} after {rb.rule} at step {rb.at_step}: "
+        f"skipping {rb.skip} batches, learning rate x{rb.lr_scale:g}, checkpoints removed: {removed or 'none'}"
+    )
     hooks.info(f"{job.stage}: {text}")
-    files.append_logbook(Path(job.run_dir), files.LogbookEntry(
-        time=time.time(), stage=job.stage, kind="rollback", text=text,
-        data={**asdict(rb), "from_step": attempt.end_step, "removed_checkpoints": removed}))
+    files.append_logbook(
+        Path(job.run_dir),
+        files.LogbookEntry(
+            time=time.time(),
+            stage=job.stage,
+            kind="rollback",
+            text=text,
+            data={**asdict(rb), "from_step": attempt.end_step, "removed_checkpoints": removed},
+        ),
+    )
     if hooks.on_alert is not None:
         hooks.on_alert("run.rolled_back", {"stage": job.stage, **asdict(rb), "from_step": attempt.end_step})
     nxt = job.next_attempt(Cause.ROLLBACK, attempt.ended_at)
@@ -671,8 +820,16 @@ def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, moni
 def _quarantine(job: StageJob, host: str, f: Firing) -> None:
     path = Path(job.run_dir) / "quarantine.json"
     entries = files.read_json(path) or []
-    entries.append({"host": host, "stage": job.stage, "rule": str(f.rule), "message": f.message,
-                    "time": time.time(), "rank": f.values.get("rank")})
+    entries.append(
+        {
+            "host": host,
+            "stage": job.stage,
+            "rule": str(f.rule),
+            "message": f.message,
+            "time": time.time(),
+            "rank": f.values.get("rank"),
+        }
+    )
     files.write_json(path, entries)
 
 
@@ -693,8 +850,10 @@ def disk_full_detail(job: StageJob) -> str:
     # Sized by the newest checkpoint (the next one is written beside it); before the first checkpoint
     # there is nothing to size it by, and only a lower bound is honest.
     needs = f"needs about {need / 2**20:.1f} MiB more (one checkpoint)" if need else "needs at least 1.0 MiB more"
-    return (f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, {needs}; "
-            "free space there or point it at a larger disk")
+    return (
+        f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, {needs}; "
+        "free space there or point it at a larger disk"
+    )
 
 
 def _free(path: Path) -> int:

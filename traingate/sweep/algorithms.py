@@ -6,6 +6,7 @@
 PBT is not a pruner: the sweep driver runs it in generations (see ``traingate.sweep.pbt``);
 here it maps to the no-op pruner.
 """
+
 from __future__ import annotations
 
 import optuna
@@ -31,12 +32,17 @@ def make_sampler(sweep: SweepSpec) -> optuna.samplers.BaseSampler:
     if s == "tpe":
         conditional = any(p.when for p in sweep.space.values())
         # constant_liar: trials running in parallel are not all sampled at the same point.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=conditional,
-                                          constant_liar=sweep.max_concurrent > 1,
-                                          n_startup_trials=min(10, max(2, sweep.n_trials // 3)))
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=conditional,
+            constant_liar=sweep.max_concurrent > 1,
+            n_startup_trials=min(10, max(2, sweep.n_trials // 3)),
+        )
     if s == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False,
-                                            n_startup_trials=min(5, max(1, sweep.n_trials // 4)))
+        return optuna.samplers.CmaEsSampler(
+            seed=seed, warn_independent_sampling=False, n_startup_trials=min(5, max(1, sweep.n_trials // 4))
+        )
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=sweep.population_size)
     raise AssertionError(f"unhandled sampler {s!r}")
@@ -52,6 +58,7 @@ def make_pruner(sweep: SweepSpec, max_steps: int) -> optuna.pruners.BasePruner:
     if sc.name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_r, reduction_factor=sc.reduction_factor)
     if sc.name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=min_r, max_resource=max_steps,
-                                              reduction_factor=sc.reduction_factor)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=min_r, max_resource=max_steps, reduction_factor=sc.reduction_factor
+        )
     raise AssertionError(f"unhandled scheduler {sc.name!r}")

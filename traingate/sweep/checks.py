@@ -1,4 +1,5 @@
 """Everything a sweep must pass before anything starts."""
+
 from __future__ import annotations
 
 from traingate.spec import RunSpec, SpecError
@@ -15,8 +16,10 @@ def check_sweep(spec: RunSpec) -> SweepSpec:
         raise SpecError("sweep: the spec has no `sweep:` section; add one (see README, Sweeps)")
     if sw.scheduler.name == "pbt":
         # Refused rather than run like fifo: a PBT sweep that silently is not one wastes its budget.
-        raise SpecError("sweep.scheduler.name = 'pbt': the sweep flow does not run PBT generations (members as "
-                        "trial subflows); run traingate.sweep.pbt.run_generations in-process, or use asha/hyperband")
+        raise SpecError(
+            "sweep.scheduler.name = 'pbt': the sweep flow does not run PBT generations (members as "
+            "trial subflows); run traingate.sweep.pbt.run_generations in-process, or use asha/hyperband"
+        )
     check_spec(spec)
     check_space(spec)
     preflight(spec, Settings.from_env())

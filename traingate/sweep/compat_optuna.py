@@ -8,6 +8,7 @@ Why at all: a sweep's trials run in Prefect subflows that rebuild an ``optuna.Tr
 storage id, and the heartbeat and re-queue bookkeeping lives on the storage, which a ``Study``
 does not expose.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -14,6 +14,7 @@ gets* (``scheduler``). Search-space keys are dotted paths into the RunSpec::
       n_trials: 20
       max_concurrent: 2
 """
+
 from __future__ import annotations
 
 import re
@@ -43,8 +44,10 @@ def check_name(value: str, extra: str = "") -> str:
     """
     allowed = "._-" + extra
     if len(value) > NAME_MAX or not re.fullmatch(rf"[A-Za-z0-9][A-Za-z0-9{re.escape(allowed)}]*", value):
-        raise ValueError(f"must be 1-{NAME_MAX} characters from A-Z a-z 0-9 {' '.join(allowed)}, starting with a "
-                         "letter or digit (it names paths and MLflow/Prefect objects); rename it")
+        raise ValueError(
+            f"must be 1-{NAME_MAX} characters from A-Z a-z 0-9 {' '.join(allowed)}, starting with a "
+            "letter or digit (it names paths and MLflow/Prefect objects); rename it"
+        )
     return value
 
 
@@ -107,8 +110,10 @@ class ParamSpec(_M):
     def _storable_choices(cls, choices: list[Any] | None) -> list[Any] | None:
         for i, c in enumerate(choices or []):
             if not isinstance(c, CHOICE_TYPES):
-                raise ValueError(f"choice {i} ({c!r}) is a {type(c).__name__}; Optuna stores only null, true/false, "
-                                 "numbers or strings as choices: list scalars, one per choice")
+                raise ValueError(
+                    f"choice {i} ({c!r}) is a {type(c).__name__}; Optuna stores only null, true/false, "
+                    "numbers or strings as choices: list scalars, one per choice"
+                )
         seen: list[Any] = []
         for c in choices or []:
             # 1 == 1.0 == True in Python, so compare type and value.
@@ -141,8 +146,10 @@ class ParamSpec(_M):
             if self.type == "int" and self.step != int(self.step):
                 raise ValueError(f"an int parameter needs a whole step, got {self.step}")
             if self.step > self.high - self.low:
-                raise ValueError(f"step {self.step} is larger than the range {self.low}..{self.high}, so only low "
-                                 "could ever be tried; lower step or widen the range")
+                raise ValueError(
+                    f"step {self.step} is larger than the range {self.low}..{self.high}, so only low "
+                    "could ever be tried; lower step or widen the range"
+                )
         return self
 
     def is_finite(self) -> bool:
@@ -160,8 +167,9 @@ class ParamSpec(_M):
 
 
 class Objective(_M):
-    metric: str = Field(default="val_accuracy", min_length=1,
-                        description="a stage metric, or cost_usd / duration_s / steps")
+    metric: str = Field(
+        default="val_accuracy", min_length=1, description="a stage metric, or cost_usd / duration_s / steps"
+    )
     direction: Literal["minimize", "maximize"] = "maximize"
 
 
@@ -192,8 +200,9 @@ class PromotionSpec(_M):
     top_k: int = Field(default=0, ge=0, description="configurations re-run with new seeds (0 = none)")
     seeds: int = Field(default=2, ge=1, description="new seeds per re-run configuration")
     require_reproducible: bool = False
-    tolerance: float = Field(default=0.02, ge=0,
-                             description="max |mean over new seeds - sweep value| of the winner's objective")
+    tolerance: float = Field(
+        default=0.02, ge=0, description="max |mean over new seeds - sweep value| of the winner's objective"
+    )
     until: Literal["smoke", "canary", "full"] = "full"
 
     @model_validator(mode="after")
@@ -215,10 +224,17 @@ class SweepSpec(_M):
     max_concurrent: int = Field(default=1, ge=1)
     budget: SweepBudget = SweepBudget()
     stage: Literal["smoke", "canary", "full"] = "canary"
-    pool_limit: str | None = Field(default=None, description="Prefect global concurrency limit of the work pool's "
-                                   "slots; each trial also occupies its world size there")
-    heartbeat_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS, description="trial heartbeat into the Optuna storage")
-    grace_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS, description="a RUNNING trial silent this long is re-queued")
+    pool_limit: str | None = Field(
+        default=None,
+        description="Prefect global concurrency limit of the work pool's "
+        "slots; each trial also occupies its world size there",
+    )
+    heartbeat_s: float = Field(
+        default=10.0, gt=0, le=MAX_SECONDS, description="trial heartbeat into the Optuna storage"
+    )
+    grace_s: float = Field(
+        default=60.0, gt=0, le=MAX_SECONDS, description="a RUNNING trial silent this long is re-queued"
+    )
     promotion: PromotionSpec = PromotionSpec()
 
     @field_validator("study")
@@ -232,22 +248,29 @@ class SweepSpec(_M):
         for i, (name, p) in enumerate(self.space.items()):
             for dep, want in (p.when or {}).items():
                 if dep not in names[:i]:
-                    raise ValueError(f"space.{name}.when refers to {dep!r}, which is not an earlier parameter; "
-                                     f"declare {dep!r} above {name!r}")
+                    raise ValueError(
+                        f"space.{name}.when refers to {dep!r}, which is not an earlier parameter; "
+                        f"declare {dep!r} above {name!r}"
+                    )
                 wanted = want if isinstance(want, list) else [want]
                 if not any(self.space[dep].can_take(w) for w in wanted):
-                    raise ValueError(f"space.{name}.when wants {dep} = {want!r}, which {dep!r} never takes, so "
-                                     f"{name!r} would never be sampled; use one of its values")
+                    raise ValueError(
+                        f"space.{name}.when wants {dep} = {want!r}, which {dep!r} never takes, so "
+                        f"{name!r} would never be sampled; use one of its values"
+                    )
         if len(self.objectives) > 1 and self.scheduler.name != "fifo":
-            raise ValueError(f"scheduler {self.scheduler.name!r} prunes on one objective, but "
-                             f"{len(self.objectives)} are set; use scheduler: {{name: fifo}} for multi-objective")
+            raise ValueError(
+                f"scheduler {self.scheduler.name!r} prunes on one objective, but "
+                f"{len(self.objectives)} are set; use scheduler: {{name: fifo}} for multi-objective"
+            )
         if len(self.objectives) > 1 and self.sampler in ("cmaes",):
             raise ValueError("sampler 'cmaes' is single-objective; use nsga2, tpe or random for several objectives")
         if self.sampler == "grid":
             cont = [n for n, p in self.space.items() if not p.is_finite()]
             if cont:
-                raise ValueError(f"sampler 'grid' needs enumerable values, but {cont} are continuous; "
-                                 f"give them `step` or `choices`")
+                raise ValueError(
+                    f"sampler 'grid' needs enumerable values, but {cont} are continuous; give them `step` or `choices`"
+                )
             if any(p.when for p in self.space.values()):
                 raise ValueError("sampler 'grid' cannot sample conditional parameters; drop `when` or use tpe")
         return self

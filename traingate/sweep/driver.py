@@ -15,6 +15,7 @@ them up first, because ``study.ask()`` pops waiting trials before sampling new o
 >>> len(drive(study, sw, fn).finished)
 3
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,13 +59,19 @@ class Tally:
     def of(cls, study: optuna.Study) -> "Tally":
         trials = study.get_trials(deepcopy=False)
         requeued = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                    or (t.state == TrialState.FAIL and t.number not in requeued)]
-        return cls(finished=finished,
-                   running=sum(t.state == TrialState.RUNNING for t in trials),
-                   waiting=sum(t.state == TrialState.WAITING for t in trials),
-                   cost_usd=sum(float(outcome(t).get("cost_usd", 0.0)) for t in trials),
-                   steps=sum(int(outcome(t).get("steps", 0)) for t in trials))
+        finished = [
+            t
+            for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and t.number not in requeued)
+        ]
+        return cls(
+            finished=finished,
+            running=sum(t.state == TrialState.RUNNING for t in trials),
+            waiting=sum(t.state == TrialState.WAITING for t in trials),
+            cost_usd=sum(float(outcome(t).get("cost_usd", 0.0)) for t in trials),
+            steps=sum(int(outcome(t).get("steps", 0)) for t in trials),
+        )
 
     def can_ask(self, n_trials: int) -> bool:
         return self.waiting > 0 or len(self.finished) + self.running < n_trials
@@ -118,8 +125,11 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
     callback = getattr(storage, "get_failed_trial_callback", lambda: None)()
     now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "trial_key" in t.user_attrs or t.datetime_start is None \
-                or (now - t.datetime_start).total_seconds() <= grace_s:
+        if (
+            "trial_key" in t.user_attrs
+            or t.datetime_start is None
+            or (now - t.datetime_start).total_seconds() <= grace_s
+        ):
             continue
         if storage.set_trial_state_values(compat_optuna.trial_id(t), state=TrialState.FAIL):
             log.warning("trial %d was asked by a driver that died before starting it; re-queued", t.number)
@@ -140,6 +150,7 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
         while not done.is_set():
             storage.record_heartbeat(compat_optuna.trial_id(trial))
             done.wait(every_s)
+
     t = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
     t.start()
     try:
@@ -163,8 +174,13 @@ def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
         study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, state=TrialState.FAIL)
-    log.info("trial %d %s after %d steps%s", trial.number, outcome.state, outcome.steps,
-             f": {outcome.error}" if outcome.error else "")
+    log.info(
+        "trial %d %s after %d steps%s",
+        trial.number,
+        outcome.state,
+        outcome.steps,
+        f": {outcome.error}" if outcome.error else "",
+    )
 
 
 @contextlib.contextmanager
@@ -195,8 +211,9 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
             return run_trial(trial, params)
 
     # One trial at a time runs in the caller's thread (the in-process trainer needs the main thread).
-    pool = _Inline() if sweep.max_concurrent == 1 else ThreadPoolExecutor(sweep.max_concurrent,
-                                                                          thread_name_prefix="trial")
+    pool = (
+        _Inline() if sweep.max_concurrent == 1 else ThreadPoolExecutor(sweep.max_concurrent, thread_name_prefix="trial")
+    )
     try:
         while True:
             with _quiet():
@@ -204,8 +221,12 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
                 optuna.storages.fail_stale_trials(study)
             tally = Tally.of(study)
             stop = budget_stop(sweep, tally, started)
-            while (len(inflight) < sweep.max_concurrent and stop is None and tally.can_ask(sweep.n_trials)
-                   and not (tally.waiting == 0 and _grid_exhausted(study))):
+            while (
+                len(inflight) < sweep.max_concurrent
+                and stop is None
+                and tally.can_ask(sweep.n_trials)
+                and not (tally.waiting == 0 and _grid_exhausted(study))
+            ):
                 with _quiet():
                     trial = study.ask()
                 if "trial_key" not in trial.user_attrs:  # a re-queued trial keeps its original's key
@@ -216,8 +237,9 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
                 tally = Tally.of(study)
             if not inflight:
                 if stop is not None or (tally.running == 0 and tally.waiting == 0):
-                    stop_reason = stop or ("search space exhausted" if _grid_exhausted(study)
-                                           else f"{len(tally.finished)} trials finished")
+                    stop_reason = stop or (
+                        "search space exhausted" if _grid_exhausted(study) else f"{len(tally.finished)} trials finished"
+                    )
                     break
                 time.sleep(poll_s)  # trials of another (or a dead) driver: wait for them or their staleness
                 continue
@@ -227,5 +249,10 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
     finally:
         pool.shutdown(wait=True)
     tally = Tally.of(study)
-    return DriveResult(finished=tally.finished, stop_reason=stop_reason, steps=tally.steps,
-                       cost_usd=tally.cost_usd, trials_run_here=ran_here)
+    return DriveResult(
+        finished=tally.finished,
+        stop_reason=stop_reason,
+        steps=tally.steps,
+        cost_usd=tally.cost_usd,
+        trials_run_here=ran_here,
+    )

@@ -4,6 +4,7 @@ When a sweep's driver dies, the trainers it started live on in their own session
 re-queued trial trains into the same stage dir and checkpoint location, so any process
 still writing there must stop first. The heartbeat files name their pids.
 """
+
 from __future__ import annotations
 
 import json

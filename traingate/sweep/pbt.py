@@ -22,6 +22,7 @@ resume: that is the open second step; model-side parameters (dropout) work today
 >>> [(e.dst, e.src) for e in plan_generation(ms, space, 0.5, [0.8, 1.2], "maximize", random.Random(0))]
 [('b', 'a')]
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,13 @@ class Exploit:
     params: dict[str, Any]  # src's hyperparameters, perturbed
 
 
-def perturb(params: dict[str, Any], space: dict[str, ParamSpec], factors: list[float], rng: random.Random,
-            mutable: set[str] | None = None) -> dict[str, Any]:
+def perturb(
+    params: dict[str, Any],
+    space: dict[str, ParamSpec],
+    factors: list[float],
+    rng: random.Random,
+    mutable: set[str] | None = None,
+) -> dict[str, Any]:
     out = dict(params)
     for name, value in params.items():
         p = space.get(name)
@@ -68,8 +74,15 @@ def perturb(params: dict[str, Any], space: dict[str, ParamSpec], factors: list[f
     return out
 
 
-def plan_generation(members: list[Member], space: dict[str, ParamSpec], quantile: float, factors: list[float],
-                    direction: str, rng: random.Random, mutable: set[str] | None = None) -> list[Exploit]:
+def plan_generation(
+    members: list[Member],
+    space: dict[str, ParamSpec],
+    quantile: float,
+    factors: list[float],
+    direction: str,
+    rng: random.Random,
+    mutable: set[str] | None = None,
+) -> list[Exploit]:
     """Which bottom members copy which top members, with what new hyperparameters."""
     scored = [m for m in members if m.score is not None and math.isfinite(m.score)]
     n = int(len(scored) * quantile)
@@ -97,10 +110,19 @@ def copy_checkpoint(src_uri: str, dst_uri: str, identity: tuple[str, str, RunSpe
     return Checkpointer(dst_uri, async_save=False, run_id=run_id, stage=stage, spec=spec).init_from(src_uri)
 
 
-def run_generations(members: list[Member], space: dict[str, ParamSpec], quantile: float, factors: list[float],
-                    direction: str, generations: int, interval: int,
-                    train: Callable[[Member, int], float], checkpoint_uri: Callable[[str], str],
-                    rng: random.Random, mutable: set[str] | None = None) -> list[list[Exploit]]:
+def run_generations(
+    members: list[Member],
+    space: dict[str, ParamSpec],
+    quantile: float,
+    factors: list[float],
+    direction: str,
+    generations: int,
+    interval: int,
+    train: Callable[[Member, int], float],
+    checkpoint_uri: Callable[[str], str],
+    rng: random.Random,
+    mutable: set[str] | None = None,
+) -> list[list[Exploit]]:
     """The PBT loop: each generation trains every member to ``g * interval`` steps (resuming its own
     checkpoint) and scores it; between generations the bottom members exploit and explore.
 

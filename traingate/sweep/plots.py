@@ -1,4 +1,5 @@
 """Optuna's visualisations as PNG files: optimisation history, parameter importance, intermediate values."""
+
 from __future__ import annotations
 
 import warnings
@@ -25,12 +26,16 @@ def save_plots(study: optuna.Study, out_dir: Path) -> list[Path]:
         if multi:
             plots["pareto_front"] = lambda: ovm.plot_pareto_front(study)
             plots["optimization_history"] = lambda: ovm.plot_optimization_history(
-                study, target=lambda t: t.values[0], target_name="objective 0")
+                study, target=lambda t: t.values[0], target_name="objective 0"
+            )
         else:
             plots["optimization_history"] = lambda: ovm.plot_optimization_history(study)
     if len(complete) >= 2 and len({tuple(sorted(t.params.items(), key=str)) for t in complete}) >= 2:
-        plots["param_importances"] = (lambda: ovm.plot_param_importances(study, target=lambda t: t.values[0])) \
-            if multi else (lambda: ovm.plot_param_importances(study))
+        plots["param_importances"] = (
+            (lambda: ovm.plot_param_importances(study, target=lambda t: t.values[0]))
+            if multi
+            else (lambda: ovm.plot_param_importances(study))
+        )
     if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         plots["intermediate_values"] = lambda: ovm.plot_intermediate_values(study)
     paths = []

@@ -1,4 +1,5 @@
 """Trial outcomes -> objective values; reporting a running trial's progress to Optuna."""
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ class TrialOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     pruned_at_step: int | None = None
     resumed_from_step: int = 0
-    restarts: int = 0                 # the supervisor's restarts of the trial's process tree
+    restarts: int = 0  # the supervisor's restarts of the trial's process tree
 
     def __post_init__(self) -> None:
         self.state = Status(self.state)
@@ -41,8 +42,10 @@ def objective_values(sweep: SweepSpec, metrics: dict[str, float]) -> list[float]
     for o in sweep.objectives:
         v = metrics.get(o.metric)
         if v is None or not math.isfinite(float(v)):
-            raise ValueError(f"objective metric {o.metric!r} missing or not finite in the trial's results "
-                             f"(have {sorted(metrics)}); fix sweep.objectives")
+            raise ValueError(
+                f"objective metric {o.metric!r} missing or not finite in the trial's results "
+                f"(have {sorted(metrics)}); fix sweep.objectives"
+            )
         out.append(float(v))
     return out
 

@@ -1,4 +1,5 @@
 """What a finished sweep yields: the ranking, the winner, the reproducibility verdict. Plain functions."""
+
 from __future__ import annotations
 
 import statistics
@@ -57,7 +58,12 @@ def reproducibility(reps: list[Reproduction], sweep: SweepSpec) -> Verdict:
     best = min(reps, key=lambda r: sign * r.mean)
     gap = abs(best.mean - best.sweep_value)
     tol = sweep.promotion.tolerance
-    reasons = [] if gap <= tol else [
-        f"trial {best.trial_number}: mean {sweep.objectives[0].metric} over {len(best.rerun_values)} new seeds "
-        f"{best.mean:.4f} differs from its sweep value {best.sweep_value:.4f} by {gap:.4f} > tolerance {tol}"]
+    reasons = (
+        []
+        if gap <= tol
+        else [
+            f"trial {best.trial_number}: mean {sweep.objectives[0].metric} over {len(best.rerun_values)} new seeds "
+            f"{best.mean:.4f} differs from its sweep value {best.sweep_value:.4f} by {gap:.4f} > tolerance {tol}"
+        ]
+    )
     return Verdict(passed=not reasons, winner=best.trial_number, reasons=reasons)

@@ -6,6 +6,7 @@
 >>> active({"optim.schedule": "cosine"}, space["optim.warmup_steps"].when)
 True
 """
+
 from __future__ import annotations
 
 import types
@@ -118,21 +119,27 @@ def field_type(base: RunSpec, name: str) -> Any:
     i = 0
     while i < len(parts):
         if model is None:
-            raise SpecError(f"sweep.space.{name}: {'.'.join(done)} is a value, not a section (unknown key "
-                            f"{parts[i]!r}); use the dotted path of a field, e.g. optim.lr")
+            raise SpecError(
+                f"sweep.space.{name}: {'.'.join(done)} is a value, not a section (unknown key "
+                f"{parts[i]!r}); use the dotted path of a field, e.g. optim.lr"
+            )
         part = parts[i]
         done.append(part)
         i += 1
         if model is RecipeSpec and part == "params":
             if base.recipe.name == SCRIPT:
-                raise SpecError(f"sweep.space.{name}: a script recipe is not given recipe.params; search its "
-                                "arguments through recipe.script.stage_args instead")
+                raise SpecError(
+                    f"sweep.space.{name}: a script recipe is not given recipe.params; search its "
+                    "arguments through recipe.script.stage_args instead"
+                )
             model, annotation = get_recipe(base).Params, dict
             continue
         field = model.model_fields.get(part)
         if field is None:
-            raise SpecError(f"sweep.space.{name}: {'.'.join(done)} is not a spec field (unknown key); use the dotted "
-                            f"path of a field, e.g. optim.lr or recipe.params.<name>")
+            raise SpecError(
+                f"sweep.space.{name}: {'.'.join(done)} is not a spec field (unknown key); use the dotted "
+                f"path of a field, e.g. optim.lr or recipe.params.<name>"
+            )
         annotation = _optional(field.annotation)
         if typing.get_origin(annotation) is dict and i < len(parts):
             done.append(parts[i])  # a named entry: pools.<pool>, gates.<stage>
@@ -172,20 +179,29 @@ def check_space(base: RunSpec) -> None:
     for name, p in base.sweep.space.items():
         annotation = field_type(base, name)
         if not _fits(p, annotation):
-            what = (f"choices of type {sorted({type(c).__name__ for c in p.choices or []})}"
-                    if p.type == "categorical" else f"a {p.type} range")
-            want = {int: "type: int, or categorical of whole numbers", float: "type: float or int",
-                    bool: "categorical of true/false"}.get(annotation, "categorical of valid values")
-            raise SpecError(f"sweep.space.{name}: {what} cannot set {name}, which takes {_type_name(annotation)}; "
-                            f"use {want}")
+            what = (
+                f"choices of type {sorted({type(c).__name__ for c in p.choices or []})}"
+                if p.type == "categorical"
+                else f"a {p.type} range"
+            )
+            want = {
+                int: "type: int, or categorical of whole numbers",
+                float: "type: float or int",
+                bool: "categorical of true/false",
+            }.get(annotation, "categorical of valid values")
+            raise SpecError(
+                f"sweep.space.{name}: {what} cannot set {name}, which takes {_type_name(annotation)}; use {want}"
+            )
         values = p.choices if p.type == "categorical" else [p.low, p.high]
         for v in values:
             v = int(v) if p.type == "int" else v
             try:
                 trial_spec(base, {name: v})
             except SpecError as e:
-                raise SpecError(f"sweep.space.{name}: the value {v!r} does not make a valid spec ({e}); "
-                                f"check the dotted path and the range") from None
+                raise SpecError(
+                    f"sweep.space.{name}: the value {v!r} does not make a valid spec ({e}); "
+                    f"check the dotted path and the range"
+                ) from None
 
 
 def write_spec(spec: RunSpec, path: str | Path, header: str = "") -> Path:

@@ -4,6 +4,7 @@ A trial whose heartbeat stops for ``grace_s`` (its driver died) is failed and re
 with the same parameters and the same ``trial_key``; the re-queued trial trains in the
 same stage directory and checkpoint location, so it resumes from the last checkpoint.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,23 +55,29 @@ class _Requeue(RetryHeartbeatStaleTrialCallback):
         super().__call__(study, trial)
 
 
-def _storage(url: str, heartbeat_s: float, grace_s: float,
-             on_stale: Callable[[FrozenTrial], None] | None) -> optuna.storages.RDBStorage:
+def _storage(
+    url: str, heartbeat_s: float, grace_s: float, on_stale: Callable[[FrozenTrial], None] | None
+) -> optuna.storages.RDBStorage:
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.8; we rely on them
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return _rdb(url, heartbeat_s, grace_s, on_stale)
 
 
-def _rdb(url: str, heartbeat_s: float, grace_s: float,
-         on_stale: Callable[[FrozenTrial], None] | None) -> optuna.storages.RDBStorage:
+def _rdb(
+    url: str, heartbeat_s: float, grace_s: float, on_stale: Callable[[FrozenTrial], None] | None
+) -> optuna.storages.RDBStorage:
     return optuna.storages.RDBStorage(
-        url, heartbeat_interval=max(1, math.ceil(heartbeat_s)), grace_period=max(1, math.ceil(grace_s)),
+        url,
+        heartbeat_interval=max(1, math.ceil(heartbeat_s)),
+        grace_period=max(1, math.ceil(grace_s)),
         heartbeat_stale_trial_callback=_Requeue(on_stale),
-        engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+        engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+    )
 
 
-def open_study(spec: RunSpec, storage_url: str, on_stale: Callable[[FrozenTrial], None] | None = None,
-               reporting_only: bool = False) -> optuna.Study:
+def open_study(
+    spec: RunSpec, storage_url: str, on_stale: Callable[[FrozenTrial], None] | None = None, reporting_only: bool = False
+) -> optuna.Study:
     """The sweep's study. ``reporting_only``: for a trial's runner, which reports and asks the pruner but
     never samples (so it gets a plain sampler: re-sampling a relative search space there would be wasted
     work, and CMA-ES would record its generation twice)."""
@@ -78,10 +85,14 @@ def open_study(spec: RunSpec, storage_url: str, on_stale: Callable[[FrozenTrial]
     assert sw is not None
     storage = _storage(storage_url, sw.heartbeat_s, sw.grace_s, on_stale)
     max_steps = getattr(spec.stages, sw.stage).max_steps
-    study = optuna.create_study(study_name=study_name(spec), storage=storage, load_if_exists=True,
-                                directions=sw.directions,
-                                sampler=optuna.samplers.RandomSampler() if reporting_only else make_sampler(sw),
-                                pruner=make_pruner(sw, max_steps))
+    study = optuna.create_study(
+        study_name=study_name(spec),
+        storage=storage,
+        load_if_exists=True,
+        directions=sw.directions,
+        sampler=optuna.samplers.RandomSampler() if reporting_only else make_sampler(sw),
+        pruner=make_pruner(sw, max_steps),
+    )
     # The study remembers what it was created for; a different objective under the same name is a mistake.
     fp = hashlib.sha256(repr((sw.directions, [o.metric for o in sw.objectives])).encode()).hexdigest()[:12]
     if study.user_attrs.get("objective_fingerprint", fp) != fp:

@@ -2,6 +2,7 @@
 
 Plain functions from an MlflowClient to text, so the CLI stays thin and tests read the same output.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,15 @@ from mlflow.tracking import MlflowClient
 
 from traingate.tracking.runs import notes, restart_count, restarts, stage_runs
 
-_HEADLINE = ("val_accuracy", "val_loss", "val_bits_per_char", "final_loss", "loss_decrease_fraction",
-             "samples_per_s", "tests_passed")
+_HEADLINE = (
+    "val_accuracy",
+    "val_loss",
+    "val_bits_per_char",
+    "final_loss",
+    "loss_decrease_fraction",
+    "samples_per_s",
+    "tests_passed",
+)
 
 
 def _all_runs(c: MlflowClient, experiment: str | None) -> list[Run]:
@@ -42,8 +50,14 @@ def _metric(stages: list[Run], key: str) -> float | None:
     return None
 
 
-def list_runs(c: MlflowClient, experiment: str | None = None, team: str | None = None, sort: str | None = None,
-              ascending: bool = False, limit: int = 50) -> list[dict[str, Any]]:
+def list_runs(
+    c: MlflowClient,
+    experiment: str | None = None,
+    team: str | None = None,
+    sort: str | None = None,
+    ascending: bool = False,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
     """Pipeline runs, newest first (or by a metric of their deepest stage), with their stages' totals."""
     runs = _all_runs(c, experiment)
     children: dict[str, list[Run]] = {}
@@ -59,19 +73,27 @@ def list_runs(c: MlflowClient, experiment: str | None = None, team: str | None =
         if t.get("traingate.kind") != "pipeline" or (team and t.get("traingate.team") != team):
             continue
         stages = sorted(children.get(r.info.run_id, []), key=lambda s: order.get(s.data.tags.get("traingate.stage"), 9))
-        rows.append({
-            "run_id": r.info.run_id, "name": r.info.run_name, "experiment": t.get("traingate.experiment", ""),
-            "team": t.get("traingate.team", ""), "owner": t.get("traingate.owner", ""), "status": r.info.status,
-            "reached": stages[-1].data.tags.get("traingate.stage", "") if stages else "",
-            "restarts": sum(restart_count(s) for s in stages),
-            "cost_usd": sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages),
-            "valid": t.get("traingate.identity_valid", "false"), "start_time": r.info.start_time,
-            "metric": _metric(stages, sort) if sort else None,
-        })
+        rows.append(
+            {
+                "run_id": r.info.run_id,
+                "name": r.info.run_name,
+                "experiment": t.get("traingate.experiment", ""),
+                "team": t.get("traingate.team", ""),
+                "owner": t.get("traingate.owner", ""),
+                "status": r.info.status,
+                "reached": stages[-1].data.tags.get("traingate.stage", "") if stages else "",
+                "restarts": sum(restart_count(s) for s in stages),
+                "cost_usd": sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages),
+                "valid": t.get("traingate.identity_valid", "false"),
+                "start_time": r.info.start_time,
+                "metric": _metric(stages, sort) if sort else None,
+            }
+        )
     if sort:
         known = [x for x in rows if x["metric"] is not None]
-        rows = sorted(known, key=lambda x: x["metric"], reverse=not ascending) + \
-            [x for x in rows if x["metric"] is None]
+        rows = sorted(known, key=lambda x: x["metric"], reverse=not ascending) + [
+            x for x in rows if x["metric"] is None
+        ]
     else:
         rows.sort(key=lambda x: x["start_time"], reverse=True)
     return rows[:limit]
@@ -83,8 +105,18 @@ def render_runs(rows: list[dict[str, Any]], sort: str | None) -> str:
         head.append(sort.upper())
     table = [head]
     for x in rows:
-        line = [x["run_id"], x["name"], x["experiment"], x["team"], x["owner"], x["status"], x["reached"],
-                str(x["restarts"]), f"{x['cost_usd']:.4f}", x["valid"]]
+        line = [
+            x["run_id"],
+            x["name"],
+            x["experiment"],
+            x["team"],
+            x["owner"],
+            x["status"],
+            x["reached"],
+            str(x["restarts"]),
+            f"{x['cost_usd']:.4f}",
+            x["valid"],
+        ]
         if sort:
             line.append("-" if x["metric"] is None else f"{x['metric']:.6g}")
         table.append(line)
@@ -103,18 +135,31 @@ def show_run(c: MlflowClient, run_id: str) -> str:
     else:
         stage_note = ""
     exp = c.get_experiment(run.info.experiment_id)
-    lines = [f"run {run.info.run_id}  {run.info.run_name}  [{run.info.status}]" + (f"  {stage_note}" if stage_note else ""),
-             "", "identity:"]
+    lines = [
+        f"run {run.info.run_id}  {run.info.run_name}  [{run.info.status}]" + (f"  {stage_note}" if stage_note else ""),
+        "",
+        "identity:",
+    ]
     dirty = t.get("traingate.code_dirty") == "true"
     for label, value in [
-        ("experiment", exp.name), ("owner", t.get("traingate.owner")), ("team", t.get("traingate.team")),
-        ("purpose", t.get("traingate.purpose")), ("recipe", t.get("traingate.recipe")),
-        ("code", f"{t.get('traingate.code_version')}" + (f" (dirty, diff {t.get('traingate.code_diff_hash')})"
-                                                       if dirty else "")),
+        ("experiment", exp.name),
+        ("owner", t.get("traingate.owner")),
+        ("team", t.get("traingate.team")),
+        ("purpose", t.get("traingate.purpose")),
+        ("recipe", t.get("traingate.recipe")),
+        (
+            "code",
+            f"{t.get('traingate.code_version')}"
+            + (f" (dirty, diff {t.get('traingate.code_diff_hash')})" if dirty else ""),
+        ),
         ("data", f"{t.get('traingate.data_snapshot')}  {t.get('traingate.data_uri')}"),
-        ("spec hash", t.get("traingate.spec_hash")), ("work pool", t.get("traingate.work_pool")),
-        ("valid", t.get("traingate.identity_valid", "false")
-         + (f"  missing: {t['traingate.identity_missing']}" if t.get("traingate.identity_missing") else "")),
+        ("spec hash", t.get("traingate.spec_hash")),
+        ("work pool", t.get("traingate.work_pool")),
+        (
+            "valid",
+            t.get("traingate.identity_valid", "false")
+            + (f"  missing: {t['traingate.identity_missing']}" if t.get("traingate.identity_missing") else ""),
+        ),
     ]:
         lines.append(f"  {label:<10} {value}")
     stages = stage_runs(c, run.info.run_id)
@@ -125,24 +170,31 @@ def show_run(c: MlflowClient, run_id: str) -> str:
         cost = m.get("stage.cost_usd", 0.0)
         total += cost
         gate = {"true": "passed", "false": "FAILED"}.get(st.get("traingate.gate_passed", ""), "-")
-        lines.append(f"  {st.get('traingate.stage', '?'):<7} {st.get('traingate.stage_status', s.info.status):<10} "
-                     f"gate {gate:<7} {m.get('stage.duration_s', 0.0):7.1f} s  ${cost:.4f}  run {s.info.run_id}")
+        lines.append(
+            f"  {st.get('traingate.stage', '?'):<7} {st.get('traingate.stage_status', s.info.status):<10} "
+            f"gate {gate:<7} {m.get('stage.duration_s', 0.0):7.1f} s  ${cost:.4f}  run {s.info.run_id}"
+        )
         if st.get("traingate.gate_reasons"):
             lines.append(f"          gate: {st['traingate.gate_reasons']}")
         headline = [f"{k}={m[k]:.4g}" for k in _HEADLINE if k in m]
         if headline:
             lines.append(f"          {'  '.join(headline)}")
         if st.get("traingate.checkpoint.latest_uri") or st.get("traingate.checkpoint_uri"):
-            lines.append(f"          checkpoint {st.get('traingate.checkpoint.latest_uri') or st['traingate.checkpoint_uri']}")
+            lines.append(
+                f"          checkpoint {st.get('traingate.checkpoint.latest_uri') or st['traingate.checkpoint_uri']}"
+            )
         for r in restarts(s):
-            lines.append(f"          restart {r['n']}: cause {r.get('cause', '?')}, resumed from step "
-                         f"{r.get('resumed_from_step', '?')}, {r.get('time_lost_s', '?')} s lost")
+            lines.append(
+                f"          restart {r['n']}: cause {r.get('cause', '?')}, resumed from step "
+                f"{r.get('resumed_from_step', '?')}, {r.get('time_lost_s', '?')} s lost"
+            )
         if st.get("traingate.promotion"):
             lines.append(f"          promotion: {st['traingate.promotion']}")
     if not stages:
         lines.append("  (none)")
     lines += ["", f"cost: ${total:.4f}", "", "notes:"]
     logbook = notes(run) + [n for s in stages for n in notes(s)]
-    lines += [f"  {n['time']}  {n['author']}: {n['text']}" for n in sorted(logbook, key=lambda n: n["time"])] \
-        or ["  (none)"]
+    lines += [f"  {n['time']}  {n['author']}: {n['text']}" for n in sorted(logbook, key=lambda n: n["time"])] or [
+        "  (none)"
+    ]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ when the installed version or the behaviour relied on here changes, so a version
 re-checked here and nowhere else. This module runs inside training processes: it imports
 nothing and only touches objects it is handed.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

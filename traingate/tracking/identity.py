@@ -1,4 +1,5 @@
 """Run identity: who, why, which code, which data, which environment."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +13,19 @@ from typing import Any
 
 # A run without every one of these (plus the spec params and the spec and environment
 # artifacts, see traingate.tracking.runs.identity_problems) is not valid and is not promoted.
-REQUIRED_TAGS = ("traingate.run_id", "traingate.experiment", "traingate.owner", "traingate.team",
-                 "traingate.purpose", "traingate.recipe", "traingate.code_version", "traingate.code_dirty",
-                 "traingate.data_snapshot", "traingate.data_uri", "traingate.spec_hash")
+REQUIRED_TAGS = (
+    "traingate.run_id",
+    "traingate.experiment",
+    "traingate.owner",
+    "traingate.team",
+    "traingate.purpose",
+    "traingate.recipe",
+    "traingate.code_version",
+    "traingate.code_dirty",
+    "traingate.data_snapshot",
+    "traingate.data_uri",
+    "traingate.spec_hash",
+)
 
 
 def code_version(path: str | Path | None = None) -> dict[str, str]:
@@ -31,8 +42,8 @@ def code_version(path: str | Path | None = None) -> dict[str, str]:
     root = Path(path).resolve() if path is not None else code_dir()
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
-                              check=True).stdout
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True).stdout
+
     try:
         top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
         sha = git("rev-parse", "HEAD").strip() if top == root else ""
@@ -48,8 +59,12 @@ def code_version(path: str | Path | None = None) -> dict[str, str]:
     diff = git("diff", "HEAD")
     untracked = git("ls-files", "--others", "--exclude-standard")
     dirty = bool(diff.strip() or untracked.strip())
-    return {"sha": sha, "dirty": str(dirty).lower(), "source": "git",
-            "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else ""}
+    return {
+        "sha": sha,
+        "dirty": str(dirty).lower(),
+        "source": "git",
+        "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else "",
+    }
 
 
 # Never part of a project's content: git's own store and what Python caches beside the code.
@@ -75,10 +90,14 @@ def content_version(root: str | Path, exclude: tuple[str | Path, ...] = ()) -> d
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(top):
         here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and (here / d).resolve() not in skip
-                             and not (here / d).is_symlink())
-        for name in sorted([*filenames, *(d for d in os.listdir(here) if (here / d).is_symlink()
-                                          and (here / d).is_dir())]):
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in _SKIP_DIRS and (here / d).resolve() not in skip and not (here / d).is_symlink()
+        )
+        for name in sorted(
+            [*filenames, *(d for d in os.listdir(here) if (here / d).is_symlink() and (here / d).is_dir())]
+        ):
             path = here / name
             if name.endswith(_SKIP_SUFFIXES):
                 continue
@@ -101,8 +120,8 @@ def script_code_version(workdir: str | Path, state_dir: str | Path | None = None
     root = Path(workdir).resolve()
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
-                              check=True).stdout
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True).stdout
+
     try:
         sha = git("rev-parse", "HEAD").strip()
     except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
@@ -112,8 +131,12 @@ def script_code_version(workdir: str | Path, state_dir: str | Path | None = None
     diff = git("diff", "HEAD", "--", ".")
     untracked = git("ls-files", "--others", "--exclude-standard", "--", ".")
     dirty = bool(diff.strip() or untracked.strip())
-    return {"sha": sha, "dirty": str(dirty).lower(), "source": "git",
-            "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else ""}
+    return {
+        "sha": sha,
+        "dirty": str(dirty).lower(),
+        "source": "git",
+        "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else "",
+    }
 
 
 def run_code_version(spec: Any, state_dir: str | Path | None = None) -> dict[str, str]:
@@ -139,8 +162,10 @@ def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
     if sha.startswith(c) and version.get("dirty") == "false":
         return None
     what = f"{sha}{' with uncommitted changes' if version.get('dirty') == 'true' else ''}"
-    return (f"commit {commit} was asked for, but the code here is {what} (source: {version.get('source', '?')}); "
-            "the ci deployment checks the commit out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)")
+    return (
+        f"commit {commit} was asked for, but the code here is {what} (source: {version.get('source', '?')}); "
+        "the ci deployment checks the commit out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)"
+    )
 
 
 def hash_file_uri(uri: str) -> str:
@@ -161,7 +186,7 @@ def hash_file_uri(uri: str) -> str:
         return h.hexdigest()
     base = root.rstrip("/")
     for path in sorted(fs.find(base)):
-        rel = path[len(base):].lstrip("/")
+        rel = path[len(base) :].lstrip("/")
         h.update(f"{len(rel)}:{rel}\0".encode())
         with fs.open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -174,12 +199,16 @@ def environment_snapshot() -> dict[str, Any]:
     import torch
 
     snap: dict[str, Any] = {
-        "python": sys.version.split()[0], "platform": platform.platform(), "hostname": socket.gethostname(),
-        "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
         "cuda": torch.version.cuda or "none",
         "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
-        "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
-                           if d.metadata["Name"]),
+        "packages": sorted(
+            f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
+        ),
     }
     snap["gpus"] = gpu_inventory()
     return snap
@@ -198,8 +227,14 @@ def gpu_inventory() -> list[dict[str, Any]]:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append({"index": i, "name": pynvml.nvmlDeviceGetName(h), "driver": driver,
-                        "memory_mb": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20})
+            out.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "driver": driver,
+                    "memory_mb": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+                }
+            )
         return out
     finally:
         pynvml.nvmlShutdown()

@@ -23,6 +23,7 @@ MLflow writes it could not make while the tracking store was gone (``{"call": na
 >>> record["m"], j.commit(end), j.read_pending(100)
 ('loss', None, [])
 """
+
 from __future__ import annotations
 
 import json

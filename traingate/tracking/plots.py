@@ -1,4 +1,5 @@
 """PNG figures for a run: loss curve, throughput, confusion matrix (matplotlib, headless Agg backend)."""
+
 from __future__ import annotations
 
 from typing import Any

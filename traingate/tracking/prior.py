@@ -1,4 +1,5 @@
 """What earlier runs measured, for planning: the latest canary profile of the same recipe."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,10 +23,13 @@ def latest_canary_profile(settings: Settings, experiment: str, recipe: str) -> d
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = c.search_runs([exp.experiment_id],
-                         "tags.`traingate.stage` = 'canary' and tags.`traingate.stage_status` = 'completed' "
-                         f"and tags.`traingate.recipe` = '{recipe}'",
-                         order_by=["attributes.start_time DESC"], max_results=1)
+    runs = c.search_runs(
+        [exp.experiment_id],
+        "tags.`traingate.stage` = 'canary' and tags.`traingate.stage_status` = 'completed' "
+        f"and tags.`traingate.recipe` = '{recipe}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if not runs:
         return None
     m = runs[0].data.metrics

@@ -9,6 +9,7 @@ most one registered version under its model name (a retry reuses the version who
 it is) and at most one logged model (a retry that failed between logging and registering
 registers the model already logged).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,13 +60,17 @@ def registered_version(c: MlflowClient, name: str, run_id: str) -> ModelVersion 
 def logged_model_uri(c: MlflowClient, run_id: str) -> str | None:
     """``models:/<id>`` of the final model already logged into ``run_id`` (complete uploads only), or None."""
     exp = c.get_run(run_id).info.experiment_id
-    found = [m for m in c.search_logged_models([exp], filter_string=f"source_run_id = '{run_id}' AND name = 'model'")
-             if m.status == LoggedModelStatus.READY]
+    found = [
+        m
+        for m in c.search_logged_models([exp], filter_string=f"source_run_id = '{run_id}' AND name = 'model'")
+        if m.status == LoggedModelStatus.READY
+    ]
     return f"models:/{max(found, key=lambda m: m.creation_timestamp).model_id}" if found else None
 
 
-def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None,
-                       alias: str = CANDIDATE) -> dict[str, Any]:
+def register_candidate(
+    c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None, alias: str = CANDIDATE
+) -> dict[str, Any]:
     """Log the final model into the full stage's run and register it with ``alias``, if the run may be promoted.
 
     Safe to call again for the same run (see the module docstring): the same version comes back.
@@ -73,13 +78,23 @@ def register_candidate(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkp
     ok, reasons = can_promote(c, stage_run_id)
     script = spec.recipe.script
     if ok and script is not None and script.checkpoints is None:
-        ok, reasons = False, ["no model checkpoint: the script declares no recipe.script.checkpoints, so traingate "
-                              "does not know which file is its model (script recipes register their own models)"]
+        ok, reasons = (
+            False,
+            [
+                "no model checkpoint: the script declares no recipe.script.checkpoints, so traingate "
+                "does not know which file is its model (script recipes register their own models)"
+            ],
+        )
     elif ok and not checkpoint_uri:
         ok, reasons = False, ["no model checkpoint: the full stage reported no checkpoint URI"]
     elif ok and script is not None and not _script_checkpoint_written(c, spec, stage_run_id, checkpoint_uri):
-        ok, reasons = False, [f"no model checkpoint: the script wrote no file matching recipe.script.checkpoints "
-                              f"({script.checkpoints!r}) under {redact(checkpoint_uri or '')}"]
+        ok, reasons = (
+            False,
+            [
+                f"no model checkpoint: the script wrote no file matching recipe.script.checkpoints "
+                f"({script.checkpoints!r}) under {redact(checkpoint_uri or '')}"
+            ],
+        )
     if not ok:
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
@@ -102,8 +117,9 @@ def _script_checkpoint_written(c: MlflowClient, spec: RunSpec, stage_run_id: str
     """A version registered already (a retry), or an index at the checkpoint URI that names a file."""
     from traingate.recipes import script
 
-    return registered_version(c, model_name(spec), stage_run_id) is not None or \
-        bool(checkpoint_uri and script.read_index(checkpoint_uri))
+    return registered_version(c, model_name(spec), stage_run_id) is not None or bool(
+        checkpoint_uri and script.read_index(checkpoint_uri)
+    )
 
 
 SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registered checkpoint file
@@ -111,10 +127,13 @@ SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registe
 
 def _version_tags(c: MlflowClient, stage_run_id: str) -> dict[str, str]:
     tags = c.get_run(stage_run_id).data.tags
-    return {"traingate.run_id": tags.get("traingate.run_id", ""), "traingate.stage_run_id": stage_run_id,
-            "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
-            "traingate.code_version": tags.get("traingate.code_version", ""),
-            "traingate.data_snapshot": tags.get("traingate.data_snapshot", "")}
+    return {
+        "traingate.run_id": tags.get("traingate.run_id", ""),
+        "traingate.stage_run_id": stage_run_id,
+        "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
+        "traingate.code_version": tags.get("traingate.code_version", ""),
+        "traingate.data_snapshot": tags.get("traingate.data_snapshot", ""),
+    }
 
 
 def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, checkpoint_uri: str) -> ModelVersion:
@@ -139,8 +158,12 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
         local = script.fetch(checkpoint_uri, last, Path(tmp) / "model" / PurePosixPath(last.path).name)
         c.log_artifact(stage_run_id, str(local), SCRIPT_MODEL_PATH)
         index = Path(tmp) / "script-index.json"
-        index.write_text(json.dumps({"uri": redact(checkpoint_uri), "registered": last.path,
-                                     "checkpoints": [e.__dict__ for e in entries]}, indent=1))
+        index.write_text(
+            json.dumps(
+                {"uri": redact(checkpoint_uri), "registered": last.path, "checkpoints": [e.__dict__ for e in entries]},
+                indent=1,
+            )
+        )
         c.log_artifact(stage_run_id, str(index), "checkpoints")
     try:
         c.create_registered_model(name)
@@ -148,8 +171,12 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
         # Already there: an earlier version, or another run registering at the same moment. Anything else is not.
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    tags = {**_version_tags(c, stage_run_id), "traingate.checkpoint_file": last.path,
-            "traingate.checkpoint_sha256": last.sha256, "traingate.checkpoint_step": str(last.step or "")}
+    tags = {
+        **_version_tags(c, stage_run_id),
+        "traingate.checkpoint_file": last.path,
+        "traingate.checkpoint_sha256": last.sha256,
+        "traingate.checkpoint_step": str(last.step or ""),
+    }
     return c.create_model_version(name, f"runs:/{stage_run_id}/{SCRIPT_MODEL_PATH}", run_id=stage_run_id, tags=tags)
 
 
@@ -162,8 +189,13 @@ def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoi
     mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model logging needs it
     with mlflow.start_run(run_id=stage_run_id):
         # pickle, not pt2: export tracing does not hold for every recipe's model (e.g. variable-length input)
-        info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", input_example=example,
-                                        pip_requirements=[f"torch=={torch.__version__}"])
+        info = mlflow.pytorch.log_model(
+            model,
+            name="model",
+            serialization_format="pickle",
+            input_example=example,
+            pip_requirements=[f"torch=={torch.__version__}"],
+        )
     return info.model_uri
 
 
@@ -186,8 +218,11 @@ def _eval_metric(c: MlflowClient, stage_run_id: str) -> float | None:
 def _alias_lock(c: MlflowClient, name: str) -> Iterator[None]:
     """An exclusive lock for moving ``name``'s aliases: beside a SQLite store, else in the state dir."""
     uri = c.tracking_uri
-    base = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else \
-        Settings.from_env().state_dir / "locks"
+    base = (
+        Path(uri.removeprefix("sqlite:///")).parent
+        if uri.startswith("sqlite:///")
+        else Settings.from_env().state_dir / "locks"
+    )
     base.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(f"{uri}|{name}".encode()).hexdigest()[:16]
     with open(base / f".alias-{digest}.lock", "a") as f:
@@ -198,8 +233,9 @@ def _alias_lock(c: MlflowClient, name: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def take_alias_if_better(c: MlflowClient, name: str, version: str, stage_run_id: str,
-                         alias: str = CANDIDATE) -> dict[str, Any]:
+def take_alias_if_better(
+    c: MlflowClient, name: str, version: str, stage_run_id: str, alias: str = CANDIDATE
+) -> dict[str, Any]:
     """Point ``alias`` at ``version`` if its eval metric beats the current holder's (or there is none).
 
     The decision and its reason are tagged on the version and on the stage run; the returned
@@ -219,20 +255,41 @@ def take_alias_if_better(c: MlflowClient, name: str, version: str, stage_run_id:
         elif mine is None:
             won, why = False, f"@{alias} stays at v{holder.version}: this run logged no {EVAL_METRIC}"
         elif theirs is None or mine < float(theirs):
-            won, why = True, (f"took @{alias} from v{holder.version}: {EVAL_METRIC} {mine:.6g} < "
-                              f"{float(theirs):.6g}" if theirs is not None else
-                              f"took @{alias} from v{holder.version}, which has no {EVAL_METRIC}")
+            won, why = (
+                True,
+                (
+                    f"took @{alias} from v{holder.version}: {EVAL_METRIC} {mine:.6g} < {float(theirs):.6g}"
+                    if theirs is not None
+                    else f"took @{alias} from v{holder.version}, which has no {EVAL_METRIC}"
+                ),
+            )
         else:
-            won, why = False, (f"@{alias} stays at v{holder.version}: its {EVAL_METRIC} {float(theirs):.6g} "
-                               f"<= this run's {mine:.6g}")
+            won, why = (
+                False,
+                (
+                    f"@{alias} stays at v{holder.version}: its {EVAL_METRIC} {float(theirs):.6g} "
+                    f"<= this run's {mine:.6g}"
+                ),
+            )
         if won:
             c.set_registered_model_alias(name, alias, version)
     c.set_model_version_tag(name, version, "traingate.alias_decision", why)
     c.set_tag(stage_run_id, "traingate.promotion", f"registered {name} v{version}; {why}")
     if not won:
-        return {"registered": False, "name": name, "version": version, "alias": None,
-                "holder_version": holder.version if holder else None,
-                "reasons": [f"{name} v{version} registered but not promoted: {why}"]}
+        return {
+            "registered": False,
+            "name": name,
+            "version": version,
+            "alias": None,
+            "holder_version": holder.version if holder else None,
+            "reasons": [f"{name} v{version} registered but not promoted: {why}"],
+        }
     c.set_tag(stage_run_id, "traingate.model_uri", f"models:/{name}@{alias}")
-    return {"registered": True, "name": name, "version": version, "alias": alias,
-            "model_uri": f"models:/{name}@{alias}", "reason": why}
+    return {
+        "registered": True,
+        "name": name,
+        "version": version,
+        "alias": alias,
+        "model_uri": f"models:/{name}@{alias}",
+        "reason": why,
+    }

@@ -9,6 +9,7 @@ Creating a run is idempotent per request key (:func:`create_run_once`): the task
 these functions are retried, and a retry must find the run its first attempt created rather
 than leave it behind as an orphan beside a second one.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,8 @@ def experiment_id(c: MlflowClient, name: str, artifact_uri: str | None) -> str:
         raise ArtifactLocationError(
             f"experiment {name!r} stores its artifacts at {redact(exp.artifact_location)}, but TRAINGATE_ARTIFACT_URI "
             f"puts them at {redact(wanted)}; use a new identity.experiment, or set TRAINGATE_ARTIFACT_URI to "
-            f"{redact(exp.artifact_location.rstrip('/').rsplit('/', 1)[0])}")
+            f"{redact(exp.artifact_location.rstrip('/').rsplit('/', 1)[0])}"
+        )
     return exp.experiment_id
 
 
@@ -72,21 +74,26 @@ def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name
     write again (same params, tags and artifacts overwritten with the same values).
     """
     if not _REQUEST_KEY.fullmatch(request_key):
-        raise ValueError(f"request_key = {request_key!r}: use 1-200 letters, digits or '_.:-' (it names one "
-                         "create request; its retries pass the same key)")
+        raise ValueError(
+            f"request_key = {request_key!r}: use 1-200 letters, digits or '_.:-' (it names one "
+            "create request; its retries pass the same key)"
+        )
     found = c.search_runs([experiment], f"tags.`{REQUEST_KEY_TAG}` = '{request_key}'", max_results=2)
     if not found:
         return c.create_run(experiment, run_name=run_name, tags={**tags, REQUEST_KEY_TAG: request_key})
     run = found[0]
     if len(found) > 1 or run.info.run_name not in (run_name, unique_name(run_name, run.info.run_id)):
         names = ", ".join(f"{r.info.run_id} ({r.info.run_name!r})" for r in found)
-        raise ValueError(f"request_key = {request_key!r} already names run(s) {names}, not a run {run_name!r}; "
-                         "a key names one create request: pass a new key for a new run")
+        raise ValueError(
+            f"request_key = {request_key!r} already names run(s) {names}, not a run {run_name!r}; "
+            "a key names one create request: pass a new key for a new run"
+        )
     return run
 
 
-def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, identity: dict[str, Any], *,
-                      request_key: str) -> str:
+def open_pipeline_run(
+    c: MlflowClient, spec: RunSpec, artifact_uri: str | None, identity: dict[str, Any], *, request_key: str
+) -> str:
     """Create the parent run with the full identity; returns its id (the traingate run id).
 
     Idempotent per ``request_key`` (see :func:`create_run_once`).
@@ -98,19 +105,25 @@ def open_pipeline_run(c: MlflowClient, spec: RunSpec, artifact_uri: str | None, 
     if run.info.run_name != unique_name(name, rid):
         c.update_run(rid, name=unique_name(name, rid))
     tags = {
-        "traingate.run_id": rid, "traingate.experiment": spec.identity.experiment,
-        "traingate.owner": spec.identity.owner, "traingate.team": spec.identity.team,
-        "traingate.purpose": spec.identity.purpose, "traingate.recipe": spec.recipe.name,
-        "traingate.code_version": identity["code"]["sha"], "traingate.code_dirty": identity["code"]["dirty"],
+        "traingate.run_id": rid,
+        "traingate.experiment": spec.identity.experiment,
+        "traingate.owner": spec.identity.owner,
+        "traingate.team": spec.identity.team,
+        "traingate.purpose": spec.identity.purpose,
+        "traingate.recipe": spec.recipe.name,
+        "traingate.code_version": identity["code"]["sha"],
+        "traingate.code_dirty": identity["code"]["dirty"],
         "traingate.code_diff_hash": identity["code"].get("diff_hash", ""),
         "traingate.code_source": identity["code"].get("source", ""),
-        "traingate.data_snapshot": identity["data_snapshot"], "traingate.data_uri": identity["data_uri"],
-        "traingate.spec_hash": spec.spec_hash(), "traingate.work_pool": spec.resources.work_pool,
+        "traingate.data_snapshot": identity["data_snapshot"],
+        "traingate.data_uri": identity["data_uri"],
+        "traingate.spec_hash": spec.spec_hash(),
+        "traingate.work_pool": spec.resources.work_pool,
         "mlflow.user": spec.identity.owner,
     }
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
     for i in range(0, len(params), 100):
-        c.log_batch(rid, params=params[i:i + 100])
+        c.log_batch(rid, params=params[i : i + 100])
     c.log_batch(rid, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
     c.log_dict(rid, redact_mapping(spec.to_dict()), SPEC_ARTIFACT)
     c.log_dict(rid, redact_mapping(identity["environment"]), ENVIRONMENT_ARTIFACT)
@@ -129,6 +142,7 @@ def unique_name(name: str, run_id: str) -> str:
 
 
 # ------------------------------------------------------------------ identity
+
 
 def identity_problems(c: MlflowClient, run: Run) -> list[str]:
     """What a run lacks of its identity (empty when complete). Checked on the stored run, not on intent."""
@@ -157,8 +171,13 @@ def identity_problems(c: MlflowClient, run: Run) -> list[str]:
 def validate_identity(c: MlflowClient, run_id: str) -> list[str]:
     """Check a run's identity and tag the verdict on it (``traingate.identity_valid``/``_missing``)."""
     problems = identity_problems(c, c.get_run(run_id))
-    c.log_batch(run_id, tags=[RunTag("traingate.identity_valid", str(not problems).lower()),
-                              RunTag("traingate.identity_missing", "; ".join(problems)[:5000])])
+    c.log_batch(
+        run_id,
+        tags=[
+            RunTag("traingate.identity_valid", str(not problems).lower()),
+            RunTag("traingate.identity_missing", "; ".join(problems)[:5000]),
+        ],
+    )
     return problems
 
 
@@ -184,24 +203,38 @@ def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
 
 # ------------------------------------------------------------------ stages
 
+
 def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_key: str) -> str:
     """A child run for one stage, carrying the parent's identity: tags, spec params and identity artifacts.
 
     Idempotent per ``request_key`` (see :func:`create_run_once`).
     """
     parent = c.get_run(parent_run_id)
-    inherited = {k: v for k, v in parent.data.tags.items()
-                 if k.startswith("traingate.") and k not in ("traingate.kind", "traingate.identity_valid",
-                                                             "traingate.identity_missing", REQUEST_KEY_TAG)
-                 and not k.startswith(NOTE_PREFIX)}
-    run = create_run_once(c, parent.info.experiment_id, request_key, f"{parent.info.run_name}/{stage}",
-                          {**inherited, "mlflow.parentRunId": parent_run_id, "traingate.kind": "stage",
-                           "traingate.stage": stage, "traingate.pipeline_run_id": parent_run_id,
-                           "mlflow.user": parent.data.tags.get("mlflow.user", "")})
+    inherited = {
+        k: v
+        for k, v in parent.data.tags.items()
+        if k.startswith("traingate.")
+        and k not in ("traingate.kind", "traingate.identity_valid", "traingate.identity_missing", REQUEST_KEY_TAG)
+        and not k.startswith(NOTE_PREFIX)
+    }
+    run = create_run_once(
+        c,
+        parent.info.experiment_id,
+        request_key,
+        f"{parent.info.run_name}/{stage}",
+        {
+            **inherited,
+            "mlflow.parentRunId": parent_run_id,
+            "traingate.kind": "stage",
+            "traingate.stage": stage,
+            "traingate.pipeline_run_id": parent_run_id,
+            "mlflow.user": parent.data.tags.get("mlflow.user", ""),
+        },
+    )
     rid = run.info.run_id
     params = [Param(k, v) for k, v in sorted(parent.data.params.items())]
     for i in range(0, len(params), 100):
-        c.log_batch(rid, params=params[i:i + 100])
+        c.log_batch(rid, params=params[i : i + 100])
     with tempfile.TemporaryDirectory() as tmp:
         for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
             local = c.download_artifacts(parent_run_id, artifact, tmp)
@@ -222,10 +255,12 @@ def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decisi
     if result.checkpoint_uri:
         tags.append(RunTag("traingate.checkpoint_uri", redact(result.checkpoint_uri)))
     if decision is not None:
-        tags += [RunTag("traingate.gate_passed", str(decision.passed).lower()),
-                 RunTag("traingate.gate_reasons", redact("; ".join(decision.reasons))[:5000])]
+        tags += [
+            RunTag("traingate.gate_passed", str(decision.passed).lower()),
+            RunTag("traingate.gate_reasons", redact("; ".join(decision.reasons))[:5000]),
+        ]
     for i in range(0, len(metrics), 500):
-        c.log_batch(stage_run_id, metrics=metrics[i:i + 500], tags=tags if i == 0 else [])
+        c.log_batch(stage_run_id, metrics=metrics[i : i + 500], tags=tags if i == 0 else [])
     c.log_text(stage_run_id, redact(render_markdown(result, decision)), "gate/report.md")
     c.log_text(stage_run_id, redact(json.dumps(result.to_dict(), indent=1, default=str)), "stage/result.json")
     _log_eval_outputs(c, stage_run_id, result.details.get("eval") or {})
@@ -268,8 +303,9 @@ def _log_plots(c: MlflowClient, run_id: str) -> None:
 
     run = c.get_run(run_id)
     keys = set(run.data.metrics)
-    loss_keys = [k for k in ("train_loss", "val_loss") if k in keys] or \
-        sorted(k for k in keys if "loss" in k and not k.startswith(("stage.", "profile_", "first_", "final_")))
+    loss_keys = [k for k in ("train_loss", "val_loss") if k in keys] or sorted(
+        k for k in keys if "loss" in k and not k.startswith(("stage.", "profile_", "first_", "final_"))
+    )
     if loss_keys:
         series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in loss_keys}
         c.log_figure(run_id, plots.curves(series, "loss", "loss curve"), "plots/loss_curve.png")
@@ -283,10 +319,15 @@ def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str,
     children = stage_runs(c, run_id)
     cost = sum(r.data.metrics.get("stage.cost_usd", 0.0) for r in children)
     restarts = sum(restart_count(r) for r in children)
-    c.log_batch(run_id, metrics=[Metric("pipeline.cost_usd", cost, 0, 0), Metric("pipeline.restarts", restarts, 0, 0)],
-                tags=[RunTag("traingate.reached_stage", reached),
-                      RunTag("traingate.outcome", "passed" if passed else "stopped"),
-                      RunTag("traingate.stop_reason", redact(reason)[:5000])])
+    c.log_batch(
+        run_id,
+        metrics=[Metric("pipeline.cost_usd", cost, 0, 0), Metric("pipeline.restarts", restarts, 0, 0)],
+        tags=[
+            RunTag("traingate.reached_stage", reached),
+            RunTag("traingate.outcome", "passed" if passed else "stopped"),
+            RunTag("traingate.stop_reason", redact(reason)[:5000]),
+        ],
+    )
     c.set_terminated(run_id, "FINISHED" if passed else "FAILED")
 
 
@@ -302,22 +343,29 @@ def stage_runs(c: MlflowClient, pipeline_run_id: str) -> list[Run]:
 
 # ------------------------------------------------------------------ the logbook
 
+
 def add_note(c: MlflowClient, run_id: str, text: str, author: str) -> dict[str, Any]:
     """Add a timestamped note to a run's logbook (a tag per note; also shown as the run's MLflow description)."""
     if not text.strip():
-        raise ValueError("a note needs text, e.g. traingate note RUN_ID \"why we lowered the LR\"")
+        raise ValueError('a note needs text, e.g. traingate note RUN_ID "why we lowered the LR"')
     now = time.time()
-    note = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "author": redact(author),
-            "text": redact(text)}
+    note = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "author": redact(author),
+        "text": redact(text),
+    }
     c.set_tag(run_id, f"{NOTE_PREFIX}{int(now * 1000)}", json.dumps(note)[:8000])
     logbook = notes(c.get_run(run_id))
-    c.set_tag(run_id, "mlflow.note.content",
-              "\n\n".join(f"**{n['time']}** {n['author']}: {n['text']}" for n in logbook)[:8000])
+    c.set_tag(
+        run_id,
+        "mlflow.note.content",
+        "\n\n".join(f"**{n['time']}** {n['author']}: {n['text']}" for n in logbook)[:8000],
+    )
     return note
 
 
 def notes(run: Run) -> list[dict[str, Any]]:
-    keys = sorted((k for k in run.data.tags if k.startswith(NOTE_PREFIX)), key=lambda k: int(k[len(NOTE_PREFIX):]))
+    keys = sorted((k for k in run.data.tags if k.startswith(NOTE_PREFIX)), key=lambda k: int(k[len(NOTE_PREFIX) :]))
     return [json.loads(run.data.tags[k]) for k in keys]
 
 
@@ -345,14 +393,13 @@ def restarts(run: Run) -> list[dict[str, str]]:
     recorded = []
     for i in range(1, int(tags.get("traingate.restarts", "0")) + 1):
         p = f"traingate.restart.{i}."
-        recorded.append({k[len(p):]: v for k, v in tags.items() if k.startswith(p)})
+        recorded.append({k[len(p) :]: v for k, v in tags.items() if k.startswith(p)})
     counted = [r for r in recorded if is_restart(r.get("cause"))]
     return [{"n": str(n), **r} for n, r in enumerate(counted, 1)]
 
 
 def restart_count(run: Run) -> int:
     return len(restarts(run))
-
 
 
 # ------------------------------------------------------------------ a lost tracking store
@@ -418,9 +465,14 @@ def replay_calls(c: MlflowClient, run_dir: Path) -> list[tuple[str, Any]]:
 def _make(c: MlflowClient, run_dir: Path, call: str, args: dict[str, Any]) -> Any:
     if call == "record_stage":
         decision = args["decision"]
-        record_stage(c, args["stage_run_id"], StageResult.from_dict(args["result"]),
-                     GateDecision(**{**decision, "evaluated": [tuple(e) for e in decision["evaluated"]]})
-                     if decision is not None else None)
+        record_stage(
+            c,
+            args["stage_run_id"],
+            StageResult.from_dict(args["result"]),
+            GateDecision(**{**decision, "evaluated": [tuple(e) for e in decision["evaluated"]]})
+            if decision is not None
+            else None,
+        )
         return None
     if call == "close_pipeline_run":
         return close_pipeline_run(c, **args)
@@ -429,8 +481,9 @@ def _make(c: MlflowClient, run_dir: Path, call: str, args: dict[str, Any]) -> An
         from traingate.tracking.registry import register_candidate
 
         # The run's resolved spec, as `traingate resume` reads it (secrets stay references).
-        return register_candidate(c, load_spec(Path(run_dir) / "spec.yaml"), args["stage_run_id"],
-                                  args["checkpoint_uri"])
+        return register_candidate(
+            c, load_spec(Path(run_dir) / "spec.yaml"), args["stage_run_id"], args["checkpoint_uri"]
+        )
     raise ValueError(f"journal {Path(run_dir) / 'tracking'}: unknown call {call!r}; replayable: {REPLAYABLE}")
 
 

@@ -19,6 +19,7 @@ tell" must never close a live run of a concurrent ladder.
 >>> read_orchestrator(d).pid == os.getpid(), gone(o)
 (True, None)
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,9 @@ _TRAINING_STAGES = ("smoke", "canary", "full")
 @dataclass
 class Orchestrator:
     """The process that runs a pipeline: the ladder flow's process."""
+
     pid: int
-    started: float              # the process's start time (psutil), so a recycled pid does not pass for it
+    started: float  # the process's start time (psutil), so a recycled pid does not pass for it
     host: str
     flow_run_id: str | None = None
 
@@ -53,8 +55,8 @@ class Orchestrator:
 @dataclass
 class StaleRun:
     mlflow_run_id: str
-    run_id: str                 # the traingate run id (the pipeline's MLflow run id)
-    kind: str                   # pipeline | stage
+    run_id: str  # the traingate run id (the pipeline's MLflow run id)
+    kind: str  # pipeline | stage
     stage: str | None
     cause: str
     flow_run_id: str | None
@@ -73,8 +75,9 @@ def read_orchestrator(run_dir: Path) -> Orchestrator | None:
     data = read_json(run_dir / ORCHESTRATOR)
     if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
         return None
-    return Orchestrator(data["pid"], float(data.get("started") or 0.0), str(data.get("host", "")),
-                        data.get("flow_run_id"))
+    return Orchestrator(
+        data["pid"], float(data.get("started") or 0.0), str(data.get("host", "")), data.get("flow_run_id")
+    )
 
 
 def _pid_gone(pid: int, started: float | None) -> bool:
@@ -105,15 +108,19 @@ def verdict(run_dir: Path, flow_run_state: Callable[[str], str | None] | None = 
                 return f"its Prefect flow run {o.flow_run_id} is {state.lower()}"
         return None
     # Runs older than orchestrator.json: the supervisors of unfinished stages, if any recorded a pid.
-    pids = [st.supervisor_pid for s in _TRAINING_STAGES
-            if (st := read_supervisor_state(run_dir / s)) is not None and st.final is None and st.supervisor_pid]
+    pids = [
+        st.supervisor_pid
+        for s in _TRAINING_STAGES
+        if (st := read_supervisor_state(run_dir / s)) is not None and st.final is None and st.supervisor_pid
+    ]
     if pids and all(_pid_gone(p, None) for p in pids):
         return f"supervisor pid {', '.join(map(str, pids))} is gone"
     return None
 
 
-def find_stale(c: MlflowClient, state_dir: Path,
-               flow_run_state: Callable[[str], str | None] | None = None) -> list[StaleRun]:
+def find_stale(
+    c: MlflowClient, state_dir: Path, flow_run_state: Callable[[str], str | None] | None = None
+) -> list[StaleRun]:
     """RUNNING pipeline and stage runs of pipelines under ``state_dir`` whose orchestrator is gone."""
     exps = [e.experiment_id for e in c.search_experiments()]
     if not exps:
@@ -131,8 +138,9 @@ def find_stale(c: MlflowClient, state_dir: Path,
             verdicts[run_id] = verdict(run_dir, flow_run_state) if run_dir.is_dir() else None
         if (cause := verdicts[run_id]) is not None:
             o = read_orchestrator(run_dir)
-            out.append(StaleRun(r.info.run_id, run_id, kind, tags.get("traingate.stage"), cause,
-                                o.flow_run_id if o else None))
+            out.append(
+                StaleRun(r.info.run_id, run_id, kind, tags.get("traingate.stage"), cause, o.flow_run_id if o else None)
+            )
     return out
 
 
@@ -143,8 +151,9 @@ def close_stale(c: MlflowClient, stale: list[StaleRun]) -> None:
         c.set_terminated(s.mlflow_run_id, "KILLED")
 
 
-def sweep(c: MlflowClient, state_dir: Path,
-          flow_run_state: Callable[[str], str | None] | None = None) -> list[StaleRun]:
+def sweep(
+    c: MlflowClient, state_dir: Path, flow_run_state: Callable[[str], str | None] | None = None
+) -> list[StaleRun]:
     """Find and close the stale runs under ``state_dir``; returns what was closed."""
     stale = find_stale(c, state_dir, flow_run_state)
     close_stale(c, stale)

@@ -10,6 +10,7 @@ build argument)::
 
 A git checkout is never stamped: there git is read, and a stamp would go stale at the next commit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,17 @@ def check(sha: str, dirty: str, diff_hash: str) -> dict[str, str]:
     traingate.tracking.stamp.StampError: --sha 'abc' is not a full git commit sha (40 hex digits); pass `git rev-parse HEAD` of the tree you build from
     """
     if not _SHA.fullmatch(sha):
-        raise StampError(f"--sha {sha!r} is not a full git commit sha (40 hex digits); pass `git rev-parse HEAD` "
-                         "of the tree you build from")
+        raise StampError(
+            f"--sha {sha!r} is not a full git commit sha (40 hex digits); pass `git rev-parse HEAD` "
+            "of the tree you build from"
+        )
     if dirty not in ("true", "false"):
         raise StampError(f"--dirty {dirty!r}: use true or false")
     if (dirty == "true") != bool(diff_hash) or (diff_hash and not _DIFF.fullmatch(diff_hash)):
-        raise StampError(f"--diff-hash {diff_hash!r} with --dirty {dirty}: a dirty tree needs the 16-hex hash of "
-                         "its diff, a clean one none; build from a clean checkout or stamp with --from-git")
+        raise StampError(
+            f"--diff-hash {diff_hash!r} with --dirty {dirty}: a dirty tree needs the 16-hex hash of "
+            "its diff, a clean one none; build from a clean checkout or stamp with --from-git"
+        )
     return {"sha": sha, "dirty": dirty, "diff_hash": diff_hash}
 
 
@@ -52,13 +57,17 @@ def write_stamp(code_dir: Path, sha: str, dirty: str = "false", diff_hash: str =
     """Write ``code_dir``/traingate/_build.py; refused inside a git checkout (git is the version there)."""
     fields = check(sha, dirty, diff_hash)
     if (code_dir / ".git").exists():
-        raise StampError(f"{code_dir} is a git checkout: its version is read from git; stamp the installed copy "
-                         "you build from it instead")
+        raise StampError(
+            f"{code_dir} is a git checkout: its version is read from git; stamp the installed copy "
+            "you build from it instead"
+        )
     target = code_dir / STAMP
     if not target.parent.is_dir():
         raise StampError(f"{code_dir} holds no traingate package; pass the directory the code was installed into")
-    target.write_text('"""Written by traingate.tracking.stamp when this copy was built: its code version."""\n'
-                      f"CODE_VERSION = {fields!r}\n")
+    target.write_text(
+        '"""Written by traingate.tracking.stamp when this copy was built: its code version."""\n'
+        f"CODE_VERSION = {fields!r}\n"
+    )
     return target
 
 
@@ -74,8 +83,10 @@ def read_stamp(code_dir: Path) -> dict[str, str] | None:
             try:
                 return check(value["sha"], value["dirty"], value.get("diff_hash", ""))
             except (KeyError, TypeError, StampError) as e:
-                raise StampError(f"{target}: malformed stamp ({e}); rebuild the copy or rewrite it with "
-                                 "python -m traingate.tracking.stamp") from None
+                raise StampError(
+                    f"{target}: malformed stamp ({e}); rebuild the copy or rewrite it with "
+                    "python -m traingate.tracking.stamp"
+                ) from None
     raise StampError(f"{target} has no CODE_VERSION; rewrite it with python -m traingate.tracking.stamp")
 
 
@@ -92,15 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if bool(args.sha) == bool(args.from_git):
-            raise StampError("pass exactly one of --sha SHA (building the image: --build-arg "
-                             "CODE_VERSION=$(git rev-parse HEAD)) or --from-git CHECKOUT")
+            raise StampError(
+                "pass exactly one of --sha SHA (building the image: --build-arg "
+                "CODE_VERSION=$(git rev-parse HEAD)) or --from-git CHECKOUT"
+            )
         if args.from_git:
             v = code_version(args.from_git)
             if v["source"] != "git":
                 raise StampError(f"--from-git {args.from_git!r} is not the top of a git checkout")
             args.sha, args.dirty, args.diff_hash = v["sha"], v["dirty"], v["diff_hash"]
-        path = write_stamp(Path(args.into).resolve() if args.into else code_dir(), args.sha, args.dirty,
-                           args.diff_hash)
+        path = write_stamp(Path(args.into).resolve() if args.into else code_dir(), args.sha, args.dirty, args.diff_hash)
     except StampError as e:
         print(f"traingate stamp: {e}", file=sys.stderr)
         return 2

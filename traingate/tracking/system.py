@@ -11,6 +11,7 @@ out where there is no NVIDIA driver (a normal state on CPU machines).
 >>> SystemSignals(rank=0, world_size=1, enabled=False).collect(0.01)
 {}
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,14 @@ class SystemSignals:
 
             gpu_util = float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu)
             gpu_mem = pynvml.nvmlDeviceGetMemoryInfo(self._gpu).used / 2**20
-        return [step_time_s, self._proc.cpu_percent(None), self._proc.memory_info().rss / 2**20,
-                self._psutil.virtual_memory().percent, gpu_util, gpu_mem]
+        return [
+            step_time_s,
+            self._proc.cpu_percent(None),
+            self._proc.memory_info().rss / 2**20,
+            self._psutil.virtual_memory().percent,
+            gpu_util,
+            gpu_mem,
+        ]
 
     def collect(self, step_time_s: float) -> dict[str, float]:
         """Called by every rank at the same steps; rank 0 gets the metrics, the others ``{}``."""

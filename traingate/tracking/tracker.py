@@ -16,6 +16,7 @@ the same MLflow run (``MLFLOW_RUN_ID``), replays what its predecessor left undel
 records the restart (count, cause, step resumed from, time lost) and skips the steps
 its predecessor already logged, so every step is in the metric history exactly once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,14 @@ log = logging.getLogger(__name__)
 _MAX_METRICS, _MAX_TAGS = 1000, 100
 _TAG_LIMIT = 8000
 # Errors after which retrying cannot help: the record is dropped and close() raises.
-_PERMANENT = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "INVALID_STATE", "BAD_REQUEST",
-              "PERMISSION_DENIED", "UNAUTHENTICATED"}
+_PERMANENT = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_DOES_NOT_EXIST",
+    "INVALID_STATE",
+    "BAD_REQUEST",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+}
 
 
 class NullTracker:
@@ -95,16 +102,24 @@ class MlflowTracker(NullTracker):
     """Journaled writer into an existing MLflow run (created by the orchestrator); ``deliver``: run the
     delivery thread here (a process on its own), else only journal (the supervisor delivers)."""
 
-    def __init__(self, tracking_uri: str, run_id: str, journal_dir: str | Path, flush_every_s: float = 1.0,
-                 drain_timeout_s: float | None = None, deliver: bool = True):
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        journal_dir: str | Path,
+        flush_every_s: float = 1.0,
+        drain_timeout_s: float | None = None,
+        deliver: bool = True,
+    ):
         self.tracking_uri = tracking_uri
         self.run_id = run_id
         self.journal = Journal(Path(journal_dir) / "journal.jsonl")
         self.history: History = self.journal.history()
         self._high_water = dict(self.history.high_water)
         self.dropped_duplicates = 0
-        self.delivery = Delivery(tracking_uri, run_id, self.journal, flush_every_s, drain_timeout_s) \
-            if deliver else None
+        self.delivery = (
+            Delivery(tracking_uri, run_id, self.journal, flush_every_s, drain_timeout_s) if deliver else None
+        )
         self._client: Any = None
 
     @property
@@ -152,10 +167,18 @@ class MlflowTracker(NullTracker):
             prior = self._learn_from_store()
         now = _now_ms()
         n = prior + 1
-        session: dict[str, Any] = {"session": n, "t": now, "pid": os.getpid(), "host": socket.gethostname(),
-                                   "resumed_from": resumed_from_step}
-        tags = {"traingate.sessions": str(n), "traingate.restarts": str(n - 1),
-                "traingate.host.rank0": socket.gethostname()}
+        session: dict[str, Any] = {
+            "session": n,
+            "t": now,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "resumed_from": resumed_from_step,
+        }
+        tags = {
+            "traingate.sessions": str(n),
+            "traingate.restarts": str(n - 1),
+            "traingate.host.rank0": socket.gethostname(),
+        }
         metrics: dict[str, float] = {}
         if n > 1:
             cause = str(restart_cause or (h.ended["end"] if h.ended else "unknown"))
@@ -163,14 +186,23 @@ class MlflowTracker(NullTracker):
             total_lost = round(sum(s.get("time_lost_s", 0.0) for s in h.sessions) + lost, 3)
             session.update(cause=cause, time_lost_s=lost)
             r = n - 1
-            tags.update({f"traingate.restart.{r}.cause": cause,
-                         f"traingate.restart.{r}.resumed_from_step": str(resumed_from_step),
-                         f"traingate.restart.{r}.time_lost_s": str(lost),
-                         f"traingate.restart.{r}.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)),
-                         "traingate.time_lost_s": str(total_lost)})
+            tags.update(
+                {
+                    f"traingate.restart.{r}.cause": cause,
+                    f"traingate.restart.{r}.resumed_from_step": str(resumed_from_step),
+                    f"traingate.restart.{r}.time_lost_s": str(lost),
+                    f"traingate.restart.{r}.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)),
+                    "traingate.time_lost_s": str(total_lost),
+                }
+            )
             metrics = {"restart.resumed_from_step": float(resumed_from_step), "restart.time_lost_s": lost}
-            log.warning("restart %d of this run (cause %s): resumed from step %d, %.1f s lost",
-                        r, cause, resumed_from_step, lost)
+            log.warning(
+                "restart %d of this run (cause %s): resumed from step %d, %.1f s lost",
+                r,
+                cause,
+                resumed_from_step,
+                lost,
+            )
         self.journal.append([session])
         self.set_tags(tags)
         if metrics:
@@ -189,8 +221,11 @@ class MlflowTracker(NullTracker):
         try:
             run = self.client.get_run(self.run_id)
         except _transient_errors() as e:
-            log.warning("tracking store unreachable at resume (%s); restart count and logged steps "
-                        "are taken from the local journal only", str(e).splitlines()[0][:200])
+            log.warning(
+                "tracking store unreachable at resume (%s); restart count and logged steps "
+                "are taken from the local journal only",
+                str(e).splitlines()[0][:200],
+            )
             return 0
         for m in latest_metrics(run):  # latest value per key, whose step is the key's highest
             self._high_water[m.key] = max(self._high_water.get(m.key, -1), m.step)
@@ -215,8 +250,14 @@ class Delivery:
     outages; commits the delivered offset. Used by a tracker in its own process, or by the
     supervisor for the stage it runs (the journal then has its writer in another process)."""
 
-    def __init__(self, tracking_uri: str, run_id: str, journal: Journal | Path, flush_every_s: float = 1.0,
-                 drain_timeout_s: float | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        journal: Journal | Path,
+        flush_every_s: float = 1.0,
+        drain_timeout_s: float | None = None,
+    ):
         _fail_fast_http()
         self.tracking_uri, self.run_id = tracking_uri, run_id
         self.journal = journal if isinstance(journal, Journal) else Journal(Path(journal))
@@ -250,8 +291,11 @@ class Delivery:
             try:
                 self.client  # noqa: B018 - build it now, off the caller's thread
             except self._transient as e:
-                log.warning("tracking store unreachable at start (%s); buffering in %s",
-                            str(e).splitlines()[0][:200], self.journal.path)
+                log.warning(
+                    "tracking store unreachable at start (%s); buffering in %s",
+                    str(e).splitlines()[0][:200],
+                    self.journal.path,
+                )
             while not self._stop.is_set():
                 self._wake.wait(backoff or self.flush_every_s)
                 self._wake.clear()
@@ -269,8 +313,10 @@ class Delivery:
             pending = self.journal.read_pending(_MAX_METRICS)
             if not pending:
                 if self._outage_since is not None:
-                    log.warning("tracking store reachable again after %.0f s; journal replayed",
-                                time.monotonic() - self._outage_since)
+                    log.warning(
+                        "tracking store reachable again after %.0f s; journal replayed",
+                        time.monotonic() - self._outage_since,
+                    )
                     self._outage_since = None
                 return True
             for group, end in _groups(pending):
@@ -280,8 +326,11 @@ class Delivery:
                     if getattr(e, "error_code", None) not in _PERMANENT:
                         if self._outage_since is None:
                             self._outage_since = time.monotonic()
-                            log.warning("tracking store unreachable (%s); buffering in %s",
-                                        str(e).splitlines()[0][:200], self.journal.path)
+                            log.warning(
+                                "tracking store unreachable (%s); buffering in %s",
+                                str(e).splitlines()[0][:200],
+                                self.journal.path,
+                            )
                         return False
                     self._error = e
                     log.error("tracking store rejected %d records: %s", len(group), e)
@@ -322,8 +371,13 @@ class Delivery:
         left = self.journal.pending_bytes()
         self.journal.close()
         if left:
-            log.warning("tracking store still unreachable after %.0f s: %d bytes of records stay in %s and are "
-                        "replayed by the next process of this stage", self.drain_timeout_s, left, self.journal.path)
+            log.warning(
+                "tracking store still unreachable after %.0f s: %d bytes of records stay in %s and are "
+                "replayed by the next process of this stage",
+                self.drain_timeout_s,
+                left,
+                self.journal.path,
+            )
         self._raise_if_failed()
 
 
@@ -359,11 +413,21 @@ def run_to_resume(run_id: str | None, checkpointer: Any) -> str | None:
     return checkpointer.manifest(step).get("mlflow_run_id") if step is not None else None
 
 
-def make_tracker(rank: int, enabled: bool, tracking_uri: str | None, run_id: str | None,
-                 journal_dir: str | Path | None = None, deliver: bool = True) -> NullTracker:
+def make_tracker(
+    rank: int,
+    enabled: bool,
+    tracking_uri: str | None,
+    run_id: str | None,
+    journal_dir: str | Path | None = None,
+    deliver: bool = True,
+) -> NullTracker:
     """Rank 0 with tracking on and a run to write into gets the MLflow writer; everyone else the null one.
     ``deliver`` False: journal only, the supervisor delivers."""
     if rank != 0 or not enabled or not tracking_uri or not run_id:
         return NullTracker()
-    return MlflowTracker(resolve(tracking_uri, field="tracking URI"), run_id,
-                         journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"), deliver=deliver)
+    return MlflowTracker(
+        resolve(tracking_uri, field="tracking URI"),
+        run_id,
+        journal_dir or tempfile.mkdtemp(prefix="traingate-journal-"),
+        deliver=deliver,
+    )

@@ -3,6 +3,7 @@
 Run by the ladder as ``pytest <this file>`` with TRAINGATE_SPEC pointing at the
 resolved spec. Each test is a property a broken model or loss would violate.
 """
+
 from __future__ import annotations
 
 import io
@@ -73,7 +74,9 @@ def test_every_trainable_parameter_gets_a_nonzero_gradient(recipe, data):
     train, _ = data
     model = _model(recipe)
     recipe.loss(model, train.batch(range(min(len(train), 16)))).backward()
-    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    dead = [
+        n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     assert not dead, f"parameters with no gradient (disconnected or dead): {dead}"
 
 
