@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from traingate.spec import SpecError, _one_line
 
@@ -28,6 +28,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Engine(StrEnum):
+    """Who schedules a pool's jobs: traingate's own gang slots on one machine, or a Slurm controller."""
+
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
+class SlurmPool(_Section):
+    """Where a Slurm pool's jobs go. The controller is the one the worker's host reaches through the
+    Slurm CLI (``SLURM_CONF`` in its environment); accounts are teams, QOS are priority classes."""
+
+    partition: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the Slurm partition of the pool's nodes")
+    gres_type: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                                  description="GPU gres type (gpu:<type>:<n>); null: any GPU type (gpu:<n>)")
+    sbatch_args: list[str] = Field(default_factory=list, description="extra sbatch options, e.g. ['--constraint=ib']")
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _options_only(cls, args: list[str]) -> list[str]:
+        for a in args:
+            if not a.startswith("-"):
+                raise ValueError(f"{a!r} is not an sbatch option; write each as one '--name=value' string")
+        return args
+
+
 class PoolConfig(_Section):
     """One node class. Its GPUs are the pool's slots; a job wider than a node takes whole nodes."""
 
@@ -36,6 +61,24 @@ class PoolConfig(_Section):
     nodes: int = Field(ge=1)
     price_per_gpu_hour: float = Field(ge=0)
     worker: Literal["process", "docker", "kubernetes"] = Field(description="Prefect worker type of the pool")
+    engine: Engine = Field(default=Engine.LOCAL, description="local (traingate's gang slots) or slurm (sbatch)")
+    slurm: SlurmPool | None = Field(default=None, description="engine: slurm only: partition, gres type, sbatch args")
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _known_engine(cls, v: Any) -> Any:
+        if isinstance(v, str) and v not in {e.value for e in Engine}:
+            raise ValueError(f"unknown engine {v!r}; use one of {', '.join(e.value for e in Engine)}")
+        return v
+
+    @model_validator(mode="after")
+    def _engine_section(self) -> "PoolConfig":
+        if self.engine == Engine.SLURM and self.slurm is None:
+            raise ValueError("engine: slurm needs a `slurm:` section ({partition: NAME, gres_type: TYPE}); add it")
+        if self.engine != Engine.SLURM and self.slurm is not None:
+            raise ValueError(f"a `slurm:` section on an engine: {self.engine} pool does nothing; "
+                             "set engine: slurm or remove the section")
+        return self
 
     @property
     def capacity(self) -> int:
