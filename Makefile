@@ -19,8 +19,17 @@ demo: setup
 
 # The native production stack's test (tests/production/test_local_stack.py) runs Debian's PostgreSQL 15.
 PG_BIN := /usr/lib/postgresql/15/bin
+# The Slurm fixture (tests/slurm/cluster.py) runs Debian's Slurm 22.05 daemons, munge and MariaDB by hand;
+# apt's policy-rc.d may start the services on install: they are stopped, the fixture starts its own.
+SLURM_PKGS := slurmctld slurmd slurm-client slurmdbd munge mariadb-server
 test-deps:
 	test -x $(PG_BIN)/initdb || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15)
+	missing=$$(for p in $(SLURM_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
+	  for s in slurmctld slurmd slurmdbd munge mariadb; do service $$s stop >/dev/null 2>&1 || true; done; \
+	fi
 
 ## make test: the whole suite, slow end-to-end tests included
 test: setup test-deps
