@@ -11,6 +11,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from traingate.settings import code_dir
+from traingate.tracking.stamp import git_version, read_stamp
+
 # A run without every one of these (plus the spec params and the spec and environment
 # artifacts, see traingate.tracking.runs.identity_problems) is not valid and is not promoted.
 REQUIRED_TAGS = (
@@ -37,34 +40,14 @@ def code_version(path: str | Path | None = None) -> dict[str, str]:
     :mod:`traingate.tracking.stamp`). Neither: ``unknown``, and the run cannot be promoted.
     A git repository that merely encloses ``path`` (a venv inside some checkout) is not its version.
     """
-    from traingate.settings import code_dir
-
     root = Path(path).resolve() if path is not None else code_dir()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True).stdout
-
-    try:
-        top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
-        sha = git("rev-parse", "HEAD").strip() if top == root else ""
-    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
-        sha = ""
-    if not sha:
-        from traingate.tracking.stamp import read_stamp
-
-        stamped = read_stamp(root)
-        if stamped is not None:
-            return {**stamped, "source": "stamp"}
-        return {"sha": "unknown", "dirty": "unknown", "diff_hash": "", "source": "none"}
-    diff = git("diff", "HEAD")
-    untracked = git("ls-files", "--others", "--exclude-standard")
-    dirty = bool(diff.strip() or untracked.strip())
-    return {
-        "sha": sha,
-        "dirty": str(dirty).lower(),
-        "source": "git",
-        "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else "",
-    }
+    checked_out = git_version(root)
+    if checked_out is not None:
+        return {**checked_out, "source": "git"}
+    stamped = read_stamp(root)
+    if stamped is not None:
+        return {**stamped, "source": "stamp"}
+    return {"sha": "unknown", "dirty": "unknown", "diff_hash": "", "source": "none"}
 
 
 # Never part of a project's content: git's own store and what Python caches beside the code.

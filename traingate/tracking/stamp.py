@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import re
+import subprocess
 import sys
 from pathlib import Path
+
+from traingate.settings import code_dir
 
 STAMP = Path("traingate") / "_build.py"
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -90,10 +94,33 @@ def read_stamp(code_dir: Path) -> dict[str, str] | None:
     raise StampError(f"{target} has no CODE_VERSION; rewrite it with python -m traingate.tracking.stamp")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from traingate.settings import code_dir
-    from traingate.tracking.identity import code_version
+def git_version(root: Path) -> dict[str, str] | None:
+    """sha, dirty flag and diff hash (when dirty) of the git checkout whose top is ``root``, else None.
 
+    A repository that merely encloses ``root`` (a venv inside some checkout) is not its version.
+    """
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True).stdout
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
+        sha = git("rev-parse", "HEAD").strip() if top == root else ""
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
+        sha = ""
+    if not sha:
+        return None
+    diff = git("diff", "HEAD")
+    untracked = git("ls-files", "--others", "--exclude-standard")
+    dirty = bool(diff.strip() or untracked.strip())
+    return {
+        "sha": sha,
+        "dirty": str(dirty).lower(),
+        "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else "",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m traingate.tracking.stamp", description=__doc__.split("\n\n")[0])
     p.add_argument("--sha", help="the commit the copy was built from")
     p.add_argument("--dirty", default="false", help="true if the tree had uncommitted changes (then --diff-hash)")
@@ -108,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 "CODE_VERSION=$(git rev-parse HEAD)) or --from-git CHECKOUT"
             )
         if args.from_git:
-            v = code_version(args.from_git)
-            if v["source"] != "git":
+            v = git_version(Path(args.from_git).resolve())
+            if v is None:
                 raise StampError(f"--from-git {args.from_git!r} is not the top of a git checkout")
             args.sha, args.dirty, args.diff_hash = v["sha"], v["dirty"], v["diff_hash"]
         path = write_stamp(Path(args.into).resolve() if args.into else code_dir(), args.sha, args.dirty, args.diff_hash)
