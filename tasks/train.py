@@ -25,7 +25,7 @@ from mlflow.exceptions import MlflowException
 from tasks import slots
 from traingate import outcomes
 from traingate.cost.budget import BudgetLeft, Scope, tightest
-from traingate.cost.ledger import Attempt, charge
+from traingate.cost.ledger import Attempt
 from traingate.cost.source import budgets_for
 from traingate.monitor.live import run_spend_usd
 from traingate.settings import Settings
@@ -34,7 +34,8 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.redact import redact_tree
 from traingate.stage import StageResult
-from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request, supervise
+from traingate.supervision import stage_run
+from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request
 
 CANCEL_POLL_S = 2.0
 
@@ -116,18 +117,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
 
 
 def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any, before: list[Supervision]) -> Supervision:
-    if job.stage == "smoke" and not job.is_script and previous is None:
-        # Prove the wiring end to end: stop half way with a checkpoint, then resume and finish.
-        half = max(1, job.max_steps // 2)
-        log.info("smoke: part 1 stops at step %d with a checkpoint; part 2 resumes from it", half)
-        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
-        if first.status != Status.COMPLETED:
-            return first
-        before.append(first)
-        if job.budget_usd is not None:  # the second half's budget counts what the first half held
-            spent = sum(charge(a).usd for a in outcomes.charged_attempts(job, first))
-            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + spent)
-    return supervise(job, hooks, resumed=previous)
+    return stage_run.train(job, hooks, previous, log.info, before)
 
 
 def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:

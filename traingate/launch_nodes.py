@@ -2,9 +2,10 @@
 
 The supervisor launches ONE process tree per attempt. For a job on N nodes that tree is this
 module's fan-out (``python -m traingate.launch_nodes``): it starts the same torchrun agent on every
-node through a node launcher (how to run a command on node i: ``ip netns exec`` here; ``srun``,
-``ssh`` or a pod elsewhere, see README "Multi-node"), waits for them, and when one ends in failure
-(its host lost, its agent killed) stops the others and exits as that one did. The supervisor then
+node through a node launcher (how to run a command on node i: ``ip netns exec`` for namespaces on
+this machine, a one-task ``srun --overlap`` step inside a Slurm allocation; see README
+"Multi-node"), waits for them, and when one ends in failure (its host lost, its agent killed)
+stops the others and exits as that one did. The supervisor then
 relaunches every node from the latest checkpoint, as after any lost worker. torchrun's c10d
 rendezvous joins the nodes; nothing here places, schedules or restarts anything: this is the
 job ``srun --kill-on-bad-exit`` does on a Slurm allocation.
@@ -29,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from traingate.capacity import slurm_cli
 from traingate.settings import NODES_VAR  # "netns:NS0,NS1,...": node i is network namespace NSi on this machine
 from traingate.spec import SpecError
 
@@ -75,7 +77,17 @@ def netns_node(name: str) -> Node:
     )
 
 
-LAUNCHERS = {"netns": netns_node}
+def slurm_node(name: str) -> Node:
+    """A node of the Slurm allocation this process runs in: its NodeAddr, the interface holding it (asked on
+    the node), and a one-task ``srun --overlap`` step on it as the launcher (:mod:`traingate.capacity.slurm_cli`)."""
+    addr = slurm_cli.node_addresses().get(name)
+    if addr is None:
+        raise SpecError(f"{NODES_VAR}: {name!r} is not a node of this Slurm cluster (scontrol show node); "
+                        "name the allocation's nodes (scontrol show hostnames $SLURM_JOB_NODELIST)")
+    return Node(name, addr, slurm_cli.interface_of(name, addr), slurm_cli.step_prefix(name))
+
+
+LAUNCHERS = {"netns": netns_node, "slurm": slurm_node}
 
 
 def parse_nodes(text: str | None, count: int) -> list[Node]:

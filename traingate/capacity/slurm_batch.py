@@ -1,0 +1,100 @@
+"""The batch step of a Slurm job: ``python -m traingate.capacity.slurm_batch --job PATH``.
+
+It runs inside the allocation, on its first node, and trains the stage exactly as the local engine
+does (:func:`traingate.supervision.stage_run.train`: the same supervisor, heartbeats, restarts,
+emergency checkpoint). A job on several nodes starts one torchrun agent per allocated node through
+:mod:`traingate.launch_nodes` (``TRAINGATE_NODES=slurm:n1,n2``: a one-task ``srun --overlap`` step
+each), its c10d rendezvous on the first node's NodeAddr, gloo bound to each node's interface.
+
+Preemption: the job is submitted with ``--requeue --signal=B:TERM@<grace>``; the SIGTERM reaches this
+process (the batch shell exec'd into it), the supervisor stops the tree at its emergency checkpoint,
+and this step asks Slurm to requeue the job before it exits (a job that ends by itself inside its
+grace time would end COMPLETED and never come back). The next allocation resumes from the
+checkpoint, in the same traingate run and the same MLflow run. A SIGTERM after traingate wrote
+``slurm_stop`` in the stage directory (a flow run cancelled) is a stop: no requeue.
+
+Its verdict is the supervisor's, in the stage directory (supervisor.json), for the submitter to read.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+from pathlib import Path
+
+from traingate.capacity import slurm_cli
+from traingate.capacity.slurm import STOP_FILE, SlurmError
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Status
+from traingate.settings import NODES_VAR
+from traingate.spec import apply_overrides, parse_spec
+from traingate.supervision import stage_run
+from traingate.supervision.supervisor import Hooks, read_state, request_stop, stop_request
+
+_signalled: list[int] = []
+
+
+def _say(text: str) -> None:
+    print(f"[slurm_batch] {text}", flush=True)
+
+
+def allocated(job: StageJob, nodelist: str) -> StageJob:
+    """The job placed on this allocation: for several nodes, TRAINGATE_NODES names them and the
+    rendezvous moves to the first node's address (the spec's endpoint keeps only its port)."""
+    names = slurm_cli.hostnames(nodelist)
+    if len(names) != job.nodes:
+        raise SlurmError(f"allocation {nodelist!r} has {len(names)} nodes, the stage needs {job.nodes}")
+    if job.nodes == 1:
+        return job
+    os.environ[NODES_VAR] = "slurm:" + ",".join(names)
+    addr = slurm_cli.node_addresses()[names[0]]
+    port = (job.spec.resources.rdzv_endpoint or ":29500").rpartition(":")[2]
+    spec = parse_spec(apply_overrides(job.spec.to_dict(), [f"resources.rdzv_endpoint={addr}:{port}"]))
+    return dataclasses.replace(job, spec=spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m traingate.capacity.slurm_batch",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--job", required=True, help="the stage's slurm_job.json")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted supervision of the stage")
+    args = parser.parse_args(argv)
+
+    def on_term(sig: int, _frame: object) -> None:
+        # Slurm may deliver the preemption signal twice: the first one counts.
+        if not _signalled:
+            request_stop(f"Slurm job {os.environ.get('SLURM_JOB_ID')}: {signal.Signals(sig).name} "
+                         "(preempted, or cancelled)")
+        _signalled.append(sig)
+
+    signal.signal(signal.SIGTERM, on_term)
+    job = StageJob.read(args.job)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    stage_dir = Path(job.stage_dir)
+    _say(f"job {job_id} on {os.environ.get('SLURM_JOB_NODELIST')}: {job.stage} of run {job.run_id}"
+         + (f", allocation {restarts + 1} (requeued {restarts}x)" if restarts else ""))
+    try:
+        job = allocated(job, os.environ.get("SLURM_JOB_NODELIST", ""))
+    except SlurmError as e:
+        _say(str(e))
+        return 2
+    previous = read_state(stage_dir) if (args.resume or restarts) else None
+    hooks = Hooks(on_line=print, info=_say, stop_requested=stop_request)
+    sup = stage_run.train(job, hooks, previous, _say, [])
+    _say(f"{job.stage}: {sup.status}" + (f": {sup.error.splitlines()[0]}" if sup.error else ""))
+    if sup.status == Status.PREEMPTED and _signalled and not (stage_dir / STOP_FILE).exists():
+        # Preempted by Slurm: the emergency checkpoint is written; come back in a new allocation.
+        try:
+            slurm_cli.requeue(job_id)
+            _say(f"requeued job {job_id}: the next allocation resumes from the checkpoint")
+        except SlurmError as e:
+            # A job an admin cancelled cannot be requeued: it stays cancelled, which is what they asked.
+            _say(f"not requeued: {e}")
+    return 0 if sup.status in (Status.COMPLETED, Status.PREEMPTED) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

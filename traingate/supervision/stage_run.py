@@ -1,0 +1,36 @@
+"""One stage's supervised training, as every engine runs it: the smoke stage's two halves, else one supervision.
+
+The local engine calls it in the launch task; the Slurm engine in the job's batch step
+(:mod:`traingate.capacity.slurm_batch`). Same function, so a stage trains the same way on both.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from traingate import outcomes
+from traingate.cost.ledger import charge
+from traingate.job import files
+from traingate.job.stagejob import StageJob
+from traingate.job.vocab import Status
+from traingate.supervision.supervisor import Hooks, Supervision, supervise
+
+
+def train(job: StageJob, hooks: Hooks, previous: files.SupervisorState | None, info: Callable[[str], None],
+          before: list[Supervision]) -> Supervision:
+    """Supervise ``job`` to its end; ``previous``: an interrupted supervision of it to resume.
+
+    A fresh smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint,
+    then resumes and finishes. The first half's supervision is appended to ``before`` (it is charged too).
+    """
+    if job.stage == "smoke" and not job.is_script and previous is None:
+        half = max(1, job.max_steps // 2)
+        info(f"smoke: part 1 stops at step {half} with a checkpoint; part 2 resumes from it")
+        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
+        if first.status != Status.COMPLETED:
+            return first
+        before.append(first)
+        if job.budget_usd is not None:  # the second half's budget counts what the first half held
+            spent = sum(charge(a).usd for a in outcomes.charged_attempts(job, first))
+            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + spent)
+    return supervise(job, hooks, resumed=previous)
