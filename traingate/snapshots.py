@@ -72,7 +72,7 @@ def resolve_latest(uri: str, field: str = "data.uri") -> str:
     ``${env:...}`` references are resolved to list the store and kept in the returned URI (it is
     written into the run's spec and identity). Raises :class:`SpecError` (one line) when no version exists.
     """
-    from traingate.runtime.storage import storage_options
+    from traingate.storage import storage_options
 
     prefix, rest = _split(uri, field)
     real_prefix = resolve(prefix, field=field)

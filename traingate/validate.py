@@ -33,6 +33,7 @@ from traingate.recipes import SCRIPT, get_recipe
 from traingate.redact import redact
 from traingate.settings import Settings
 from traingate.spec import STAGES, TRAINING_STAGES, RunSpec, SpecError
+from traingate.storage import s3_code
 
 # Where a checkpoint can live: a store every process of a run (and a later resume) can reach.
 _SCHEMES = {"file", "s3", "gs", "gcs", "az", "abfs"}
@@ -192,34 +193,6 @@ def _check_sweep(spec: RunSpec) -> None:
             f"({sorted(intermediate) or 'none, for this recipe'}), so it would never prune; "
             "use scheduler fifo or one of those objectives"
         )
-
-
-def storage_failure(e: BaseException) -> str | None:
-    """Why a storage call failed, and the fix, for a one-line SpecError; None if it is not a storage error."""
-    module = type(e).__module__ or ""
-    name = type(e).__name__
-    if module.startswith(("botocore", "aiobotocore")):
-        if name in ("NoCredentialsError", "PartialCredentialsError"):
-            return "no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
-        code = _s3_code(e)
-        if code:
-            return f"S3 answered {code}; fix the URI, the bucket or the credentials"
-        return f"the S3 endpoint cannot be reached ({name}); check TRAINGATE_S3_ENDPOINT_URL and the network"
-    if isinstance(e, PermissionError):
-        return "permission denied; fix its permissions or the credentials"
-    if isinstance(e, NotADirectoryError):
-        return "part of the path is a file, not a directory; fix the location"
-    if isinstance(e, IsADirectoryError):
-        return "is a directory; point it at a file"
-    if isinstance(e, ImportError):
-        return f"no filesystem for it is installed ({e}); install it or use file:// or s3://"
-    if isinstance(e, ValueError) and "protocol" in str(e).lower():
-        return f"{e}; use a file://, s3:// or https:// URI"
-    if module.startswith("aiohttp"):
-        return f"cannot be reached ({name}); fix the URI or the network"
-    if isinstance(e, OSError):
-        return f"cannot be read ({e.strerror or name}); fix the location"
-    return None
 
 
 def _resolved(field: str, uri: str) -> str:
@@ -421,7 +394,7 @@ def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: 
             try:
                 client.head_object(Bucket=bucket, Key=key)
             except ClientError as e:
-                if _s3_code(e) not in ("404", "NoSuchKey", "NotFound"):
+                if s3_code(e) not in ("404", "NoSuchKey", "NotFound"):
                     raise
                 listed = client.list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
                 if not listed.get("KeyCount"):
@@ -435,7 +408,7 @@ def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: 
             "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or an instance role)"
         ) from None
     except ClientError as e:
-        code = _s3_code(e)
+        code = s3_code(e)
         if code in ("404", "NoSuchBucket", "NotFound"):
             raise SpecError(
                 f"{field} = {shown!r}: bucket {bucket!r} does not exist{where}; create it or fix the URI"
@@ -453,10 +426,6 @@ def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: 
             f"{field} = {shown!r}: S3{where} cannot be reached ({type(e).__name__}); check "
             "TRAINGATE_S3_ENDPOINT_URL and the network"
         ) from None
-
-
-def _s3_code(e: Any) -> str:
-    return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def _fsspec_probe(field: str, shown: str, uri: str, bucket_only: bool) -> None:

@@ -17,7 +17,7 @@ from resume_drill import Drill, write_spec
 from tgtest import TINY_DIGITS
 from traingate.runtime import exitcodes
 from traingate.runtime.checkpoint import MANIFEST, Checkpointer, CheckpointRefused, step_dir
-from traingate.runtime.storage import Storage
+from traingate.storage import Storage
 from traingate.spec import load_spec, load_spec_text
 
 SPEC = load_spec_text(TINY_DIGITS)

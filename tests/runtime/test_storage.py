@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from traingate.runtime.storage import Storage, is_transient
+from traingate.storage import Storage, is_transient
 
 
 def test_an_s3_outage_is_retried_with_backoff_until_the_endpoint_is_back(s3_endpoint, caplog):
@@ -18,7 +18,7 @@ def test_an_s3_outage_is_retried_with_backoff_until_the_endpoint_is_back(s3_endp
     back = threading.Timer(2.0, s3_endpoint.start)
     back.start()
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="traingate.runtime.storage"):
+    with caplog.at_level(logging.WARNING, logger="traingate.storage"):
         st.write_bytes("a/during", b"2")  # blocks through the outage
     back.join()
     assert time.monotonic() - t0 >= 2.0

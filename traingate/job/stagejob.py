@@ -217,7 +217,7 @@ def derive(
 ) -> StageJob:
     """The StageJob of ``stage`` of a validated ``spec``: the one place these facts are computed."""
     from traingate import sizing
-    from traingate.runtime.storage import join
+    from traingate.storage import join
 
     nodes, nproc = stage_world(spec, stage)
     limits = getattr(spec.stages, stage)

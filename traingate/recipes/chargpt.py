@@ -92,10 +92,10 @@ class CharGPT(Recipe):
     def _read(self) -> str:
         if self._text is None:
             from traingate.redact import redact
-            from traingate.runtime.storage import storage_options
+            from traingate.storage import storage_options
             from traingate.secrets import resolve
             from traingate.spec import SpecError
-            from traingate.validate import storage_failure
+            from traingate.storage import storage_failure
 
             uri = self.data_uri()
             shown = redact(uri)

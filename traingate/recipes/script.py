@@ -300,7 +300,7 @@ def newest(entries: list[ScriptCheckpoint]) -> ScriptCheckpoint | None:
 
 def read_index(uri: str) -> list[ScriptCheckpoint]:
     """The index published at a checkpoint URI ([] when there is none)."""
-    from traingate.runtime.storage import Storage
+    from traingate.storage import Storage
 
     store = Storage(uri)
     if not store.exists(INDEX):
@@ -315,7 +315,7 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
     A remote URI gets every new or changed file, loses the files the script has since deleted (its own
     retention), and gets the index last: an index names only files that are there.
     """
-    from traingate.runtime.storage import Storage
+    from traingate.storage import Storage
 
     store = Storage(uri)
     before = {c.path: c for c in read_index(uri)}
@@ -340,7 +340,7 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
 def restore(uri: str, local_dir: str | Path, pattern: str | None) -> list[ScriptCheckpoint]:
     """Bring a published checkpoint set back into an empty ``local_dir`` (a resume on another host):
     the files the index names, each checked against its sha256. Nothing happens when the dir has one."""
-    from traingate.runtime.storage import Storage
+    from traingate.storage import Storage
 
     root = Path(local_dir)
     store = Storage(uri)
@@ -355,9 +355,9 @@ def restore(uri: str, local_dir: str | Path, pattern: str | None) -> list[Script
 
 def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
     """Copy checkpoint ``c`` from ``uri`` to ``dest``, verified against its sha256 (OSError if it differs)."""
-    from traingate.runtime.storage import Storage
+    from traingate.storage import Storage
 
-    from traingate.runtime.storage import Storage
+    from traingate.storage import Storage
 
     store = Storage(uri)  # its retry policy; the copy streams to disk instead of reading the file into memory
     fs, root = _filesystem(uri)
@@ -378,7 +378,7 @@ def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
 def _filesystem(uri: str):  # -> (fsspec filesystem, root path)
     import fsspec
 
-    from traingate.runtime.storage import storage_options
+    from traingate.storage import storage_options
     from traingate.secrets import resolve
 
     resolved = resolve(uri, field="checkpoint location")

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal
 import torch
 
 from traingate.runtime.fingerprint import ResumeIdentity
-from traingate.runtime.storage import RefusedPath, Storage, atomic_file, is_temporary, is_transient
+from traingate.storage import RefusedPath, Storage, atomic_file, is_temporary, is_transient
 
 if TYPE_CHECKING:
     from traingate.spec import RunSpec

@@ -765,7 +765,7 @@ def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
 def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
     """Index (and upload, to a remote URI) what the script declared it writes; after every launch, so a
     restart on another host finds them. Returns why it failed, for a storage error, else None."""
-    from traingate.validate import storage_failure
+    from traingate.storage import storage_failure
 
     s = job.spec.recipe.script
     if s.checkpoints is None:

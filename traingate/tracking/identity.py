@@ -156,7 +156,7 @@ def hash_file_uri(uri: str) -> str:
     bytes, in path order), so a script's ``data.uri`` may name either."""
     import fsspec
 
-    from traingate.runtime.storage import storage_options
+    from traingate.storage import storage_options
 
     fs, root = fsspec.core.url_to_fs(uri, **storage_options(uri))
     h = hashlib.sha256()

@@ -289,7 +289,7 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
     if not root:
         return
     from traingate.runtime.checkpoint import Checkpointer, step_dir
-    from traingate.runtime.storage import join
+    from traingate.storage import join
 
     steps = Checkpointer(root, async_save=False).list_steps()
     index = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}

@@ -1,4 +1,5 @@
-"""Checkpoint storage behind a small interface taking ``str`` URIs (file://, s3://, memory://).
+"""Storage behind a small interface taking ``str`` URIs (file://, s3://, memory://), and what a failed
+storage call means in one line (:func:`storage_failure`).
 
 Credentials come from the environment (AWS_* for s3) and never pass through here as
 arguments, so they cannot reach a log line. Transient errors are retried with backoff.
@@ -20,7 +21,7 @@ import random
 import secrets
 import stat
 import time
-from typing import BinaryIO, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import fsspec
 
@@ -332,3 +333,36 @@ class Storage:
 
     def uri(self, rel: str = "") -> str:
         return join(self.root, rel) if rel else self.root
+
+
+def storage_failure(e: BaseException) -> str | None:
+    """Why a storage call failed, and the fix, for a one-line SpecError; None if it is not a storage error."""
+    module = type(e).__module__ or ""
+    name = type(e).__name__
+    if module.startswith(("botocore", "aiobotocore")):
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            return "no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+        code = s3_code(e)
+        if code:
+            return f"S3 answered {code}; fix the URI, the bucket or the credentials"
+        return f"the S3 endpoint cannot be reached ({name}); check TRAINGATE_S3_ENDPOINT_URL and the network"
+    if isinstance(e, PermissionError):
+        return "permission denied; fix its permissions or the credentials"
+    if isinstance(e, NotADirectoryError):
+        return "part of the path is a file, not a directory; fix the location"
+    if isinstance(e, IsADirectoryError):
+        return "is a directory; point it at a file"
+    if isinstance(e, ImportError):
+        return f"no filesystem for it is installed ({e}); install it or use file:// or s3://"
+    if isinstance(e, ValueError) and "protocol" in str(e).lower():
+        return f"{e}; use a file://, s3:// or https:// URI"
+    if module.startswith("aiohttp"):
+        return f"cannot be reached ({name}); fix the URI or the network"
+    if isinstance(e, OSError):
+        return f"cannot be read ({e.strerror or name}); fix the location"
+    return None
+
+
+def s3_code(e: Any) -> str:
+    """The S3 error code a botocore error carries ("" when none)."""
+    return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
