@@ -22,8 +22,9 @@ from prefect.runtime import flow_run
 
 from mlflow.exceptions import MlflowException
 
-from tasks import slots
+from tasks import slots, slurm
 from traingate import outcomes
+from traingate.capacity.pools import Engine
 from traingate.cost.budget import BudgetLeft, Scope, tightest
 from traingate.cost.ledger import Attempt
 from traingate.cost.source import budgets_for
@@ -59,6 +60,13 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
+    with get_client(sync_client=True) as client:
+        config = slots.read_config(client)
+        pool = config.pools.get(job.pool) if config is not None else None
+        if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
+            job = _with_budget(job, client, log)
+            stops = _either(stop_request, _cancel_watch(client), watcher.tick if watcher is not None else None)
+            return slurm.run_on_slurm(job, pool, resume, stops, log)
     gang = slots.for_job(job, say=log.info)
     with get_client(sync_client=True) as client:
         job = _with_budget(job, client, log)
