@@ -23,7 +23,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from traingate.monitor.rules import AlertsSpec
-from traingate.sweep.config import MAX_SECONDS, MAX_SEED, SpecModel, SweepSpec, check_name
+from traingate.specbase import MAX_SECONDS, MAX_SEED, SpecModel, check_name
+from traingate.sweep.config import SweepSpec
 
 STAGES = ("unit", "smoke", "canary", "full")
 Stage = Literal["unit", "smoke", "canary", "full"]

@@ -12,7 +12,7 @@ import time
 from traingate.cost import ledger, scaling
 from traingate.cost.source import gather
 from traingate.settings import Settings
-from traingate.sweep.config import check_name
+from traingate.specbase import check_name
 from traingate.tracking.runs import client
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -30,7 +30,7 @@ from typing import ClassVar, Literal, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from traingate.sweep.config import SpecModel
+from traingate.specbase import SpecModel
 
 RUNBOOK = "docs/runbooks.md"
 

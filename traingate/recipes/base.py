@@ -54,7 +54,7 @@ class Recipe:
 
     def __init__(self, spec: "RunSpec"):
         from traingate.spec import SpecError
-        from traingate.sweep.config import bool_for_number
+        from traingate.specbase import bool_for_number
 
         self.spec = spec
         for key, value in spec.recipe.params.items():
