@@ -9,8 +9,8 @@ and whose ``estimated_cost_usd`` is what the stage before it estimated. A result
 attempts were is charged from its ``details.supervision.attempts`` at the slots and price the spec
 gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.sizing.slots`).
 
-Not covered yet: sweep trials (their runs record a total cost, ``trial.cost_usd``, not attempts)
-and stages that have not ended (no result yet); :class:`Gathered` counts the stages it skipped.
+Not covered: sweep trials (their runs record a total cost, ``trial.cost_usd``, not attempts) and
+stages that have not ended (no result yet); :class:`Gathered` counts the stages it skipped.
 """
 
 from __future__ import annotations
