@@ -35,7 +35,7 @@ test-deps:
 test: setup test-deps
 	$(PY) -m pytest -ra --durations=40
 
-## make bench: benchmarks; numbers go into README.md
+## make bench: benchmarks; their tables go into docs/benchmarks.md
 bench: setup
 	$(PY) -m bench
 

@@ -3,8 +3,8 @@
 The supervisor launches ONE process tree per attempt. For a job on N nodes that tree is this
 module's fan-out (``python -m traingate.launch_nodes``): it starts the same torchrun agent on every
 node through a node launcher (how to run a command on node i: ``ip netns exec`` for namespaces on
-this machine, a one-task ``srun --overlap`` step inside a Slurm allocation; see README
-"Multi-node"), waits for them, and when one ends in failure (its host lost, its agent killed)
+this machine, a one-task ``srun --overlap`` step inside a Slurm allocation; see docs/multinode.md),
+waits for them, and when one ends in failure (its host lost, its agent killed)
 stops the others and exits as that one did. The supervisor then
 relaunches every node from the latest checkpoint, as after any lost worker. torchrun's c10d
 rendezvous joins the nodes; nothing here places, schedules or restarts anything: this is the
@@ -92,7 +92,7 @@ LAUNCHERS = {"netns": netns_node, "slurm": slurm_node}
 
 def parse_nodes(text: str | None, count: int) -> list[Node]:
     """The ``count`` nodes ``TRAINGATE_NODES`` names (``KIND:NAME,NAME,...``); node 0 first."""
-    fix = f'set {NODES_VAR}=netns:NS0,NS1,... ({count} names; README "Multi-node")'
+    fix = f"set {NODES_VAR}=netns:NS0,NS1,... ({count} names; docs/multinode.md)"
     if not text:
         raise SpecError(f"resources.nodes = {count} needs {NODES_VAR} (where each node's agent runs); {fix}")
     kind, _, names = text.partition(":")

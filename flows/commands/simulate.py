@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", help="output directory (default: <state dir>/simulate/<trace name>)")
     g = p.add_argument_group("generate a trace first (into TRACE.csv, which must not exist)")
-    g.add_argument("--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see README)")
+    g.add_argument(
+        "--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see docs/simulator.md)"
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--load", type=float, default=0.8, help="offered GPU-time / pool capacity (default 0.8)")
 

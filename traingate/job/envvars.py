@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 JOB = "TRAINGATE_JOB"  # path of the attempt's job.json
 SUPERVISOR_PID = "TRAINGATE_SUPERVISOR_PID"  # the process that must outlive the tree (see runtime.watchdog)
-# For a user's script, which cannot read a StageJob (README: "The script gets ...").
+# For a user's script, which cannot read a StageJob (docs/scripts.md: "The script gets ...").
 RUN_ID = "TRAINGATE_RUN_ID"
 STAGE = "TRAINGATE_STAGE"
 STAGE_DIR = "TRAINGATE_STAGE_DIR"

@@ -13,7 +13,7 @@ def check_sweep(spec: RunSpec) -> SweepSpec:
     """Validate a sweep (SpecError: one line naming field, value and fix); returns its section."""
     sw = spec.sweep
     if sw is None:
-        raise SpecError("sweep: the spec has no `sweep:` section; add one (see README, Sweeps)")
+        raise SpecError("sweep: the spec has no `sweep:` section; add one (see docs/sweeps.md)")
     if sw.scheduler.name == "pbt":
         # Refused rather than run like fifo: a PBT sweep that silently is not one wastes its budget.
         raise SpecError(
