@@ -65,7 +65,16 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
                 log.error("%s: %s", job.stage, e)
                 return StageResult(stage=job.stage, status=Status.FAILED, metrics={"restarts": resubmits},
                                    duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
-        stopped, launched = _follow(job, job_id, stopping, log)
+        try:
+            stopped, launched = _follow(job, job_id, stopping, log)
+        except slurm.SlurmError as e:
+            log.error("%s: %s", job.stage, e)
+            return StageResult(stage=job.stage, status=Status.FAILED, metrics={"slurm_job_id": int(job_id)},
+                               duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
+        except BaseException:
+            # The launch task itself is going away (its runner's SIGTERM): the job must not train on unwatched.
+            _stop(job, job_id, None, "the launch task was interrupted", log)
+            raise
         acct = _final(job_id, log)
         held_s += acct.elapsed_s or 0
         if acct.start:
@@ -191,6 +200,11 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
         if q is None:
             return stopped, launched or _ran(jid, log)
         launched = launched or q.state in ("RUNNING", "COMPLETING") or q.restarts > 0
+        if q.pending and q.reason in slurm.NEVER_STARTS and not stopped:
+            (Path(job.stage_dir) / slurm.STOP_FILE).write_text(f"{q.reason}\n")
+            _retrying(lambda: slurm_cli.cancel(jid), log)
+            raise slurm.SlurmError(f"Slurm job {jid} can never start ({q.reason}): it asks for "
+                                   f"{slurm.NEVER_STARTS[q.reason]}; cancelled it")
         end = slurm.ending(q.state)
         if end is not None and q.state not in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
             return stopped, launched or _ran(jid, log)
@@ -219,6 +233,8 @@ def _stop(job: StageJob, jid: str, q: slurm.QueuedJob | None, why: str, log: Any
     """A stop traingate asked for: the running batch step checkpoints and exits (no requeue); a pending job is
     cancelled."""
     (Path(job.stage_dir) / slurm.STOP_FILE).write_text(why + "\n")
+    if q is None:
+        q = slurm.queued_job(_retrying(slurm_cli.squeue, log), jid)
     running = q is not None and q.state in ("RUNNING", "COMPLETING")
     log.info("%s: %s: %s Slurm job %s", job.stage, why, "SIGTERM to the batch step of" if running else "cancelling",
              jid)

@@ -42,6 +42,7 @@ JOB_FILE = "slurm_job.json"      # the StageJob the batch step runs (the submitt
 RECORD_FILE = "slurm.json"       # the stage's Slurm job id(s): who submitted what, when
 STOP_FILE = "slurm_stop"         # written before traingate itself signals its job: a stop, not a preemption
 OUTPUT = "slurm-%j.out"          # the batch step's own output, in the stage directory
+SIGNALLED = "Slurm signalled the batch step"  # the supervisor's stop reason after --signal/scancel
 TIME_MARGIN = 1.5                # the canary's step time x remaining steps x this, plus START_S
 START_S = 300.0                  # start-up, checkpoint loads, the emergency checkpoint
 
@@ -64,6 +65,14 @@ class Ending(StrEnum):
 _ENDINGS = {"COMPLETED": Ending.COMPLETED, "FAILED": Ending.FAILED, "CANCELLED": Ending.CANCELLED,
             "PREEMPTED": Ending.PREEMPTED, "NODE_FAIL": Ending.NODE_LOST, "BOOT_FAIL": Ending.NODE_LOST,
             "TIMEOUT": Ending.TIMEOUT, "DEADLINE": Ending.TIMEOUT, "OUT_OF_MEMORY": Ending.OOM}
+# Pending reasons that never clear by waiting: the job asks for more than its partition allows.
+NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition has (lower resources.nodes)",
+                "PartitionTimeLimit": "a --time over the partition's MaxTime (lower the stage's max_steps)",
+                "BadConstraints": "a node configuration the partition does not have (check the pool's sbatch_args)",
+                "QOSMaxWallDurationPerJobLimit": "a --time over the QOS's MaxWall (use another priority class)",
+                "AssocMaxWallDurationPerJobLimit": "a --time over the account's MaxWall",
+                "QOSMaxGRESPerJob": "more GPUs than the QOS allows one job (fewer nodes or processes per node)",
+                "AssocMaxGRESPerJob": "more GPUs than the account allows one job (fewer nodes or processes per node)"}
 LIVE = frozenset({"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
                   "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 

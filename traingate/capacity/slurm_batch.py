@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from traingate.capacity import slurm_cli
-from traingate.capacity.slurm import STOP_FILE, SlurmError
+from traingate.capacity.slurm import SIGNALLED, STOP_FILE, SlurmError
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.settings import NODES_VAR
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(sig: int, _frame: object) -> None:
         # Slurm may deliver the preemption signal twice: the first one counts.
         if not _signalled:
-            request_stop(f"Slurm job {os.environ.get('SLURM_JOB_ID')}: {signal.Signals(sig).name} "
-                         "(preempted, or cancelled)")
+            request_stop(f"{SIGNALLED} ({signal.Signals(sig).name}, job {os.environ.get('SLURM_JOB_ID')}): "
+                         "preempted, or cancelled")
         _signalled.append(sig)
 
     signal.signal(signal.SIGTERM, on_term)

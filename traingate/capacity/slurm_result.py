@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from traingate.capacity.slurm import AccountedJob, Ending, ending
+from traingate.capacity.slurm import SIGNALLED, AccountedJob, Ending, ending
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
@@ -69,8 +69,10 @@ def after_end(job: StageJob, acct: AccountedJob, state: files.SupervisorState | 
         return AfterEnd(supervision_of(job, state, acct, status=Status.PREEMPTED, cause=Cause.PREEMPTED,
                                        error=f"Slurm job {jid} cancelled by {who}; emergency checkpoint {written}; "
                                              f"{resume}"), False, f"cancelled by {who}")
-    if end == Ending.PREEMPTED or (final == Status.PREEMPTED and launched and not stopped_by_us):
+    signalled = final == Status.PREEMPTED and str((state.final or {}).get("stop_reason") or "").startswith(SIGNALLED)
+    if end == Ending.PREEMPTED or (signalled and launched and not stopped_by_us):
         # PreemptMode=CANCEL (or a requeue that did not happen): the checkpoint is on disk; submit again.
+        # A stage an alert paused stays paused: its stop reason is the alert's, not Slurm's signal.
         return AfterEnd(None, True, f"Slurm job {jid} preempted without requeue ({acct.state}): submitting the stage "
                                     "again, it resumes from its checkpoint")
     if end == Ending.NODE_LOST:
