@@ -19,11 +19,11 @@ from prefect.states import Completed, Failed, State
 from flows.pipeline import flow_settings, ladder, same_end, stopped
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.retrain import crown_champion, find_champion, score_models
-from traingate.champion import CHAMPION, as_dict
+from traingate.promotion.aliases import model_name
+from traingate.promotion.champion import CHAMPION, as_dict
 from traingate.redact import redact
 from traingate.settings import LocationError
 from traingate.spec import RunSpec, SpecError
-from traingate.tracking.registry import model_name
 
 
 @flow(name="retrain", log_prints=True)

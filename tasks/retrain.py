@@ -7,11 +7,11 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from traingate import champion as ch
+from traingate.promotion import champion as ch
+from traingate.promotion.aliases import model_name
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 from traingate.tracking import runs
-from traingate.tracking.registry import model_name
 
 
 def _client():

@@ -21,6 +21,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
+from traingate.ladder import replay
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 from traingate.stage import GateDecision, StageResult
@@ -109,10 +110,10 @@ def close_pipeline_run(run_id: str, passed: bool, reached: str, reason: str = ""
 def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None, run_id: str | None = None) -> dict:
     """Promotion of the full stage: log and register its final model with alias `candidate` (if it may be).
 
-    Idempotent without a key: a stage run has at most one version (see traingate.tracking.registry).
+    Idempotent without a key: a stage run has at most one version (see traingate.promotion.register).
     ``run_id``: as for :func:`record_stage` (a kept registration is made by `traingate replay`).
     """
-    from traingate.tracking.registry import register_candidate as register
+    from traingate.promotion.register import register_candidate as register
 
     c = runs.client(Settings.from_env().tracking_uri)
     out = _write_or_keep(
@@ -150,7 +151,7 @@ def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any
     with _journal_lock:
         if journal.pending_bytes(journal.journal_path(run_dir)):
             try:
-                runs.replay_calls(runs.client(Settings.from_env().tracking_uri), run_dir)
+                replay.replay_calls(runs.client(Settings.from_env().tracking_uri), run_dir)
             except Exception as e:  # noqa: BLE001 - re-raised unless the store is unreachable
                 if not runs.store_unreachable(e):
                     raise
@@ -165,7 +166,7 @@ def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any
                     error = e
                 if delay is not None:
                     time.sleep(delay)
-        path = runs.keep_for_replay(run_dir, call, **args)
+        path = replay.keep_for_replay(run_dir, call, **args)
     get_run_logger().warning(
         "tracking store unreachable (%s): %s kept in %s; deliver it later with: traingate replay %s",
         str(error).splitlines()[0][:160],

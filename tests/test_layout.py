@@ -28,7 +28,7 @@ PACKAGES = ("traingate", "flows", "tasks")
 # Orchestrator-side code: it never runs inside a training process (the ranks torchrun starts).
 ORCHESTRATOR_SIDE = ("prefect", "flows", "tasks", "optuna", "traingate.supervision.supervisor",
                      "traingate.supervision.drill", "traingate.launch", "traingate.plan", "traingate.outcomes",
-                     "traingate.validate", "traingate.tracking.runs", "traingate.tracking.registry",
+                     "traingate.validate", "traingate.tracking.runs", "traingate.promotion", "traingate.ladder.replay",
                      "traingate.tracking.browse", "traingate.sweep.driver", "traingate.sweep.study")
 
 
@@ -102,7 +102,7 @@ def test_the_training_process_imports_no_orchestrator_module():
     assert _orchestrator_modules_imported_by(
         "import traingate.runtime.train\nfrom traingate.recipes import recipe_names\nrecipe_names()") == []
     # The probe can fail: the promotion code is orchestrator-side and pulls in the run records.
-    assert "traingate.tracking.runs" in _orchestrator_modules_imported_by("import traingate.tracking.registry")
+    assert "traingate.tracking.runs" in _orchestrator_modules_imported_by("import traingate.promotion.register")
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from traingate.job.files import JOB
+from traingate.ladder import replay
 from traingate.redact import redact
 from traingate.settings import Settings
 from traingate.spec import STAGES
@@ -73,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         if not size:
             continue
         try:
-            left = runs.replay_stage(settings.tracking_uri, stage_dir, args.timeout)
+            left = replay.replay_stage(settings.tracking_uri, stage_dir, args.timeout)
         except (ValueError, RuntimeError) as e:  # no stage run to deliver into; the store refused records
             print(f"traingate replay: {stage_dir.name}: {redact(str(e)).splitlines()[0]}")
             return 1
@@ -90,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         while True:
             try:
-                made = runs.replay_calls(runs.client(settings.tracking_uri), run_dir)
+                made = replay.replay_calls(runs.client(settings.tracking_uri), run_dir)
                 break
             except Exception as e:  # noqa: BLE001 - re-raised unless the store is unreachable
                 if not runs.store_unreachable(e):

@@ -34,7 +34,8 @@ from traingate.spec import parse_spec
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, supervise
 from traingate.tracking import runs
 from traingate.tracking.identity import environment_snapshot, run_code_version
-from traingate.tracking.registry import model_name, register_candidate
+from traingate.promotion.aliases import model_name
+from traingate.promotion.register import register_candidate
 from traingate.validate import check_spec
 
 PROJECTS = Path(__file__).resolve().parent / "projects"

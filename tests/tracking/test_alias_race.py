@@ -12,7 +12,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from tracking_helpers import fresh_store, new_run
-from traingate.tracking.registry import CANDIDATE, take_alias_if_better
+from traingate.promotion.aliases import CANDIDATE, take_alias_if_better
 
 NAME = "race-model"
 

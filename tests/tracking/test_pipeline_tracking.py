@@ -19,7 +19,8 @@ from tracking_helpers import fresh_store
 from traingate.redact import redact
 from traingate.spec import load_spec
 from traingate.tracking import runs
-from traingate.tracking.registry import CANDIDATE, register_candidate
+from traingate.promotion.aliases import CANDIDATE
+from traingate.promotion.register import register_candidate
 
 
 ACCESS_KEY = "tgtest-access-key-id-AKIA0001"

@@ -22,8 +22,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from traingate.promotion.aliases import alias_lock, model_name
 from traingate.spec import RunSpec, SpecError, parse_spec
-from traingate.tracking.registry import _alias_lock, model_name
 
 CHAMPION = "champion"
 METRIC = "val_loss"  # every built-in recipe's evaluate reports it; lower is better
@@ -155,7 +155,7 @@ def crown(
     assert challenger is not None
     decision = decide(scores["champion"], challenger, margin, champion.version if champion else None)
     promoted = False
-    with _alias_lock(c, name):
+    with alias_lock(c, name):
         held = c.get_registered_model(name).aliases.get(CHAMPION)
         held = str(held) if held is not None else None
         if held == str(version):  # a retried call whose first attempt moved it
