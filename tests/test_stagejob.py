@@ -81,7 +81,7 @@ def test_the_environment_a_job_writes_is_what_its_readers_read(tmp_path):
     env = envvars.job_environment(job, base={}, supervisor_pid=4242)
     assert envvars.job_path(env) == job.job_path
     assert envvars.supervisor_pid(env) == 4242
-    # What a user's script reads (the README's promise).
+    # What a user's script reads (docs/scripts.md's promise).
     assert (env["TRAINGATE_RUN_ID"], env["TRAINGATE_STAGE"], env["TRAINGATE_CHECKPOINT_DIR"]) == \
         ("r9", "full", job.checkpoint_uri)
     assert (env["MLFLOW_RUN_ID"], env["TRAINGATE_RESTART_CAUSE"], env["TRAINGATE_RESTART_COUNT"]) == \
