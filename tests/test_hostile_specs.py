@@ -12,8 +12,10 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ import psutil
 import pytest
 
 from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port
+from traingate.recipes.chargpt import MAX_CORPUS_BYTES
 
 DIGITS = TINY_DIGITS
 CHARGPT = TINY_DIGITS.replace("recipe: {name: digits-cnn, params: {channels: 8, hidden: 32}}",
@@ -351,6 +354,101 @@ CASES = [
     case("nul-in-command-argument", "recipe.script.command.1", "\\x00",
          replace=('command: [python, train.py, --lr, "0.1"]', 'command: [python, "train\\0.py"]'), base=SCRIPT),
     case("nul-in-key", "optim", "\\x00", replace=("optim: {lr: 0.05,", 'optim: {"l\\0r": 1, lr: 0.05,')),
+    # -- special files where data or a directory is expected: reading one blocks (FIFO, socket) or never ends
+    case("special-chargpt-corpus-fifo", "data.uri", "<FIFO>", "data.uri=file://<FIFO>", base=CHARGPT),
+    case("special-chargpt-corpus-socket", "data.uri", "<SOCK>", "data.uri=file://<SOCK>", base=CHARGPT),
+    case("special-chargpt-corpus-dev-zero", "data.uri", "/dev/zero", "data.uri=file:///dev/zero", base=CHARGPT),
+    case("special-chargpt-corpus-dev-urandom", "data.uri", "/dev/urandom", "data.uri=file:///dev/urandom",
+         base=CHARGPT),
+    case("special-script-data-fifo", "data.uri", "<FIFO>", "data.uri=file://<FIFO>", base=SCRIPT),
+    case("special-script-data-socket", "data.uri", "<SOCK>", "data.uri=file://<SOCK>", base=SCRIPT),
+    case("special-script-data-dev-zero", "data.uri", "/dev/zero", "data.uri=file:///dev/zero", base=SCRIPT),
+    case("special-workdir-holds-a-fifo", "recipe.script.workdir", "<PROJ_FIFO>",
+         replace=(f"{ROOT}/examples/script_project", "<PROJ_FIFO>"), base=SCRIPT),
+    case("special-checkpoint-root-is-a-fifo", "checkpoint.uri", "<FIFO>", "checkpoint.uri=file://<FIFO>"),
+    case("special-state-dir-is-a-fifo", "TRAINGATE_STATE_DIR", "<FIFO>", env={"TRAINGATE_STATE_DIR": "<FIFO>"}),
+    case("special-tracking-db-is-a-fifo", "TRAINGATE_TRACKING_URI", "<FIFO>",
+         env={"TRAINGATE_TRACKING_URI": "sqlite:///<FIFO>"}),
+    case("special-tracking-db-is-dev-null", "TRAINGATE_TRACKING_URI", "/dev/null",
+         env={"TRAINGATE_TRACKING_URI": "sqlite:////dev/null"}),
+    # -- sizes: counts, grids, models and files no machine holds
+    case("size-grid-one-huge-range", "sweep", "1e+18", extra="sweep: {space: {optim.warmup_steps: {type: int, "
+         "low: 0, high: 1000000000000000000}}, sampler: grid, objectives: [{metric: val_accuracy}]}\n"),
+    case("size-grid-product-of-ranges", "sweep", "1e+12", extra="sweep: {space: {optim.warmup_steps: {type: int, "
+         "low: 1, high: 1000}, optim.batch_size: {type: int, low: 1, high: 1000}, recipe.params.hidden: {type: int, "
+         "low: 1, high: 1000}, recipe.params.channels: {type: int, low: 1, high: 1000}}, sampler: grid}\n"),
+    case("size-grid-fine-float-step", "sweep", "1e+09", extra="sweep: {space: {optim.lr: {type: float, low: 0.0, "
+         "high: 1.0, step: 0.000000001}}, sampler: grid}\n"),
+    case("size-n-trials", "sweep.n_trials", "1000000000000000000", "sweep.n_trials=1000000000000000000", extra=SWEEP),
+    case("size-max-concurrent", "sweep.max_concurrent", "10000000", "sweep.max_concurrent=10000000", extra=SWEEP),
+    case("size-population", "sweep.population_size", "1000000000", "sweep.population_size=1000000000", extra=SWEEP),
+    case("size-procs-per-node", "resources.procs_per_node", "100000", "resources.procs_per_node=100000", base=SCRIPT),
+    case("size-nodes", "resources.nodes", "1000000", "resources.nodes=1000000", "resources.rdzv_endpoint=h:1",
+         base=SCRIPT),
+    case("size-digits-model", "recipe.params", "1000000000000", "recipe.params.hidden=1000000000000"),
+    case("size-chargpt-model-overflows", "recipe.params", "1000000000", "recipe.params.n_embd=1000000000",
+         "recipe.params.n_head=1", base=CHARGPT),
+    case("size-chargpt-model-too-many-layers", "recipe.params", "2000", "recipe.params.n_layer=2000",
+         "recipe.params.n_embd=4096", base=CHARGPT),
+    case("size-chargpt-corpus-huge", "data.uri", "<BIG>", "data.uri=file://<BIG>", base=CHARGPT),
+    case("size-workdir-too-many-files", "recipe.script.workdir", "<PROJ_MANY>",
+         replace=(f"{ROOT}/examples/script_project", "<PROJ_MANY>"), base=SCRIPT),
+    # -- nesting depth: every tree walk recurses per level
+    case("depth-params-list-300", "recipe.params.deep", None,
+         replace=("params: {channels: 8, hidden: 32}", "params: {channels: 8, deep: " + "[" * 300 + "]" * 300 + "}")),
+    case("depth-file-list-5000", "x.0.0", None, extra="x: " + "[" * 5000 + "]" * 5000 + "\n"),
+    case("depth-file-mapping-40", "recipe.params.a", None,
+         replace=("params: {channels: 8, hidden: 32}", "params: " + "{a: " * 40 + "1" + "}" * 40)),
+    case("depth-set-dotted-key-300", "recipe.params.a", None, "recipe.params." + ".".join(["a"] * 300) + "=1"),
+    case("depth-set-value-300", "recipe.params.x", None, "recipe.params.x=" + "[" * 300 + "]" * 300),
+    # -- ${env:NAME} references to unset variables, wherever a string may hold one
+    case("env-unset-in-script-command", "recipe.script.command[2]", "TG_HOSTILE_UNSET",
+         "recipe.script.command=[python, train.py, '${env:TG_HOSTILE_UNSET}']", base=SCRIPT),
+    case("env-unset-in-stage-args", "recipe.script.stage_args.smoke[1]", "TG_HOSTILE_UNSET",
+         "recipe.script.stage_args={smoke: [--steps, '${env:TG_HOSTILE_UNSET}']}", base=SCRIPT),
+    case("env-unset-in-resume-args", "recipe.script.resume_args[0]", "TG_HOSTILE_UNSET",
+         "recipe.script.resume_args=['${env:TG_HOSTILE_UNSET}']", base=SCRIPT),
+    case("env-unset-in-script-data-uri", "data.uri", "TG_HOSTILE_UNSET",
+         "data.uri=file:///tmp/${env:TG_HOSTILE_UNSET}", base=SCRIPT),
+    case("env-unset-in-chargpt-corpus", "data.uri", "TG_HOSTILE_UNSET", "data.uri=s3://b/${env:TG_HOSTILE_UNSET}",
+         base=CHARGPT),
+    case("env-unset-in-checkpoint-uri", "checkpoint.uri", "TG_HOSTILE_UNSET",
+         "checkpoint.uri=s3://bucket/${env:TG_HOSTILE_UNSET}"),
+    case("env-unset-in-webhook", "alerts.webhook_url", "TG_HOSTILE_UNSET",
+         "alerts.webhook_url=https://hooks.example/${env:TG_HOSTILE_UNSET}"),
+    case("env-unset-in-purpose", "identity.purpose", "TG_HOSTILE_UNSET", "identity.purpose=a ${env:TG_HOSTILE_UNSET}"),
+    case("env-unset-in-recipe-param", "recipe.params.token", "TG_HOSTILE_UNSET",
+         "recipe.params.token=${env:TG_HOSTILE_UNSET}", base=CHARGPT),
+    case("env-unset-in-tracking-setting", "TRAINGATE_TRACKING_URI", "TG_HOSTILE_UNSET",
+         env={"TRAINGATE_TRACKING_URI": "sqlite:///<TMP>/${env:TG_HOSTILE_UNSET}.db"}),
+    case("env-unset-in-checkpoint-setting", "TRAINGATE_CHECKPOINT_URI", "TG_HOSTILE_UNSET",
+         env={"TRAINGATE_CHECKPOINT_URI": "file:///tmp/${env:TG_HOSTILE_UNSET}"}),
+    # -- paths: the root, kernel trees, unwritable places and missing parents
+    case("path-state-dir-root", "TRAINGATE_STATE_DIR", "/", env={"TRAINGATE_STATE_DIR": "/"}),
+    case("path-state-dir-proc", "TRAINGATE_STATE_DIR", "/proc/traingate", env={"TRAINGATE_STATE_DIR": "/proc/traingate"}),
+    case("path-state-dir-sys", "TRAINGATE_STATE_DIR", "/sys/traingate", env={"TRAINGATE_STATE_DIR": "/sys/traingate"}),
+    case("path-state-dir-dev", "TRAINGATE_STATE_DIR", "/dev/traingate", env={"TRAINGATE_STATE_DIR": "/dev/traingate"}),
+    case("path-state-dir-cgroup", "TRAINGATE_STATE_DIR", "/sys/fs/cgroup/tg", env={"TRAINGATE_STATE_DIR": "/sys/fs/cgroup/tg"}),
+    case("path-checkpoint-root", "checkpoint.uri", "file:///", "checkpoint.uri=file:///"),
+    case("path-checkpoint-proc", "checkpoint.uri", "/proc/self/ckpt", "checkpoint.uri=file:///proc/self/ckpt"),
+    case("path-checkpoint-setting-sys", "TRAINGATE_CHECKPOINT_URI", "/sys/ckpt",
+         env={"TRAINGATE_CHECKPOINT_URI": "file:///sys/ckpt"}),
+    case("path-artifacts-dev", "TRAINGATE_ARTIFACT_URI", "/dev/artifacts", env={"TRAINGATE_ARTIFACT_URI": "file:///dev/artifacts"}),
+    case("path-tracking-db-proc", "TRAINGATE_TRACKING_URI", "/proc/mlflow.db",
+         env={"TRAINGATE_TRACKING_URI": "sqlite:////proc/mlflow.db"}),
+    case("path-optuna-db-sys", "TRAINGATE_OPTUNA_STORAGE", "/sys/optuna.db", extra=SWEEP,
+         env={"TRAINGATE_OPTUNA_STORAGE": "sqlite:////sys/optuna.db"}),
+    case("path-workdir-root", "recipe.script.workdir", "/", replace=(f"{ROOT}/examples/script_project", "/"),
+         base=SCRIPT),
+    case("path-workdir-proc", "recipe.script.workdir", "/proc", replace=(f"{ROOT}/examples/script_project", "/proc"),
+         base=SCRIPT),
+    case("path-workdir-missing", "recipe.script.workdir", "<TMP>/no-such-project",
+         replace=(f"{ROOT}/examples/script_project", "<TMP>/no-such-project"), base=SCRIPT),
+    case("path-chargpt-corpus-in-proc", "data.uri", "/proc/self/status", "data.uri=file:///proc/self/status",
+         base=CHARGPT),
+    case("path-script-data-in-sys", "data.uri", "/sys/kernel", "data.uri=file:///sys/kernel", base=SCRIPT),
+    case("path-state-dir-parent-is-a-fifo", "TRAINGATE_STATE_DIR", "<FIFO>/state",
+         env={"TRAINGATE_STATE_DIR": "<FIFO>/state"}),
 ]
 
 
@@ -395,9 +493,9 @@ def servers():
 
 
 @pytest.fixture
-def world(tmp_path, servers, monkeypatch):
+def world(tmp_path, servers, monkeypatch, request):
     """Placeholders -> real paths and ports: a regular file, a directory, a binary and a NUL-filled file."""
-    import traingate.validate as validate
+    from traingate.ladder import preflight as validate
 
     monkeypatch.setattr(validate, "PROBE_TIMEOUT_S", 1.0)  # the never-answering server costs 1 s, not 5
     files = tmp_path / "files"
@@ -406,8 +504,26 @@ def world(tmp_path, servers, monkeypatch):
     (files / "adir").mkdir()
     (files / "binary.bin").write_bytes(bytes(range(128, 256)) * 16)
     (files / "zeros.txt").write_bytes(b"\0" * 4096)
+    os.mkfifo(files / "fifo")
+    with open(files / "big.txt", "wb") as f:  # sparse: larger than char-gpt's corpus limit, no disk used
+        f.truncate(MAX_CORPUS_BYTES + 1)
+    proj_fifo = files / "proj-fifo"
+    shutil.copytree(ROOT / "examples" / "script_project", proj_fifo)
+    os.mkfifo(proj_fifo / "pipe")
+    proj_many = files / "proj-many"
+    shutil.copytree(ROOT / "examples" / "script_project", proj_many)
+    monkeypatch.setattr(validate, "MAX_PROJECT_FILES", 40)  # the limit's logic, without writing 20,000 files
+    for i in range(50):
+        (proj_many / f"sample_{i}.txt").write_text("x")
+    short = Path(tempfile.mkdtemp(prefix="tg-sock-", dir="/tmp"))  # a socket path must be under 108 bytes
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(short / "s"))
+    request.addfinalizer(sock.close)
     return {"<FILE>": str(files / "afile"), "<DIR>": str(files / "adir"), "<BIN>": str(files / "binary.bin"),
-            "<NUL>": str(files / "zeros.txt"), "<TMP>": str(files), **{f"<{k}>": v for k, v in servers.items()}}
+            "<NUL>": str(files / "zeros.txt"), "<FIFO>": str(files / "fifo"), "<SOCK>": str(short / "s"),
+            "<BIG>": str(files / "big.txt"), "<PROJ_FIFO>": str(proj_fifo), "<PROJ_MANY>": str(proj_many),
+            "<TMP>": str(files), **{f"<{k}>": v for k, v in servers.items()}}
 
 
 def _fill(text: str, world: dict[str, str]) -> str:
@@ -456,8 +572,11 @@ def test_a_hostile_spec_is_refused_in_one_line_and_creates_nothing(c, world, sta
             _no_credentials(monkeypatch, tmp_path)
     for k, v in c.env.items():
         monkeypatch.setenv(k, _fill(v, world))
+    monkeypatch.delenv("TG_HOSTILE_UNSET", raising=False)
     if "TRAINGATE_STATE_DIR" in c.env:
         state_dir = Path(_fill(c.env["TRAINGATE_STATE_DIR"], world))
+        if state_dir.exists():  # the root, a FIFO: what must not appear is the state dir's contents
+            state_dir = state_dir / "runs"
     spec = tmp_path / "spec.yaml"
     spec.write_text(_fill(_spec_text(c), world))
     args = [c.cmd, str(spec), *[a for s in c.sets for a in ("--set", _fill(s, world))]]
@@ -476,7 +595,8 @@ def test_the_suite_covers_every_class_with_at_least_120_cases():
     ids = [p.id for p in CASES]
     assert len(ids) >= 120 and len(set(ids)) == len(ids)
     for prefix in ("dup-", "lr-", "seed-", "int-given", "rdzv-", "ckpt-", "s3-", "chargpt-corpus", "set-", "file-",
-                   "gate-", "best-metric", "command-", "torchrun-", "space-", "objective-", "experiment-", "study-"):
+                   "gate-", "best-metric", "command-", "torchrun-", "space-", "objective-", "experiment-", "study-",
+                   "special-", "size-", "depth-", "env-", "path-"):
         assert any(i.startswith(prefix) for i in ids), prefix
 
 
@@ -575,7 +695,7 @@ def test_a_valid_spec_passes_validate_and_the_dry_run_preflight_and_creates_noth
 def test_preflight_passes_for_reachable_stores(tmp_path, servers, s3_server, monkeypatch):
     from traingate.settings import Settings
     from traingate.spec import load_spec_text
-    from traingate.validate import preflight
+    from traingate.ladder.preflight import preflight
 
     import boto3
 
@@ -605,7 +725,7 @@ def test_eval_metric_names_are_what_each_recipe_evaluates():
 
     from traingate.recipes import get_recipe
     from traingate.spec import load_spec_text
-    from traingate.validate import EVAL_METRICS
+    from traingate.ladder.preflight import EVAL_METRICS
 
     for text, sets in ((DIGITS, []), (CHARGPT, ["recipe.params.max_chars=2000"])):
         recipe = get_recipe(load_spec_text(text, sets))
@@ -618,10 +738,10 @@ def test_eval_metric_names_are_what_each_recipe_evaluates():
 
 def test_runtime_metric_names_are_what_a_real_training_run_reports(tmp_path, state_dir):
     """A real (in-process) trainer: its summary, its profile and its checkpoint manifests."""
-    from traingate import outcomes
+    from traingate.ladder import outcomes
     from traingate.spec import load_spec_text
     from traingate.sweep.inprocess import run_stage
-    from traingate.validate import EVAL_METRICS, MANIFEST_METRICS, PROFILE_METRICS, RUNTIME_METRICS
+    from traingate.ladder.preflight import EVAL_METRICS, MANIFEST_METRICS, PROFILE_METRICS, RUNTIME_METRICS
 
     spec = load_spec_text(DIGITS, ["resources.procs_per_node=1", "checkpoint.every_steps=2"])
     out = run_stage(spec, "smoke", tmp_path / "stage")
@@ -635,11 +755,11 @@ def test_runtime_metric_names_are_what_a_real_training_run_reports(tmp_path, sta
 
 
 def test_unit_and_script_metric_names_are_what_their_readers_produce(tmp_path):
-    from traingate.outcomes import from_pytest
+    from traingate.ladder.outcomes import from_pytest
     from traingate.proc import ProcResult
     from traingate.recipes.script import extract_metrics, summarize
     from traingate.spec import load_spec_text
-    from traingate.validate import SUPERVISED_METRICS, UNIT_METRICS, stage_metrics
+    from traingate.ladder.preflight import SUPERVISED_METRICS, UNIT_METRICS, stage_metrics
 
     unit = from_pytest(ProcResult(returncode=0, duration_s=1.0), tmp_path / "none.xml", 1.0)
     assert set(unit.metrics) == set(UNIT_METRICS)

@@ -119,7 +119,7 @@ class ScriptRecipe(_Section):
         return args
 
     @model_validator(mode="after")
-    def _runnable(self) -> "ScriptRecipe":
+    def _runnable(self) -> ScriptRecipe:
         exe = self.command[0]
         python = exe in PYTHONS
         if self.launcher == "torchrun" and not python:
@@ -153,7 +153,7 @@ class RecipeSpec(_Section):
     script: ScriptRecipe | None = None
 
     @model_validator(mode="after")
-    def _script_needs_section(self) -> "RecipeSpec":
+    def _script_needs_section(self) -> RecipeSpec:
         if self.name == "script" and self.script is None:
             raise ValueError("recipe 'script' needs a recipe.script section with at least `command`")
         if self.name != "script" and self.script is not None:
@@ -187,10 +187,16 @@ class OptimSpec(_Section):
     )
 
 
+# Past any machine and any cluster: a typo (an extra 000) would otherwise fork that many processes or
+# wait forever for nodes that do not exist.
+MAX_PROCS_PER_NODE = 1024
+MAX_NODES = 10_000
+
+
 class ResourcesSpec(_Section):
     work_pool: str = "cpu-local"
-    nodes: int = Field(default=1, ge=1)
-    procs_per_node: int = Field(default=2, ge=1)
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    procs_per_node: int = Field(default=2, ge=1, le=MAX_PROCS_PER_NODE)
     rdzv_endpoint: str | None = Field(default=None, description="host:port of the c10d rendezvous for multi-node")
     priority: str = Field(
         default="research",
@@ -214,7 +220,7 @@ class ResourcesSpec(_Section):
         return v
 
     @model_validator(mode="after")
-    def _multinode_needs_rendezvous(self) -> "ResourcesSpec":
+    def _multinode_needs_rendezvous(self) -> ResourcesSpec:
         if self.nodes > 1 and not self.rdzv_endpoint:
             raise ValueError(f"nodes={self.nodes} needs resources.rdzv_endpoint (host:port of the c10d rendezvous)")
         return self
@@ -377,7 +383,7 @@ class RunSpec(_Section):
         return pools
 
     @model_validator(mode="after")
-    def _pool_is_known(self) -> "RunSpec":
+    def _pool_is_known(self) -> RunSpec:
         if self.resources.work_pool not in self.pools:
             raise ValueError(
                 f"resources.work_pool {self.resources.work_pool!r} is not a known pool; "
@@ -434,6 +440,41 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 # More values than any spec has: aliases of aliases could otherwise expand exponentially.
 MAX_VALUES = 100_000
 MAX_SPEC_BYTES = 1 << 20
+# Deeper than any spec nests (sweep.space.<path>.when.<path> is 5 levels): the YAML composer, pydantic's
+# serializer and every tree walk recurse once per level and fail with a traceback a few hundred levels down.
+MAX_DEPTH = 32
+
+
+def _too_deep(path: str, where: str) -> SpecError:
+    return SpecError(
+        f"{path or 'spec'}: {where} nests more than {MAX_DEPTH} levels deep; no spec field holds "
+        "that, so flatten the value"
+    )
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting deeper than MAX_DEPTH while composing (it recurses per level)."""
+
+    def __init__(self, stream: str, where: str, prefix: str) -> None:
+        super().__init__(stream)
+        self._where = where
+        self._path = [prefix] if prefix else []
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if parent is None:
+            return super().compose_node(parent, index)
+        part = index.value if isinstance(index, yaml.ScalarNode) else "<key>" if index is None else str(index)
+        self._path.append(str(part))
+        try:
+            if len(self._path) > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _too_deep(
+                    ".".join(self._path[:4]) + ("..." if len(self._path) > 4 else ""),
+                    f"{self._where} line {mark.line + 1}",
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
 
 
 def _node_path(prefix: str, key: str) -> str:
@@ -514,7 +555,7 @@ def _load_yaml(text: str, where: str, prefix: str = "") -> Any:
     """``yaml.safe_load`` that refuses duplicate keys, tags and alias bombs, naming the field."""
     loader = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _DepthLimitedLoader(text, where, prefix)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -601,17 +642,19 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return tree
 
 
-def _check_values(node: Any, path: str = "") -> None:
-    """Values no field can hold: non-finite floats, integers beyond 64 bits, NUL characters."""
+def _check_values(node: Any, path: str = "", depth: int = 0) -> None:
+    """Values no field can hold: non-finite floats, integers beyond 64 bits, NUL characters, deep nesting."""
     here = path or "spec"
+    if depth > MAX_DEPTH:
+        raise _too_deep(".".join(path.split(".")[:4]) + "...", "the value")
     if isinstance(node, dict):
         for k, v in node.items():
             if isinstance(k, str) and "\x00" in k:
                 raise SpecError(f"{_node_path(path, repr(k))}: key contains a NUL character; remove it")
-            _check_values(v, _node_path(path, str(k)))
+            _check_values(v, _node_path(path, str(k)), depth + 1)
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            _check_values(v, _node_path(path, str(i)))
+            _check_values(v, _node_path(path, str(i)), depth + 1)
     elif isinstance(node, float) and not math.isfinite(node):
         raise SpecError(
             f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); give a finite value"

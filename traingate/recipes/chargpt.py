@@ -6,6 +6,7 @@ reference), so the recipe works offline on a fresh machine.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import math
 from importlib import resources
@@ -18,7 +19,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from traingate.places import check_local_data
 from traingate.recipes.base import Recipe, TensorData, device_of
+
+# char-gpt keeps the text, its ids and its windows in memory: ~40 bytes per character of corpus.
+MAX_CORPUS_BYTES = 256 << 20
 
 
 def default_corpus_uri() -> str:
@@ -92,22 +97,38 @@ class CharGPT(Recipe):
     def _read(self) -> str:
         if self._text is None:
             from traingate.redact import redact
-            from traingate.storage import storage_options
             from traingate.secrets import resolve
             from traingate.spec import SpecError
-            from traingate.storage import storage_failure
+            from traingate.storage import storage_failure, storage_options
 
             uri = self.data_uri()
             shown = redact(uri)
             real = resolve(uri, field="data.uri")
+            # A UTF-8 character is at most 4 bytes: with max_chars, only the prefix that holds them is read.
+            limit = 4 * self.params.max_chars if self.params.max_chars else None
             try:
                 fs, path = fsspec.core.url_to_fs(real, **storage_options(real))
-                if fs.isdir(path):
+                if real.startswith("file:") or "://" not in real:
+                    check_local_data("data.uri", shown, path, dir_ok=False)
+                info = fs.info(path)
+                if info["type"] == "directory":
                     raise SpecError(
                         f"data.uri = {shown!r}: is a directory; char-gpt reads one UTF-8 text file, "
                         "point data.uri at it"
                     )
-                raw = fs.cat_file(path)
+                if info["type"] != "file":
+                    raise SpecError(
+                        f"data.uri = {shown!r}: is not a regular file ({info['type']}), so it cannot be read to "
+                        "its end; point data.uri at a UTF-8 text file"
+                    )
+                size = int(info.get("size") or 0)
+                if limit is None and size > MAX_CORPUS_BYTES:
+                    raise SpecError(
+                        f"data.uri = {shown!r}: is {size / 2**20:.0f} MiB; char-gpt holds its corpus in memory "
+                        f"(~40 bytes per character) and takes at most {MAX_CORPUS_BYTES >> 20} MiB; set "
+                        "recipe.params.max_chars to train on a prefix, or use a smaller corpus"
+                    )
+                raw = fs.cat_file(path, start=0, end=limit) if limit is not None else fs.cat_file(path)
             except FileNotFoundError:
                 raise SpecError(
                     f"data.uri = {shown!r}: corpus file not found; point data.uri at a UTF-8 text file"
@@ -119,7 +140,10 @@ class CharGPT(Recipe):
                 raise SpecError(f"data.uri = {shown!r}: {why}") from None
             try:
                 # Universal newlines, as text-mode reading gave: the corpus (and its hash) is unchanged.
-                text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+                whole = limit is None or len(raw) < limit
+                # A prefix may end inside a character: the incremental decoder keeps that tail out.
+                text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=whole)
+                text = text.replace("\r\n", "\n").replace("\r", "\n")
             except UnicodeDecodeError as e:
                 raise SpecError(
                     f"data.uri = {shown!r}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "

@@ -17,6 +17,7 @@ gets* (``scheduler``). Search-space keys are dotted paths into the RunSpec::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -25,6 +26,10 @@ from traingate.specbase import MAX_SECONDS, MAX_SEED, SpecModel, check_name
 
 SAMPLERS = ("grid", "random", "tpe", "cmaes", "nsga2")
 SCHEDULERS = ("fifo", "median", "asha", "hyperband", "pbt")
+# Optuna's GridSampler lists every point in memory (a tuple each) and a sweep never runs more than this.
+MAX_GRID_POINTS = 1_000_000
+# More trials, or trials at once, than any study holds: a typo (an extra 000), refused rather than queued.
+MAX_TRIALS = 100_000
 # Optuna stores categorical choices as JSON scalars.
 CHOICE_TYPES = (type(None), bool, int, float, str)
 
@@ -61,7 +66,7 @@ class ParamSpec(_M):
         return choices
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParamSpec":
+    def _consistent(self) -> ParamSpec:
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical parameter needs `choices: [...]` (at least one)")
@@ -89,6 +94,16 @@ class ParamSpec(_M):
                     "could ever be tried; lower step or widen the range"
                 )
         return self
+
+    def n_values(self) -> int:
+        """How many values an enumerable parameter takes (counted, not listed: a range may be astronomically long)."""
+        if self.type == "categorical":
+            return len(self.choices or [])
+        assert self.low is not None and self.high is not None and self.is_finite()
+        if self.type == "int":
+            return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
+        assert self.step is not None
+        return int(round((self.high - self.low) / self.step)) + 1  # as traingate.sweep.space.grid lists them
 
     def is_finite(self) -> bool:
         """Whether the values can be enumerated (what the grid sampler needs)."""
@@ -144,7 +159,7 @@ class PromotionSpec(_M):
     until: Literal["smoke", "canary", "full"] = "full"
 
     @model_validator(mode="after")
-    def _needs_reruns(self) -> "PromotionSpec":
+    def _needs_reruns(self) -> PromotionSpec:
         if self.require_reproducible and self.top_k == 0:
             raise ValueError("require_reproducible needs top_k >= 1 (the configurations to re-run)")
         return self
@@ -156,10 +171,10 @@ class SweepSpec(_M):
     objectives: list[Objective] = Field(default_factory=lambda: [Objective()], min_length=1)
     sampler: Literal["grid", "random", "tpe", "cmaes", "nsga2"] = "tpe"
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="sampler seed")
-    population_size: int = Field(default=8, ge=2, description="nsga2 population")
+    population_size: int = Field(default=8, ge=2, le=MAX_TRIALS, description="nsga2 population")
     scheduler: SchedulerSpec = SchedulerSpec()
-    n_trials: int = Field(default=10, ge=1)
-    max_concurrent: int = Field(default=1, ge=1)
+    n_trials: int = Field(default=10, ge=1, le=MAX_TRIALS)
+    max_concurrent: int = Field(default=1, ge=1, le=MAX_TRIALS)
     budget: SweepBudget = SweepBudget()
     stage: Literal["smoke", "canary", "full"] = "canary"
     pool_limit: str | None = Field(
@@ -181,7 +196,7 @@ class SweepSpec(_M):
         return v if v is None else check_name(v)
 
     @model_validator(mode="after")
-    def _coherent(self) -> "SweepSpec":
+    def _coherent(self) -> SweepSpec:
         names = list(self.space)
         for i, (name, p) in enumerate(self.space.items()):
             for dep, want in (p.when or {}).items():
@@ -211,6 +226,13 @@ class SweepSpec(_M):
                 )
             if any(p.when for p in self.space.values()):
                 raise ValueError("sampler 'grid' cannot sample conditional parameters; drop `when` or use tpe")
+            points = math.prod(p.n_values() for p in self.space.values())
+            if points > MAX_GRID_POINTS:
+                sizes = ", ".join(f"{n}: {p.n_values()}" for n, p in self.space.items())
+                raise ValueError(
+                    f"sampler 'grid' would enumerate {points:.3g} points ({sizes}), more than the "
+                    f"{MAX_GRID_POINTS} a grid may hold in memory; coarsen `step`, narrow the ranges or use tpe/random"
+                )
         return self
 
     @property
