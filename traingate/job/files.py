@@ -48,11 +48,22 @@ PER_LAUNCH = ("heartbeat.rank*.json", "last_words.rank*.json", RESULT)
 _RANK = re.compile(r"\.rank(\d+)(?:\.restart\d+)?\.json$")
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically."""
+def write_json(path: Path, data: Any, sync: bool = False) -> None:
+    """Write ``data`` as JSON to ``path`` atomically; ``sync``: on disk before it returns (fsync of the
+    file and its directory), for a record that must survive the machine, not only the process."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if sync:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_json(path: Path) -> Any | None:
@@ -321,7 +332,8 @@ class SupervisorState:
 
 
 def write_supervisor_state(stage_dir: Path, state: SupervisorState) -> None:
-    write_json(stage_dir / SUPERVISOR, redact_tree(asdict(state)))
+    # Synced: it holds the attempt about to launch (write-ahead), which `traingate resume` goes on from.
+    write_json(stage_dir / SUPERVISOR, redact_tree(asdict(state)), sync=True)
 
 
 def read_supervisor_state(stage_dir: Path) -> SupervisorState | None:

@@ -13,7 +13,9 @@ fails with EIO - ``oom`` raise torch.OutOfMemoryError - ``nan`` poison the weigh
 (divergence) - ``ctimeout`` raise the error a timed-out collective raises - ``error``
 raise a RuntimeError, as a bug in recipe code would - ``slow`` from that step on, the rank
 sleeps 0.1 s every step (a straggler; not one-shot: it lasts as long as the variable is set) -
-``spike`` multiply every weight by 8: the loss jumps and stays up (a loss spike to roll back from).
+``spike`` multiply every weight by 8: the loss jumps and stays up (a loss spike to roll back from) -
+``savestop`` SIGSTOP this rank in the middle of its first checkpoint save at or after that step, its files
+written and its manifest not (whatever kills the stopped tree leaves a save cut short).
 
 >>> [f.token for f in parse("kill@7:1, io@10")]
 ['kill@7:1', 'io@10']
@@ -33,7 +35,7 @@ from typing import Any, Callable
 from traingate.job import envvars
 
 ENV = envvars.INJECT
-KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow", "spike")
+KINDS = ("kill", "stop", "term", "io", "oom", "nan", "ctimeout", "error", "slow", "spike", "savestop")
 SLOW_STEP_S = 0.1
 SPIKE_FACTOR = 8.0
 
@@ -153,6 +155,8 @@ class Injector:
         """A checkpoint fault hook: the store fails (EIO) at the first save at or after an ``io`` step."""
         if phase == "tensor_write" and self._take(("io",), step, exact=False) is not None:
             raise OSError(errno.EIO, f"injected transient storage failure at checkpoint step {step}")
+        if phase == "before_manifest" and self._take(("savestop",), step, exact=False) is not None:
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _preempt_tree() -> None:

@@ -82,6 +82,10 @@ class Attempt:
     backoff_s: float = 0.0  # waited after this attempt, before the next launch
     overrides: list[str] = field(default_factory=list)  # spec changes of this launch (OOM policy)
     last_words: list[dict[str, Any]] = field(default_factory=list)
+    # Written to supervisor.json before the launch (write-ahead): what it runs and the checkpoint it starts
+    # from, so a supervisor killed while it runs leaves a record `traingate resume` can close and go on from.
+    command: list[str] = field(default_factory=list)
+    resume_from_step: int | None = None  # the newest checkpoint on disk at launch (None: none)
 
     @property
     def start_step(self) -> int | None:
@@ -254,6 +258,8 @@ def _supervise(
     attempts: list[Attempt] = []
     overrides: list[str] = []
     stalled = -1  # consecutive failed launches that trained no step (after the first failure: 0)
+    if earlier and earlier[-1].get("ended_at") is None:
+        earlier[-1] = _orphaned(earlier[-1], stage_dir, resumed.supervisor_pid if resumed else None)
     if earlier and job.attempt == 0:
         last = earlier[-1]
         job = dataclasses.replace(
@@ -300,8 +306,15 @@ def _supervise(
         job.write()
         env = envvars.job_environment(job)
         cmd = launch.stage_command(job, python, zygote_socket)
-        attempt = Attempt(len(attempts), job.launched_at or time.time(), overrides=list(overrides))
+        attempt = Attempt(
+            len(attempts),
+            job.launched_at or time.time(),
+            overrides=list(overrides),
+            command=list(cmd),
+            resume_from_step=_resume_step(job),
+        )
         attempts.append(attempt)
+        record.write(attempts)  # before the launch: a supervisor killed from here on leaves this attempt open
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
         cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
         # A script writes no heartbeat: its output is its progress (hang detection, the step it reached).
@@ -744,22 +757,63 @@ class _Watch:
 
 
 def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
-    """Whether this launch of a script appends its resume_args: a restart (a relaunch, or `traingate resume`)
-    after the script wrote a checkpoint. Its checkpoint dir is made first; a resume on a host without the
-    local copy brings the published one back from a remote checkpoint URI."""
+    """Whether this launch of a script appends its resume_args, decided from what is on disk and never
+    from the attempt records (a supervisor killed mid-launch leaves its attempt unfinished): the script's
+    declared checkpoint is there. Its checkpoint dir is made first; on a host without the local copy the
+    set published at a remote checkpoint URI is brought back first."""
     s = job.spec.recipe.script
     Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    if job.attempt == 0 or not s.resume_args:
+    if not s.resume_args:
+        if script_recipe.has_checkpoint(job.checkpoint_dir, s.checkpoints):
+            hooks.info(
+                f"{job.stage}: the script's checkpoints are in {job.checkpoint_dir} but recipe.script.resume_args "
+                "is empty: it starts over and may overwrite them; declare the flags that make it resume"
+            )
         return False
     if restored := script_recipe.restore(job.checkpoint_uri, job.checkpoint_dir, s.checkpoints):
         hooks.info(f"{job.stage}: {len(restored)} checkpoint file(s) brought back from {job.checkpoint_uri}")
     if script_recipe.has_checkpoint(job.checkpoint_dir, s.checkpoints):
         return True
-    hooks.info(
-        f"{job.stage}: restart {job.attempt}: the script left no checkpoint yet "
-        f"({s.checkpoints or 'an empty checkpoint dir'}); it starts over, without its resume_args"
-    )
+    if job.attempt > 0:
+        hooks.info(
+            f"{job.stage}: restart {job.attempt}: the script left no checkpoint yet "
+            f"({s.checkpoints or 'an empty checkpoint dir'}); it starts over, without its resume_args"
+        )
     return False
+
+
+def _resume_step(job: StageJob) -> int | None:
+    """The checkpoint step this launch starts from: the newest on disk (a script's: by its file name, and
+    only when its resume_args are appended). Recorded with the attempt before it launches."""
+    if job.is_script:
+        s = job.spec.recipe.script
+        return script_recipe.latest_step(job.checkpoint_dir, s.checkpoints) if job.script_resume else None
+    return _latest_checkpoint(job.checkpoint_uri)[0]
+
+
+def _orphaned(record: dict[str, Any], stage_dir: Path, supervisor_pid: int | None) -> dict[str, Any]:
+    """An attempt the record shows as running whose supervisor is gone (killed with the CLI): closed as
+    ``orchestrator_lost`` at the last sign of life of its processes, with the step rank 0 last reported."""
+    beats = files.read_heartbeats(stage_dir)
+    words = files.read_last_words(stage_dir)
+    out = stage_dir / files.STDOUT
+    seen = [b.time for b in beats.values()] + [w.time for w in words]
+    if out.exists():
+        seen.append(out.stat().st_mtime)
+    launched = float(record.get("launched_at") or 0.0)
+    primary = causes.primary_words(words)
+    detail = f"its supervisor (pid {supervisor_pid or '?'}) died while it ran"
+    if primary:
+        detail += f"; rank {primary[0].rank}: {primary[0].error}"
+    return {
+        **record,
+        "ended_at": max([launched, *seen]),
+        "cause": str(Cause.ORCHESTRATOR_LOST),
+        "retryable": True,
+        "detail": detail,
+        "end_step": beats[0].step if 0 in beats else record.get("end_step"),
+        "last_words": [asdict(w) for w in words],
+    }
 
 
 def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
