@@ -105,8 +105,8 @@ def _version() -> str:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    from traingate.ladder.preflight import check_spec, preflight
     from traingate.snapshots import resolve_spec
-    from traingate.validate import check_spec, preflight
 
     # data.uri's {latest} is resolved once, here: the ladder and every stage read that same version.
     spec = resolve_spec(load_spec(args.spec, args.overrides))
@@ -127,7 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from traingate.plan import plan, render
+    from traingate.ladder.plan import plan, render
     from traingate.tracking.prior import latest_canary_profile
 
     spec, samples = _load(args)

@@ -33,11 +33,12 @@ from tasks.tracking import (
 )
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
-from traingate.gates import decide
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
-from traingate.plan import ResumePoint, resume_point, stages_until
+from traingate.ladder.gates import decide
+from traingate.ladder.plan import ResumePoint, resume_point, stages_until
+from traingate.ladder.preflight import check_spec, preflight
 from traingate.redact import redact
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
@@ -45,7 +46,6 @@ from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
-from traingate.validate import check_spec, preflight
 
 
 class RunStopped(Exception, Mapping[str, Any]):

@@ -15,12 +15,12 @@ from flows.pipeline import flow_settings, stopped
 from tasks.data import data_snapshot
 from tasks.tracking import close_pipeline_run, open_pipeline_run, open_stage_run, record_stage
 from tasks.train import budgets_at_gate, run_stage_job
-from traingate.gates import decide
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
+from traingate.ladder.gates import decide
+from traingate.ladder.preflight import check_spec, preflight
 from traingate.settings import LocationError
 from traingate.spec import RunSpec, SpecError, Stage, write_resolved
-from traingate.validate import check_spec, preflight
 
 
 @flow(name="stage", log_prints=True)

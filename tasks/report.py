@@ -8,9 +8,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from traingate.ladder.stage import GateDecision, StageResult, render_markdown
 from traingate.redact import redact
 from traingate.spec import STAGES
-from traingate.stage import GateDecision, StageResult, render_markdown
 
 
 def artifact_key(run_id: str, stage: str) -> str:

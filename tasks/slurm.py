@@ -27,7 +27,6 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
-from traingate import outcomes
 from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import PoolConfig
 from traingate.capacity.slurm_cli import Unreachable
@@ -35,9 +34,10 @@ from traingate.capacity.slurm_result import after_end, supervision_of
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
+from traingate.ladder import outcomes
+from traingate.ladder.stage import StageResult
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
-from traingate.stage import StageResult
 from traingate.supervision.supervisor import canary_p99, read_state
 from traingate.tracking import runs
 

@@ -22,9 +22,9 @@ from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
 from traingate.ladder import replay
+from traingate.ladder.stage import GateDecision, StageResult
 from traingate.settings import Settings
 from traingate.spec import RunSpec
-from traingate.stage import GateDecision, StageResult
 from traingate.tracking import journal, runs
 from traingate.tracking.identity import environment_snapshot, run_code_version
 

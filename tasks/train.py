@@ -15,28 +15,27 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from mlflow.exceptions import MlflowException
 from prefect import get_client, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from mlflow.exceptions import MlflowException
-
 from tasks import slots, slurm
-from traingate import outcomes
 from traingate.capacity.pools import Engine
 from traingate.cost.budget import BudgetLeft, Scope, tightest
 from traingate.cost.ledger import Attempt
 from traingate.cost.source import budgets_for
-from traingate.monitor.live import run_spend_usd
-from traingate.settings import Settings
-from traingate.tracking import runs
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
+from traingate.ladder import outcomes
+from traingate.ladder.stage import StageResult
+from traingate.monitor.live import run_spend_usd
 from traingate.redact import redact_tree
-from traingate.stage import StageResult
+from traingate.settings import Settings
 from traingate.supervision import stage_run
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request
+from traingate.tracking import runs
 
 CANCEL_POLL_S = 2.0
 

@@ -11,10 +11,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 import traingate.recipes.checks as checks
-from traingate import outcomes, proc
+from traingate import proc
 from traingate.job import envvars
+from traingate.ladder import outcomes
+from traingate.ladder.stage import StageResult
 from traingate.spec import RunSpec
-from traingate.stage import StageResult
 
 
 @task(name="unit-tests", cache_policy=NONE, retries=0)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from traingate.gates import decide
+from traingate.ladder.gates import decide
 from traingate.spec import GateRule, GateSpec, default_gate
-from traingate.stage import StageResult, render_markdown
+from traingate.ladder.stage import StageResult, render_markdown
 
 
 def _gate(*rules):

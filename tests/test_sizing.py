@@ -5,11 +5,11 @@ import pytest
 
 from traingate import sizing
 from traingate.job.stagejob import derive
-from traingate.outcomes import _estimate_next
+from traingate.ladder.outcomes import _estimate_next
 from traingate.settings import Settings
-from traingate.plan import plan, render, stages_until
+from traingate.ladder.plan import plan, render, stages_until
 from traingate.spec import load_spec
-from traingate.validate import check_spec
+from traingate.ladder.preflight import check_spec
 
 
 def test_cost_is_wall_hours_times_slots_times_price():

@@ -8,7 +8,7 @@ import yaml
 
 from tgtest import PYTHON, TINY_DIGITS
 from traingate.spec import SpecError, apply_overrides, load_spec, load_spec_text
-from traingate.validate import check_spec
+from traingate.ladder.preflight import check_spec
 
 # (overrides applied to the tiny digits spec, or a raw YAML text) -> a field the message must name
 MALFORMED = [

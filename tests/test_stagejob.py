@@ -12,7 +12,7 @@ from traingate.job.stagejob import JobKind, StageJob, derive
 from traingate.job.vocab import Cause, Status
 from traingate.settings import Settings
 from traingate.spec import SpecError, load_spec_text
-from traingate.validate import check_spec
+from traingate.ladder.preflight import check_spec
 
 MULTINODE = ["resources.nodes=2", "resources.procs_per_node=2", "resources.rdzv_endpoint=10.0.0.1:29500",
              "optim.batch_size=32", "optim.grad_accum=1"]

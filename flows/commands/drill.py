@@ -43,12 +43,12 @@ def main(args: argparse.Namespace) -> int:
     import random
     from pathlib import Path
 
+    from traingate.ladder.preflight import check_spec, preflight
     from traingate.settings import Settings
     from traingate.snapshots import resolve_spec
     from traingate.spec import load_spec
     from traingate.supervision.drill import plan, run_drill
     from traingate.supervision.supervisor import Hooks
-    from traingate.validate import check_spec, preflight
 
     spec = resolve_spec(load_spec(args.spec, args.overrides))  # data.uri's {latest}: the version of now
     check_spec(spec)

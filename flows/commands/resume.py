@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from flows.pipeline import ResumeFrom, ladder, summary_of
-    from traingate.plan import resume_point
+    from traingate.ladder.plan import resume_point
     from traingate.secrets import check_refs
     from traingate.settings import Settings
 

@@ -23,10 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from flows.cli import guard_this_process, interrupted
+    from traingate.ladder.preflight import check_spec, preflight
     from traingate.settings import Settings
     from traingate.snapshots import resolve_spec
     from traingate.spec import load_spec
-    from traingate.validate import check_spec, preflight
 
     spec = load_spec(args.spec, args.overrides)
     resolved = resolve_spec(spec)  # a bad spec or no snapshot: one line, exit 2, nothing started

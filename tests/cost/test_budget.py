@@ -12,10 +12,10 @@ from traingate.capacity.pools import CapacityError, Period, TeamBudget, parse_co
 from traingate.cost.budget import Scope, budget_left, period_start, spent_between, tightest
 from traingate.cost.ledger import Attempt, Outcome
 from traingate.cost.source import budgets_for, sweep_spend_usd
-from traingate.gates import decide
+from traingate.ladder.gates import decide
 from traingate.job.vocab import Status
 from traingate.spec import GateSpec, load_spec_text
-from traingate.stage import GateDecision, StageResult
+from traingate.ladder.stage import GateDecision, StageResult
 from traingate.tracking import runs
 
 IDENTITY = {"code": {"sha": "0" * 40, "dirty": "false"}, "data_snapshot": "d" * 64,

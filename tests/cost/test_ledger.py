@@ -13,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from flows import cli
-from traingate import outcomes
+from traingate.ladder import outcomes
 from traingate.cost import ledger
 from traingate.cost.ledger import Attempt, Outcome
 from traingate.cost.source import gather
@@ -23,7 +23,7 @@ from traingate.job.vocab import Cause, Status
 from traingate.proc import ProcResult
 from traingate.settings import Settings
 from traingate.spec import load_spec_text
-from traingate.stage import GateDecision, StageResult
+from traingate.ladder.stage import GateDecision, StageResult
 from traingate.supervision.supervisor import Attempt as SupAttempt
 from traingate.supervision.supervisor import Supervision
 from traingate.tracking import runs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traingate import outcomes
+from traingate.ladder import outcomes
 from traingate.cost import scaling
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status

@@ -63,7 +63,7 @@ def test_ladder_climbs_all_four_stages_and_records_each(prefect_harness, state_d
     assert artifact is not None and "step_time_p99_s" in artifact.data
 
     # the next dry run of this experiment turns cost ceilings into estimates from this canary
-    from traingate.plan import plan
+    from traingate.ladder.plan import plan
     from traingate.spec import load_spec
     from traingate.tracking.prior import latest_canary_profile
 

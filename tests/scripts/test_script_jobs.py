@@ -23,8 +23,8 @@ import psutil
 import pytest
 import yaml
 
-from traingate import outcomes
-from traingate.gates import decide
+from traingate.ladder import outcomes
+from traingate.ladder.gates import decide
 from traingate.job.files import STDOUT
 from traingate.job.stagejob import StageJob, derive
 from traingate.job.vocab import Cause, Status
@@ -36,7 +36,7 @@ from traingate.tracking import runs
 from traingate.tracking.identity import environment_snapshot, run_code_version
 from traingate.promotion.aliases import model_name
 from traingate.promotion.register import register_candidate
-from traingate.validate import check_spec
+from traingate.ladder.preflight import check_spec
 
 PROJECTS = Path(__file__).resolve().parent / "projects"
 # The JSON-lines script with ckpt_000040.pt files and --resume-from-latest is the shipped example.
@@ -307,7 +307,7 @@ def test_a_script_without_metric_steps_is_watched_by_its_output_lines(tmp_path, 
 
 
 def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_its_reason(tmp_path, state_dir):
-    from traingate.stage import StageResult
+    from traingate.ladder.stage import StageResult
 
     workdir = copy_project(tmp_path, JSONL_LATEST)
     spec = script_spec(workdir, {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}"],

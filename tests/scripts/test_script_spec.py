@@ -18,7 +18,7 @@ from traingate.recipes import script as script_recipe
 from traingate.settings import Settings
 from traingate.spec import SpecError, parse_spec
 from traingate.tracking.identity import content_version, script_code_version
-from traingate.validate import check_spec
+from traingate.ladder.preflight import check_spec
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "script_project2"
 

@@ -6,7 +6,7 @@ month in UTC; an attempt that straddles the period's start counts with the part 
 inside the period. A sweep's spend is what its trials recorded (they record a total, not attempts).
 
 The gate before a stage refuses it when the previous stage's estimate of its cost exceeds what is
-left of any budget that applies (:func:`refusals`, used by :func:`traingate.gates.decide`).
+left of any budget that applies (:func:`refusals`, used by :func:`traingate.ladder.gates.decide`).
 
 >>> from traingate.cost.ledger import Attempt, Run
 >>> a = Attempt("r1", "canary", 0, "gpu-a100", 4, 2.5, start=0, end=3600, outcome="completed")

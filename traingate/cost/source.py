@@ -4,7 +4,7 @@ A pipeline run (tag ``traingate.kind = pipeline``) carries its team, experiment,
 (``traingate.outcome = passed`` when every stage passed) and its resolved spec
 (``spec/resolved_spec.json``). Each of its stage runs holds ``stage/result.json``, the
 StageResult, whose ``attempts`` are the attempts as charged when the stage ended (pool, slots,
-price, start, end, backoff, idle, outcome, dollars; :func:`traingate.outcomes.from_supervision`),
+price, start, end, backoff, idle, outcome, dollars; :func:`traingate.ladder.outcomes.from_supervision`),
 and whose ``estimated_cost_usd`` is what the stage before it estimated. A result recorded before
 attempts were is charged from its ``details.supervision.attempts`` at the slots and price the spec
 gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.sizing.slots`).

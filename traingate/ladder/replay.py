@@ -16,9 +16,9 @@ from mlflow.tracking import MlflowClient
 
 from traingate.job.files import JOB
 from traingate.job.stagejob import StageJob
+from traingate.ladder.stage import GateDecision, StageResult
 from traingate.promotion.register import register_candidate
 from traingate.spec import load_spec
-from traingate.stage import GateDecision, StageResult
 from traingate.tracking.journal import Journal, journal_path, pending_bytes
 from traingate.tracking.runs import close_pipeline_run, record_stage
 from traingate.tracking.tracker import MlflowTracker

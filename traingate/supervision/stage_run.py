@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from traingate import outcomes
 from traingate.cost.ledger import charge
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
+from traingate.ladder import outcomes
 from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 

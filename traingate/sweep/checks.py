@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from traingate.ladder.preflight import check_spec, preflight
+from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError
 from traingate.sweep.config import SweepSpec
 from traingate.sweep.space import check_space
-from traingate.settings import Settings
-from traingate.validate import check_spec, preflight
 
 
 def check_sweep(spec: RunSpec) -> SweepSpec:

@@ -22,10 +22,10 @@ from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from traingate.job.vocab import Status
+from traingate.ladder.stage import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
 from traingate.settings import export_s3_endpoint
 from traingate.spec import RunSpec
-from traingate.stage import GateDecision, StageResult, render_markdown
 from traingate.tracking.identity import REQUIRED_TAGS
 
 _MAX_PARAM = 6000  # MLflow's param value limit
@@ -377,7 +377,7 @@ _DELIBERATE_ENDS = frozenset({Status.STOPPED, Status.COMPLETED, Status.PRUNED})
 def is_restart(cause: str | None) -> bool:
     """Whether a new process of a stage, started because of ``cause`` (how the previous one ended),
     counts as a restart. The one rule for every restart count: `traingate show`, the pipeline's
-    ``pipeline.restarts``, and a stage's result (:func:`traingate.outcomes.from_supervision`).
+    ``pipeline.restarts``, and a stage's result (:func:`traingate.ladder.outcomes.from_supervision`).
 
     >>> is_restart("worker_lost"), is_restart("preempted"), is_restart("stopped")
     (True, True, False)

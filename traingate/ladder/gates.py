@@ -14,8 +14,8 @@ import operator
 from typing import Sequence
 
 from traingate.cost.budget import BudgetLeft, refusals
+from traingate.ladder.stage import NEXT_STAGE, GateDecision, StageResult
 from traingate.spec import GateSpec
-from traingate.stage import NEXT_STAGE, GateDecision, StageResult
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 

@@ -13,12 +13,12 @@ from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
+from traingate.ladder.preflight import PROFILE_METRICS
+from traingate.ladder.stage import NEXT_STAGE, StageResult
 from traingate.proc import ProcResult
 from traingate.recipes.script import extract_metrics, summarize
 from traingate.spec import RunSpec
-from traingate.stage import NEXT_STAGE, StageResult
 from traingate.supervision.supervisor import Supervision
-from traingate.validate import PROFILE_METRICS
 
 NEXT = NEXT_STAGE
 # The sizing profile's metrics a stage reports: the list validation checks gate rules against.
