@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
     t0 = time.monotonic()
     record = _read_record(stage_dir)
     job_id = _live(record, log)
-    resubmits, held_s, waited_s = 0, 0.0, 0.0
+    resubmits, requeues, held_s, waited_s = 0, 0, 0.0, 0.0
     while True:
         if job_id is None:
             try:
@@ -66,7 +67,7 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
                 return StageResult(stage=job.stage, status=Status.FAILED, metrics={"restarts": resubmits},
                                    duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
         try:
-            stopped, launched = _follow(job, job_id, stopping, log)
+            followed = _follow(job, job_id, stopping, log)
         except slurm.SlurmError as e:
             log.error("%s: %s", job.stage, e)
             return StageResult(stage=job.stage, status=Status.FAILED, metrics={"slurm_job_id": int(job_id)},
@@ -77,10 +78,11 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
             raise
         acct = _final(job_id, log)
         held_s += acct.elapsed_s or 0
-        if acct.start:
-            waited_s += max(0.0, acct.start - record["jobs"][-1]["submitted"])
+        requeues += followed.requeues
+        if followed.first_start is not None:
+            waited_s += max(0.0, followed.first_start - record["jobs"][-1]["submitted"])
         state = read_state(stage_dir)
-        after = after_end(job, acct, state, stopped, launched)
+        after = after_end(job, acct, state, followed.stopped, followed.launched)
         log.info("%s: Slurm job %s ended %s: %s", job.stage, job_id, acct.state, after.why)
         if after.sup is not None:
             sup = after.sup
@@ -99,7 +101,7 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
         job_id = None
     assert sup is not None
     result = outcomes.from_supervision(job, sup, held_s or (time.monotonic() - t0))
-    result.metrics.update(slurm_job_id=int(job_id), slurm_requeues=acct.restarts, slurm_resubmits=resubmits,
+    result.metrics.update(slurm_job_id=int(job_id), slurm_requeues=requeues, slurm_resubmits=resubmits,
                           queue_wait_s=round(waited_s, 3))
     result.details["slurm"] = {"jobs": [j["id"] for j in record["jobs"]], "state": acct.state,
                                "nodes": acct.nodes, "partition": pool.slurm.partition}
@@ -187,31 +189,45 @@ def _retrying(call: Callable[[], Any], log: Any) -> Any:
             time.sleep(2.0)
 
 
-def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: Any) -> tuple[bool, bool]:
-    """Until Slurm no longer has the job live. Returns (traingate stopped it, its batch step started)."""
-    stopped = launched = False
+@dataclass
+class _Followed:
+    stopped: bool = False        # traingate stopped it (a cancelled flow run)
+    launched: bool = False       # its batch step started at least once
+    requeues: int = 0            # how often Slurm put it back in the queue
+    first_start: float | None = None
+
+
+def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: Any) -> _Followed:
+    """Until Slurm no longer has the job live."""
+    f = _Followed()
     said, said_at, odd_since = "", 0.0, None
     while True:
         q = slurm.queued_job(_retrying(slurm_cli.squeue, log), jid)
-        if not stopped and (why := stopping()) is not None:
-            stopped = True
+        if not f.stopped and (why := stopping()) is not None:
+            f.stopped = True
             _stop(job, jid, q, why, log)
         now = time.time()
         if q is None:
-            return stopped, launched or _ran(jid, log)
-        launched = launched or q.state in ("RUNNING", "COMPLETING") or q.restarts > 0
-        if q.pending and q.reason in slurm.NEVER_STARTS and not stopped:
+            f.launched = f.launched or _ran(jid, log)
+            return f
+        f.requeues = max(f.requeues, q.restarts)
+        if q.state in ("RUNNING", "COMPLETING") and f.first_start is None:
+            f.first_start = float(q.start_time or now)
+        f.launched = f.launched or q.state in ("RUNNING", "COMPLETING") or q.restarts > 0
+        if q.pending and q.reason in slurm.NEVER_STARTS and not f.stopped:
             (Path(job.stage_dir) / slurm.STOP_FILE).write_text(f"{q.reason}\n")
             _retrying(lambda: slurm_cli.cancel(jid), log)
             raise slurm.SlurmError(f"Slurm job {jid} can never start ({q.reason}): it asks for "
                                    f"{slurm.NEVER_STARTS[q.reason]}; cancelled it")
         end = slurm.ending(q.state)
         if end is not None and q.state not in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
-            return stopped, launched or _ran(jid, log)
+            f.launched = f.launched or _ran(jid, log)
+            return f
         if end is not None:  # may still be requeued
             odd_since = odd_since or now
             if now - odd_since >= SETTLE_S:
-                return stopped, True
+                f.launched = True
+                return f
         else:
             odd_since = None
         line = slurm.describe_pending(q, now) if q.pending else f"Slurm job {jid} {q.state} on {q.nodes}"

@@ -126,7 +126,8 @@ def sbatch_command(job: StageJob, pool: SlurmPool, *, python: str, time_limit_s:
     return ["sbatch", "--parsable", f"--partition={pool.partition}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
             f"--gres={gres(pool, job.procs_per_node)}", f"--account={job.team}", f"--qos={job.priority}",
             f"--time={max(1, math.ceil(time_limit_s / 60))}", "--requeue", f"--signal=B:TERM@{max(1, round(grace_s))}",
-            f"--job-name={job_name(job)}", f"--output={stage_dir / OUTPUT}", f"--chdir={stage_dir}",
+            f"--job-name={job_name(job)}", f"--output={stage_dir / OUTPUT}", "--open-mode=append",  # every allocation's
+            f"--chdir={stage_dir}",
             *pool.sbatch_args,
             # exec: the batch shell IS the python process, so --signal=B:TERM reaches the supervisor itself.
             "--wrap=exec " + shlex.join(batch)]
