@@ -22,9 +22,13 @@ logs and configs and deletes its database.
 The cluster, as tests see it:
 - partition `gpu` (default, MaxTime 2 h), nodes n1 and n2, each 8 CPUs and `gpu:a100:2`.
 - QOS research (the default), production, urgent (Preempt=research,production, highest
-  priority); research and production have GraceTime=`GRACE_TIME` s: at preemption the job gets
-  its `--signal` (or SIGTERM) at once, SIGKILL after the grace, then it is requeued
-  (PreemptMode=REQUEUE). A requeued job may start again cred_expire (30) + 1 s later.
+  priority; no GraceTime): an urgent job preempts within ~1 s; the victim's batch shell gets its
+  `--signal=B:SIG@N` (preempt_send_user_signal) and every process of the job SIGTERM at once,
+  SIGKILL `KillWait` (5) s later, then it is requeued (PreemptMode=REQUEUE; `set_preempt_mode`
+  switches to CANCEL) and pends with reason BeginTime and restart_cnt 1 until it may start again
+  cred_expire (30) + 1 s later. With a QOS GraceTime (`cluster.sacctmgr("modify", "qos", ...)`),
+  22.05 signals a batch-only job only when the grace ends.
+- `--time` over the partition's MaxTime is refused at submit (EnforcePartLimits=ALL).
 - accounts vision and language; root may use both and every QOS; tgalice: vision with
   research,production; tgbob: language with research only.
 - priority/multifactor (fair share and QOS weights), sched/backfill, select/cons_tres,
@@ -33,7 +37,9 @@ The cluster, as tests see it:
   sticky, world-writable directory under BASE/shared (BASE's ancestors must be traversable:
   use a directory made by `tempfile.mkdtemp()`, not pytest's 0700 basetemp).
 - Run a command as a test user with `cluster.users["tgalice"].run([...])` (or `.argv(...)`
-  for Popen): it carries `cluster.env` and the user's own HOME.
+  for Popen): it carries `cluster.env`, the user's own HOME and, first on PATH, BASE/pyenv/bin:
+  `python` and `torchrun` with this interpreter's packages (the venv's own python may sit under
+  /root, which other users cannot enter). Jobs inherit that environment (sbatch --export=ALL).
 - The nodes share the host's name, which resolves to 127.0.0.1: processes that must reach
   another node (torchrun) use the node addresses (`cluster.nodes[i].addr`, interface
   `eth0` in every node namespace).
@@ -53,6 +59,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,11 +70,10 @@ cold start (no state, accounts and QOS included): see the report in the module's
 """
 
 BINARIES = ("munged", "mariadbd", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch", "srun",
-            "squeue", "sinfo", "sacct", "scontrol", "nsenter", "ip", "useradd", "userdel", "mknod")
+            "squeue", "sinfo", "sacct", "scontrol", "nsenter", "ip", "setpriv", "useradd", "userdel")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REGISTRY = Path("/run/traingate-slurm")
 USER_MARK = "traingate slurm test user"      # GECOS of users this module creates (and only deletes)
-GRACE_TIME = 10                              # seconds between the preemption signal and SIGKILL
 MYSQL_SYSTEM_TABLES = "/usr/share/mysql/mysql_system_tables.sql"
 GPU_MAJOR = 195                              # NVIDIA's character major; minors are unique per GPU
 
@@ -101,11 +107,11 @@ class User:
     env: dict[str, str] = field(repr=False, compare=False)
 
     def argv(self, *cmd: str) -> list[str]:
-        """`cmd` as this user (for Popen); pass `env=user.env`."""
-        return ["runuser", "-u", self.name, "--", *cmd]
+        """`cmd` as this user, for Popen (pass `env=user.env`); setpriv keeps the environment as given."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", *cmd]
 
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
-        """subprocess.run as this user with the cluster's environment; text output captured."""
+        """subprocess.run as this user with the cluster's environment and the user's HOME; text output captured."""
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         kw.setdefault("env", self.env)
@@ -176,6 +182,7 @@ class SlurmCluster:
         self.env = {"SLURM_CONF": str(self.conf),
                     "PATH": ":".join(dict.fromkeys(path + SBIN_PATH.split(":")))}
         self.users: dict[str, User] = {}
+        self.user_python: Path | None = None         # a python the test users can run (see _make_user_python)
         self.preempt_mode = "REQUEUE"
         self._procs: dict[str, subprocess.Popen] = {}
         self._ports: dict[str, int] = {}
@@ -221,7 +228,7 @@ class SlurmCluster:
             (self.base / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o711)
         os.chmod(self.base / "shared", 0o1777)
-        os.chmod(self.base / "munge", 0o700)
+        os.chmod(self.base / "munge", 0o711)   # users reach the socket; the key stays 0400 root
         for p in ("ctld", "dbd"):
             self._ports[p] = _free_port()
         key = self.base / "munge" / "munge.key"
@@ -235,6 +242,7 @@ class SlurmCluster:
         self._spawn("mariadbd", self._mariadb_argv())
         self._make_network()
         self._make_users()
+        self._make_user_python()
         self._wait_unix(self.munge_socket, "munged")
         self._wait_unix(self.mysql_socket, "mariadbd", timeout=60)
         self._make_proc_table()
@@ -490,6 +498,7 @@ SlurmdTimeout=20
 MessageTimeout=20
 KillWait=5
 InactiveLimit=0
+EnforcePartLimits=ALL
 MinJobAge=300
 JobRequeue=1
 SchedulerType=sched/backfill
@@ -571,10 +580,35 @@ DebugLevel=info
             env = {**self._client_env(), "HOME": str(home), "USER": name, "LOGNAME": name}
             self.users[name] = User(name, pw.pw_uid, pw.pw_gid, account, qos, home, env)
 
+    def _make_user_python(self) -> None:
+        # This interpreter may live where other users cannot enter (pyenv under /root): the test
+        # users get a hand-made venv on the system's python of the same minor version whose one
+        # .pth adds this interpreter's site-packages as a site dir (its own .pth files, editable
+        # installs included, apply). `python` and `torchrun` are first on the users' PATH.
+        system_python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+        if not system_python.exists():
+            return
+        venv = self.base / "pyenv"
+        site_dir = venv / "lib" / system_python.name / "site-packages"
+        site_dir.mkdir(parents=True, exist_ok=True)
+        (venv / "bin").mkdir(exist_ok=True)
+        (venv / "pyvenv.cfg").write_text(f"home = {system_python.parent}\ninclude-system-site-packages = false\n")
+        for name in ("python", "python3"):
+            (venv / "bin" / name).symlink_to(system_python)
+        project_site = sysconfig.get_paths()["purelib"]
+        (site_dir / "traingate-tests.pth").write_text(f"import site; site.addsitedir({project_site!r})\n")
+        torchrun = venv / "bin" / "torchrun"
+        torchrun.write_text(f"#!{venv}/bin/python\nimport sys\nfrom torch.distributed.run import main\n"
+                            "sys.exit(main())\n")
+        os.chmod(torchrun, 0o755)
+        self.user_python = venv / "bin" / "python"
+        for user in self.users.values():
+            user.env["PATH"] = f"{venv / 'bin'}:{user.env['PATH']}"
+
     def _make_associations(self) -> None:
         self.sacctmgr("add", "qos", *self.qos_names)
-        self.sacctmgr("modify", "qos", "where", "name=research", "set", "Priority=10", f"GraceTime={GRACE_TIME}")
-        self.sacctmgr("modify", "qos", "where", "name=production", "set", "Priority=100", f"GraceTime={GRACE_TIME}")
+        self.sacctmgr("modify", "qos", "where", "name=research", "set", "Priority=10")
+        self.sacctmgr("modify", "qos", "where", "name=production", "set", "Priority=100")
         self.sacctmgr("modify", "qos", "where", "name=urgent", "set", "Priority=1000", "Preempt=research,production")
         qos_all = ",".join(self.qos_names)
         self.sacctmgr("add", "account", ",".join(self.accounts), f"cluster={self.name}", "parent=root",
