@@ -756,7 +756,7 @@ def test_runtime_metric_names_are_what_a_real_training_run_reports(tmp_path, sta
 
 def test_unit_and_script_metric_names_are_what_their_readers_produce(tmp_path):
     from traingate.ladder.outcomes import from_pytest
-    from traingate.proc import ProcResult
+    from traingate.launch.proc import ProcResult
     from traingate.recipes.script import extract_metrics, summarize
     from traingate.spec import load_spec_text
     from traingate.ladder.preflight import SUPERVISED_METRICS, UNIT_METRICS, stage_metrics

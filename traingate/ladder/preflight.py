@@ -20,6 +20,8 @@ import os
 import re
 import shutil
 import socket
+import stat
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,8 +31,10 @@ from urllib.parse import urlsplit
 import fsspec
 
 from traingate.job.world import stage_world
+from traingate.places import KINDS, check_local_data, place_problem, special_kind
 from traingate.recipes import SCRIPT, get_recipe
 from traingate.redact import redact
+from traingate.secrets import check_refs
 from traingate.settings import Settings
 from traingate.spec import STAGES, TRAINING_STAGES, RunSpec, SpecError
 from traingate.storage import s3_code
@@ -81,6 +85,9 @@ def check_spec(spec: RunSpec) -> dict[str, int]:
     """
     key = spec.spec_hash()
     if key not in _VALIDATED:
+        # Every `${env:NAME}` of the spec, wherever it sits (a script argument, a URI, a notify target, a
+        # recipe param): an unset one would otherwise fail a stage, or the alert that needed it, hours in.
+        check_refs(spec.to_dict())
         per_stage = _check_world(spec)
         _check_metrics(spec)
         if spec.sweep is not None:
@@ -95,6 +102,7 @@ def _check_world(spec: RunSpec) -> dict[str, int]:
         return _check_script(spec)
     recipe = get_recipe(spec)
     n_train = recipe.check_data()
+    _check_model_size(spec, recipe)
     per_stage = {}
     for stage in TRAINING_STAGES:
         limits = getattr(spec.stages, stage)
@@ -120,6 +128,50 @@ def _check_world(spec: RunSpec) -> dict[str, int]:
             "and resumes, so it needs at least 2 steps"
         )
     return per_stage
+
+
+# What one training process holds per parameter: fp32 weights, gradients and AdamW's two moments.
+BYTES_PER_PARAM = 16
+# The most memory one accelerator has (B200: 192 GB); every process holds a full replica (DDP).
+MAX_DEVICE_BYTES = 192 << 30
+
+
+def _check_model_size(spec: RunSpec, recipe: Any) -> None:
+    """A model whose training state cannot fit where it runs fails minutes in with an out-of-memory kill."""
+    import psutil
+    import torch
+
+    gpu = spec.pool.gpus_per_node > 0
+    room = MAX_DEVICE_BYTES if gpu else psutil.virtual_memory().total
+    where = (
+        "the largest accelerator"
+        if gpu
+        else f"this machine (for {spec.resources.procs_per_node} processes, each with a full copy)"
+    )
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated, whatever the size
+            model = recipe.build_model()
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        # One tensor alone has more bytes than a 64-bit size holds.
+        raise SpecError(
+            f"recipe.params = {_shown(spec.recipe.params)}: a layer of this model has more than 2^63 "
+            f"bytes, beyond the {room / 2**30:.0f} GiB of memory of {where}; make the model smaller"
+        ) from None
+    n = sum(p.numel() for p in model.parameters())
+    per_node = BYTES_PER_PARAM * n * (1 if gpu else spec.resources.procs_per_node)
+    if per_node > room:
+        raise SpecError(
+            f"recipe.params = {_shown(spec.recipe.params)}: the model has {n:.3g} parameters, "
+            f"~{per_node / 2**30:.3g} GiB of weights, gradients and optimizer state, more than the "
+            f"{room / 2**30:.0f} GiB of memory of {where}; make the model smaller"
+        )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def stage_metrics(spec: RunSpec, stage: str) -> set[str]:
@@ -243,6 +295,10 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
     workdir = Path(s.workdir)
     if not workdir.is_dir():
         raise SpecError(f"recipe.script.workdir = {s.workdir!r}: not a directory; give the script's working directory")
+    problem = place_problem(workdir)
+    if problem:
+        raise SpecError(f"recipe.script.workdir = {s.workdir!r}: {problem}")
+    _check_project_size(s.workdir)
     exe = s.command[0]
     if exe not in ("python", "python3") and shutil.which(exe, path=None) is None and not (workdir / exe).exists():
         raise SpecError(f"recipe.script.command[0] = {exe!r}: not found on PATH or in the workdir; fix the command")
@@ -269,7 +325,54 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
             path = Path(urlsplit(_resolved("data.uri", spec.data.uri)).path)
             if not path.exists():
                 raise SpecError(f"data.uri = {redact(spec.data.uri)!r}: does not exist; fix the location")
+            check_local_data("data.uri", redact(spec.data.uri), path)
     return {}
+
+
+# A script project outside git is versioned by hashing every file of its workdir, before each stage.
+# Past these sizes the workdir is not a project (a home directory, a data disk) and hashing it would take
+# minutes to hours; a real project this large keeps its data elsewhere or is a git checkout.
+MAX_PROJECT_FILES = 20_000
+MAX_PROJECT_BYTES = 2 << 30
+
+
+def _check_project_size(workdir: str) -> None:
+    from traingate.tracking.identity import _SKIP_DIRS
+
+    try:
+        inside_git = (
+            subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, timeout=30).returncode == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        inside_git = False
+    if inside_git:
+        return
+    state = Path(os.path.abspath(Settings.from_env().state_dir))
+    files = size = 0
+    for dirpath, dirnames, filenames in os.walk(workdir):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and here / d != state]
+        for name in filenames:
+            try:
+                st = os.lstat(here / name)
+            except OSError:
+                continue
+            kind = next((k for test, k in KINDS if test(st.st_mode)), None)
+            if kind:
+                raise SpecError(
+                    f"recipe.script.workdir = {workdir!r}: holds {kind} at {str(here / name)!r}, and a "
+                    "project outside git is versioned by reading every file; remove it or make the "
+                    "project a git checkout"
+                )
+            files += 1
+            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            if files > MAX_PROJECT_FILES or size > MAX_PROJECT_BYTES:
+                raise SpecError(
+                    f"recipe.script.workdir = {workdir!r}: is no git checkout and holds more than "
+                    f"{MAX_PROJECT_FILES} files or {MAX_PROJECT_BYTES >> 30} GiB, all of which would be "
+                    "hashed for its code version; point workdir at the project directory, keep data "
+                    "elsewhere (data.uri) or make the project a git checkout"
+                )
 
 
 def _data_schemes() -> set[str]:
@@ -316,7 +419,10 @@ def _preflight(spec: RunSpec, settings: Settings) -> None:
 
 
 def _creatable(field: str, shown: str, path: Path) -> None:
-    """``path`` is a writable directory, or could be created: its nearest existing ancestor is one."""
+    """``path`` is a writable directory on a disk, or could be created: its nearest existing ancestor is one."""
+    problem = place_problem(path)
+    if problem:
+        raise SpecError(f"{field} = {shown!r}: {problem}")
     here = path
     try:
         while not here.exists():
@@ -328,8 +434,8 @@ def _creatable(field: str, shown: str, path: Path) -> None:
             here = here.parent
         if not here.is_dir():
             raise SpecError(
-                f"{field} = {shown!r}: {str(here)!r} is a file, so no directory can be created "
-                "under it; choose another location"
+                f"{field} = {shown!r}: {str(here)!r} is {special_kind(here) or 'a file'}, so no directory can be "
+                "created under it; choose another location"
             )
     except PermissionError:
         raise SpecError(
@@ -361,6 +467,7 @@ def _readable(field: str, uri: str, settings: Settings) -> None:
         path = Path(urlsplit(real).path)
         if not path.exists():
             raise SpecError(f"{field} = {shown!r}: does not exist; fix the location")
+        check_local_data(field, shown, path)
         if not os.access(path, os.R_OK):
             raise SpecError(f"{field} = {shown!r}: not readable by this user; fix its permissions")
     elif scheme == "s3":
