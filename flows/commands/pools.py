@@ -11,7 +11,12 @@ job reads its rules (``tasks/slots.py``).
 Each pool's job template carries the locations of the bootstrap's environment (state directory,
 tracking, artifact, checkpoint and Optuna stores: ``traingate.settings.pool_locations``) as the
 default environment of every flow run on it, so no run falls back to the directory its code is in.
-A pool without a state directory is refused.
+A pool without a state directory is refused. A Slurm pool (``engine: slurm``) gets its work pool
+and queues but no slot or quota limits: Slurm holds those.
+
+`traingate pools show POOLS.yaml` lists each pool's nodes (a Slurm pool's from sinfo: state, GPUs
+in use, a drain's reason); `traingate pools drain NODE --reason R` / `traingate pools resume NODE`
+take a Slurm node out of service and back (``scontrol update nodename=N state=drain|resume``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig, load_config
+from traingate.capacity import slurm, slurm_cli
+from traingate.capacity.pools import CapacityConfig, CapacityError, Engine, PoolConfig, load_config
+from traingate.capacity.slurm import SlurmError
 from traingate.settings import (
     DOCKER_NETWORKS_VAR,
     DOCKER_VOLUMES_VAR,
@@ -44,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get(IMAGE_VAR),
         help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})",
     )
+    show = sub.add_parser("show", help="each pool's nodes (a Slurm pool's from sinfo: state, GPUs used, drain reason)")
+    show.add_argument("config", help="pools config YAML")
+    show.add_argument("--pool", help="only this pool")
+    drain = sub.add_parser("drain", help="take a Slurm node out of service (scontrol ... state=drain)")
+    drain.add_argument("node", help="the Slurm node name, e.g. n1")
+    drain.add_argument("--reason", required=True, help="why (recorded as traingate:REASON on the node)")
+    back = sub.add_parser("resume", help="return a drained Slurm node to service (scontrol ... state=resume)")
+    back.add_argument("node", help="the Slurm node name")
     sub.add_parser(
         "secrets",
         help=f"store the credentials ${SECRET_BLOCKS_VAR} names as Prefect Secret blocks, "
@@ -53,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
+        if args.action in ("show", "drain", "resume"):
+            print("\n".join(_nodes(args)))
+            return 0
         if args.action == "secrets":
             _require_server("secret blocks are stored")
             changes = store_secret_blocks()
@@ -60,12 +78,39 @@ def main(args: argparse.Namespace) -> int:
             cfg = load_config(args.config)
             _require_server()
             changes = bootstrap(cfg, image=args.image)
-    except (CapacityError, LocationError) as e:
+    except (CapacityError, LocationError, SlurmError) as e:
         print(f"traingate pools: {e}", file=sys.stderr)
         return 2
     for line in changes or ["nothing changed: the server already carries this config"]:
         print(line)
     return 0
+
+
+def _nodes(args: argparse.Namespace) -> list[str]:
+    """`pools show`: every pool's nodes; `pools drain` / `pools resume`: a Slurm node's state, then its line."""
+    if args.action != "show":
+        known = [v.name for v in slurm.nodes(slurm_cli.sinfo())]
+        if args.node not in known:
+            raise CapacityError(f"node {args.node!r} is not a node of this Slurm cluster ($SLURM_CONF); use one of "
+                                f"{', '.join(known)}")
+        reason = f"traingate:{args.reason}" if args.action == "drain" else None
+        slurm_cli.set_node_state(args.node, args.action, reason)
+        view = next((v for v in slurm.nodes(slurm_cli.sinfo()) if v.name == args.node), None)
+        return [f"node {args.node}: {view.state if view else 'unknown'}" + (f" ({view.reason})" if view and view.reason
+                                                                              else "")]
+    cfg = load_config(args.config)
+    if args.pool and args.pool not in cfg.pools:
+        raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
+    shown = {n: p for n, p in cfg.pools.items() if not args.pool or n == args.pool}
+    views = slurm.nodes(slurm_cli.sinfo()) if any(p.engine == Engine.SLURM for p in shown.values()) else []
+    out: list[str] = []
+    for name, pool in shown.items():
+        if pool.engine == Engine.SLURM:
+            out += slurm.node_lines(name, pool.slurm, [v for v in views if pool.slurm.partition in v.partitions])
+        else:
+            out.append(f"pool {name} (local engine): {pool.nodes} node(s) x {pool.gpus_per_node} slots = "
+                       f"{pool.capacity} slots; `traingate queue --pool {name}` shows who holds them")
+    return out
 
 
 def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
@@ -242,6 +287,8 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str]
                     changes.append(f"work queue {name}/{cls}: priority {queues[cls].priority} -> {p}")
             limits = {slots.pool_limit(name): pool.capacity, slots.lock_limit(name): 1}
             limits.update({slots.quota_limit(team, name): cap for team, cap in cfg.quotas_on(name).items()})
+            if pool.engine == Engine.SLURM:
+                limits = {}  # Slurm holds the slots and quotas (its nodes, its accounts' GrpTRES)
             for lname, size in limits.items():
                 try:
                     old = c.read_global_concurrency_limit_by_name(lname).limit

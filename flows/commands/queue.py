@@ -2,7 +2,9 @@
 
 Waiting jobs are listed in the order the pool's policy serves them, each with its position,
 class, team, slots, time waited so far and an estimated start (the earliest time it fits if the
-running jobs end as predicted; "unknown" without predictions).
+running jobs end as predicted; "unknown" without predictions). A Slurm pool shows Slurm's queue of
+its partition: each job's QOS, account, pending reason (Priority, Resources, AssocGrpGRES, QOS...)
+and Slurm's own start estimate.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import argparse
 import sys
 import time
 
-from traingate.capacity.pools import CapacityError
+from traingate.capacity import slurm, slurm_cli
+from traingate.capacity.pools import CapacityError, Engine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,15 +39,19 @@ def main(args: argparse.Namespace) -> int:
                 raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
             now = time.time()
             live = slots.fresh_entries(c, now)
-            print(render(cfg, live, {p: slots.usage_history(c, p) for p in cfg.pools}, now, args.pool))
-    except CapacityError as e:
+            shown = [p for name, p in cfg.pools.items() if not args.pool or name == args.pool]
+            # Slurm pools: the queue is Slurm's (one squeue for all of them; it ignores filters in JSON mode).
+            jobs = slurm.queued_jobs(slurm_cli.squeue()) if any(p.engine == Engine.SLURM for p in shown) else []
+            print(render(cfg, live, {p: slots.usage_history(c, p) for p in cfg.pools}, now, args.pool, jobs))
+    except (CapacityError, slurm.SlurmError) as e:
         print(f"traingate queue: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def render(cfg, live, history, now: float, only: str | None = None) -> str:
-    """The queue view as text (pure: config, fresh entries, usage history, now)."""
+def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=()) -> str:
+    """The queue view as text (pure: config, fresh entries, usage history, now; a Slurm pool's from ``slurm_jobs``,
+    what squeue printed)."""
     from traingate.capacity.gang import footprint
     from traingate.capacity.policy import queue_order
     from traingate.capacity.queue import RUNNING, WAITING, _predict, decide, rules_for, usage_now
@@ -52,6 +59,9 @@ def render(cfg, live, history, now: float, only: str | None = None) -> str:
     out: list[str] = []
     for name, pool in cfg.pools.items():
         if only and name != only:
+            continue
+        if pool.engine == Engine.SLURM:
+            out += slurm.queue_lines(name, pool.slurm, list(slurm_jobs), now)
             continue
         mine = [e for e in live if e.pool == name]
         running = [e for e in mine if e.state == RUNNING]

@@ -72,7 +72,7 @@ class PoolConfig(_Section):
         return v
 
     @model_validator(mode="after")
-    def _engine_section(self) -> "PoolConfig":
+    def _engine_section(self) -> PoolConfig:
         if self.engine == Engine.SLURM and self.slurm is None:
             raise ValueError("engine: slurm needs a `slurm:` section ({partition: NAME, gres_type: TYPE}); add it")
         if self.engine != Engine.SLURM and self.slurm is not None:
@@ -180,6 +180,10 @@ class CapacityConfig(_Section):
             for pool, cap in caps.items():
                 if pool not in self.pools:
                     raise ValueError(f"quotas.{team}.{pool}: {pool!r} is not a pool; use one of {sorted(self.pools)}")
+                if self.pools[pool].engine == Engine.SLURM:
+                    raise ValueError(f"quotas.{team}.{pool}: {pool!r} is a Slurm pool, whose quotas are its accounts' "
+                                     f"limits; remove the entry and set sacctmgr modify account {team} set "
+                                     f"GrpTRES=gres/gpu={cap}")
                 if cap < 1:
                     raise ValueError(
                         f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "

@@ -357,3 +357,45 @@ def describe_pending(j: QueuedJob, now: float) -> str:
         when = f", Slurm's estimate: start in {max(0, j.start_time - now):.0f} s" if j.start_time > now else \
             ", Slurm's estimate: start now"
     return f"Slurm job {j.job_id} pending ({j.reason}){when}"
+
+
+def queue_lines(pool_name: str, pool: SlurmPool, jobs: list[QueuedJob], now: float) -> list[str]:
+    """A Slurm pool in `traingate queue`: its partition's live jobs as Slurm sees them, running first, then
+    pending in Slurm's order of expected start, each with Slurm's pending reason and start estimate.
+
+    >>> j = QueuedJob("7", "tg-r1-full", "PENDING", "AssocGrpGRES", "vision", "research", "gpu", "root", "", 2,
+    ...               None, 100, 0, 3600)
+    >>> print("\\n".join(queue_lines("p", SlurmPool(partition="gpu"), [j], 160.0)))  # doctest: +NORMALIZE_WHITESPACE
+    pool p (Slurm partition gpu): 0 running, 1 pending
+      pending  7        tg-r1-full                 research    vision       2 node(s)  waited     60 s
+      start unknown (AssocGrpGRES)
+    """
+    mine = [j for j in jobs if j.partition == pool.partition and ending(j.state) is None]
+    running = sorted((j for j in mine if not j.pending), key=lambda j: j.start_time or 0)
+    pending = sorted((j for j in mine if j.pending), key=lambda j: (j.start_time or float("inf"), j.submit_time or 0))
+    out = [f"pool {pool_name} (Slurm partition {pool.partition}): {len(running)} running, {len(pending)} pending"]
+    for j in running:
+        out.append(f"  {j.state.lower():<8} {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.nodes:>11}  "
+                   f"for {now - (j.start_time or now):6.0f} s")
+    for j in pending:
+        est = "unknown" if not j.start_time else ("now" if j.start_time <= now else f"in {j.start_time - now:.0f} s")
+        out.append(f"  pending  {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.node_count:>3} node(s)  "
+                   f"waited {now - (j.submit_time or now):6.0f} s  start {est} ({j.reason})")
+    return out
+
+
+def node_lines(pool_name: str, pool: SlurmPool, views: list[NodeView]) -> list[str]:
+    """A Slurm pool's nodes in `traingate pools show`: state, GPUs in use, a drain's reason.
+
+    >>> n = NodeView("n1", "10.0.0.1", "drained", "traingate:ecc-errors", "gpu:a100:2", "gpu:a100:0(IDX:N/A)", ("gpu",))
+    >>> print("\\n".join(node_lines("p", SlurmPool(partition="gpu"), [n])))
+    pool p (Slurm partition gpu): 1 node(s), 0 usable
+      n1       10.0.0.1        drained    gpu:a100:2   used gpu:a100:0  reason: traingate:ecc-errors
+    """
+    usable = [v for v in views if v.state in ("idle", "mixed", "allocated", "completing")]
+    out = [f"pool {pool_name} (Slurm partition {pool.partition}): {len(views)} node(s), {len(usable)} usable"]
+    for v in views:
+        used = v.gres_used.split("(")[0]
+        out.append(f"  {v.name:<8} {v.addr:<15} {v.state:<10} {v.gres:<12} used {used:<10}"
+                   + (f"  reason: {v.reason}" if v.reason else ""))
+    return out
