@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
+from traingate.job import files
 from traingate.spec import RunSpec, SpecError
 
 PYTHONS = ("python", "python3")
@@ -115,21 +116,53 @@ def extract_metrics(text: str, patterns: list[str]) -> dict[str, list[tuple[int,
     """
     compiled = [re.compile(p) for p in patterns]
     series: dict[str, list[tuple[int, float]]] = {}
+    counts: dict[str, int] = {}
     for line in text.splitlines():
-        for rx in compiled:
-            for m in rx.finditer(line):
-                groups = m.groupdict()
-                step = groups.pop("step", None)
-                for name, raw in groups.items():
-                    if raw is None:
-                        continue
-                    try:
-                        value = float(raw)
-                    except ValueError:
-                        continue
-                    seq = series.setdefault(name, [])
-                    seq.append((int(step) if step is not None else len(seq), value))
+        for name, step, value in _line_points(compiled, line, counts):
+            series.setdefault(name, []).append((step, value))
     return series
+
+
+def _line_points(compiled: list[re.Pattern[str]], line: str, counts: dict[str, int]) -> list[tuple[str, int, float]]:
+    """(metric, step, value) for every named group the patterns match in one line; a metric without a
+    ``step`` group gets its running index (``counts``, updated)."""
+    out = []
+    for rx in compiled:
+        for m in rx.finditer(line):
+            groups = m.groupdict()
+            step = groups.pop("step", None)
+            for name, raw in groups.items():
+                if raw is None:
+                    continue
+                try:
+                    value = float(raw)
+                except ValueError:
+                    continue
+                n = counts.get(name, 0)
+                counts[name] = n + 1
+                out.append((name, int(step) if step is not None else n, value))
+    return out
+
+
+def series_of_attempts(points: list[files.ScriptPoint]) -> dict[str, list[tuple[int, float, float]]]:
+    """Each metric's (step, value, time) over a stage's attempts, in the order they were read, where a
+    restarted attempt's points replace those of earlier attempts at the steps it ran again: the last
+    value of a series is the latest attempt's final value.
+
+    >>> P = files.ScriptPoint
+    >>> series_of_attempts([P("val_loss", 40, 0.9, 1.0, 0), P("val_loss", 50, 0.8, 2.0, 0),
+    ...                     P("val_loss", 50, 0.5, 3.0, 1)])["val_loss"]
+    [(40, 0.9, 1.0), (50, 0.5, 3.0)]
+    """
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    attempt_of: dict[str, int] = {}
+    for p in sorted(points, key=lambda p: (p.attempt, p.time)):
+        seq = out.setdefault(p.name, [])
+        if attempt_of.get(p.name, p.attempt) != p.attempt:
+            seq[:] = [q for q in seq if q[0] < p.step]  # the steps this attempt runs again are its own
+        attempt_of[p.name] = p.attempt
+        seq.append((p.step, p.value, p.time))
+    return out
 
 
 def summarize(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
@@ -160,6 +193,20 @@ def summarize(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
     return out
 
 
+def unmatched(patterns: list[str], text: str, tail: int = 5) -> str:
+    """Why a script stage whose output no metric regex matched fails: traingate saw no training step, so
+    nothing it gates on was measured. One line naming the regexes and showing the script's last lines.
+
+    >>> unmatched(["loss=(?P<loss>[0-9.]+)"], "epoch 1 loss: 0.5\\ndone\\n")
+    "no line of the script's output matched recipe.script.metrics 'loss=(?P<loss>[0-9.]+)', so it trained no step traingate can see; fix the regex or what the script prints (last lines: 'epoch 1 loss: 0.5' | 'done')"
+    """
+    last = [line.strip()[:120] for line in text.splitlines() if line.strip()][-tail:]
+    shown = " | ".join(repr(line) for line in last) if last else "it printed nothing"
+    regexes = ", ".join(f"'{p}'" for p in patterns)  # as written in the spec, not repr's doubled backslashes
+    return (f"no line of the script's output matched recipe.script.metrics {regexes}, so it trained no step "
+            f"traingate can see; fix the regex or what the script prints (last lines: {shown})")
+
+
 # ---------------------------------------------------------------- output progress (the heartbeat of a script)
 
 
@@ -168,15 +215,20 @@ class OutputProgress:
     the last step its metric regexes matched (``step`` groups). Fed line by line from the output reader.
 
     ``step_progress``: progress is the metric step (the spec's regexes name one), else the line count.
+    ``stage_dir``: every metric value is also appended there (:class:`files.ScriptPoint`) with the time its
+    line arrived and this launch's ``attempt``: the real step and time of each point, over every attempt.
     """
 
-    def __init__(self, patterns: list[str]):
-        self._step_rx = [rx for rx in (re.compile(p) for p in patterns) if "step" in rx.groupindex]
+    def __init__(self, patterns: list[str], stage_dir: Path | None = None, attempt: int = 0):
+        self._rx = [re.compile(p) for p in patterns]
+        self._step_rx = [rx for rx in self._rx if "step" in rx.groupindex]
         self.step_progress = bool(self._step_rx)
         self.lines = 0
         self.step: int | None = None
         self.last: float | None = None  # when progress was last made (time.time())
         self._lock = threading.Lock()
+        self._stage_dir, self._attempt = stage_dir, attempt
+        self._counts: dict[str, int] = {}  # points per metric without a step group (their running index)
 
     def feed(self, line: str) -> None:
         step = None
@@ -184,6 +236,8 @@ class OutputProgress:
             for m in rx.finditer(line):
                 if m.group("step") is not None:
                     step = int(m.group("step"))
+        if self._stage_dir is not None:
+            self._record(line, time.time())
         with self._lock:
             self.lines += 1
             if step is not None and step != self.step:
@@ -192,6 +246,14 @@ class OutputProgress:
                     self.last = time.time()
             if not self.step_progress:
                 self.last = time.time()
+
+    def _record(self, line: str, now: float) -> None:
+        points = []
+        for name, step, value in _line_points(self._rx, line, self._counts):
+            points.append(files.ScriptPoint(name, step, value, now, self._attempt))
+        if points:
+            assert self._stage_dir is not None
+            files.append_script_points(self._stage_dir, points)
 
     def reading(self) -> tuple[int, float] | None:
         """(progress counter, when it last advanced), or None before the first progress."""
