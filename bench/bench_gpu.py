@@ -37,7 +37,7 @@ def _job(work: Path, name: str, nproc: int, steps: int):
 
 
 def _run(job, env: dict[str, str], kill_at: int | None = None) -> tuple[int, float]:
-    from traingate.launch import stage_command
+    from traingate.launch.command import stage_command
 
     job.write()
     cmd = stage_command(job, sys.executable)

@@ -24,7 +24,7 @@ def _bare(state: Path) -> dict[str, float]:
     import dataclasses
 
     from traingate.job.stagejob import derive
-    from traingate.launch import stage_command
+    from traingate.launch.command import stage_command
     from traingate.recipes.checks import __file__ as checks_init
     from traingate.settings import Settings
     from traingate.spec import load_spec, write_resolved

@@ -25,7 +25,7 @@ from typing import IO, Iterator
 from traingate.monitor import dashboard
 from traingate.settings import Settings
 
-# The name traingate.proc gives the thread that reads a process tree's output and hands each line on.
+# The name traingate.launch.proc gives the thread that reads a process tree's output and hands each line on.
 PROCESS_OUTPUT_THREAD = "proc-reader"
 BAR_EVERY_S = 0.5
 LINES_EVERY_S = 1.0

@@ -11,10 +11,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 import traingate.recipes.checks as checks
-from traingate import proc
 from traingate.job import envvars
 from traingate.ladder import outcomes
 from traingate.ladder.stage import StageResult
+from traingate.launch import proc
 from traingate.spec import RunSpec
 
 

@@ -43,7 +43,7 @@ LOCATION_VARS = (
 # A tracking server's own artifact store (its --artifacts-destination), reached through the server.
 SERVER_ARTIFACTS = "mlflow-artifacts:/"
 IMAGE_VAR = "TRAINGATE_IMAGE"  # the pinned training image of container pools (`traingate pools bootstrap`)
-NODES_VAR = "TRAINGATE_NODES"  # where a multi-node job's node agents run ("netns:NS0,NS1"; traingate.launch_nodes)
+NODES_VAR = "TRAINGATE_NODES"  # where a multi-node job's node agents run ("netns:NS0,NS1"; traingate.launch.nodes)
 # Container pools (`traingate pools bootstrap`): the networks and volumes of every flow-run container
 # (comma-separated), and which credential variables a flow run reads from which Prefect Secret block
 # ("VAR=block-name,..."; names only: a container does not inherit its worker's environment).

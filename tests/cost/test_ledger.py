@@ -20,7 +20,7 @@ from traingate.cost.source import gather
 from traingate.job import files
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
-from traingate.proc import ProcResult
+from traingate.launch.proc import ProcResult
 from traingate.settings import Settings
 from traingate.spec import load_spec_text
 from traingate.ladder.stage import GateDecision, StageResult

@@ -9,8 +9,8 @@ import yaml
 from tgtest import TINY_DIGITS
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
-from traingate.launch import stage_command
-from traingate.launch_nodes import NODES_VAR, Node, check_rendezvous, parse_nodes
+from traingate.launch.command import stage_command
+from traingate.launch.nodes import NODES_VAR, Node, check_rendezvous, parse_nodes
 from traingate.settings import Settings
 from traingate.spec import SpecError, apply_overrides, parse_spec
 from traingate.supervision.supervisor import Hooks, supervise
@@ -56,7 +56,7 @@ def _two_node_job(tmp_path: Path):
 def test_a_two_node_job_is_launched_as_one_agent_per_node_with_a_rendezvous_per_attempt(tmp_path):
     job = _two_node_job(tmp_path)
     cmd = stage_command(job, "/py")
-    assert cmd[:3] == ["/py", "-m", "traingate.launch_nodes"]
+    assert cmd[:3] == ["/py", "-m", "traingate.launch.nodes"]
     assert cmd[cmd.index("--rdzv-id") + 1] == "r.full.0"
     agent = cmd[cmd.index("--") + 1:]
     assert "--nnodes=2" in agent and "--rdzv-endpoint=10.77.0.1:29411" in agent

@@ -19,7 +19,7 @@ from tgtest import TINY_DIGITS
 from traingate.job import files
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
-from traingate.launch_nodes import NODES_VAR
+from traingate.launch.nodes import NODES_VAR
 from traingate.settings import Settings
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision.drill import _weights, compare_states, final_state
@@ -97,7 +97,7 @@ def test_two_hosts_one_process_each_complete_the_full_stage(undisturbed, hosts):
     assert run.sup.status == Status.COMPLETED, run.sup.error
     assert run.sup.restarts == 0
     launch = next(line for line in run.log if "launch 1:" in line)
-    assert "traingate.launch_nodes" in launch and "--nnodes=2" in launch
+    assert "traingate.launch.nodes" in launch and "--nnodes=2" in launch
     out = (run.stage_dir / files.STDOUT).read_text()
     assert f"node 0 ({hosts.a}, {hosts.addr_a})" in out and f"node 1 ({hosts.b}, {hosts.addr_b})" in out
     assert final_state(run.checkpoint_uri)["train_state"]["step"] == STEPS

@@ -13,7 +13,7 @@ import yaml
 from traingate.job import envvars
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause
-from traingate.launch import stage_command
+from traingate.launch.command import stage_command
 from traingate.recipes import script as script_recipe
 from traingate.settings import Settings
 from traingate.spec import SpecError, parse_spec

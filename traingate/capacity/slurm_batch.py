@@ -3,7 +3,7 @@
 It runs inside the allocation, on its first node, and trains the stage exactly as the local engine
 does (:func:`traingate.supervision.stage_run.train`: the same supervisor, heartbeats, restarts,
 emergency checkpoint). A job on several nodes starts one torchrun agent per allocated node through
-:mod:`traingate.launch_nodes` (``TRAINGATE_NODES=slurm:n1,n2``: a one-task ``srun --overlap`` step
+:mod:`traingate.launch.nodes` (``TRAINGATE_NODES=slurm:n1,n2``: a one-task ``srun --overlap`` step
 each), its c10d rendezvous on the first node's NodeAddr, gloo bound to each node's interface.
 
 Preemption: the job is submitted with ``--requeue --signal=B:TERM@<grace>``; the SIGTERM reaches this

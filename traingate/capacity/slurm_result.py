@@ -14,7 +14,7 @@ from traingate.capacity.slurm import SIGNALLED, AccountedJob, Ending, ending
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
-from traingate.proc import ProcResult
+from traingate.launch.proc import ProcResult
 from traingate.supervision.supervisor import TAIL_LINES, Attempt, Supervision
 
 _ATTEMPT_FIELDS = {f.name for f in fields(Attempt)}

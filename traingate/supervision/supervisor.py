@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from traingate import launch, proc
 from traingate.job import envvars, files
 from traingate.job.stagejob import Rollback, StageJob
 from traingate.job.vocab import Cause, Status, status_for
+from traingate.launch import command, proc
 from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
 from traingate.monitor.rules import Action, Firing
@@ -305,7 +305,7 @@ def _supervise(
         )
         job.write()
         env = envvars.job_environment(job)
-        cmd = launch.stage_command(job, python, zygote_socket)
+        cmd = command.stage_command(job, python, zygote_socket)
         attempt = Attempt(
             len(attempts),
             job.launched_at or time.time(),

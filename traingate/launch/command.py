@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from traingate.job.envvars import script_arg_values
 from traingate.job.stagejob import StageJob
-from traingate.launch_nodes import fan_out_command
+from traingate.launch.nodes import fan_out_command
 from traingate.recipes.script import build_command, torchrun_args
 
 
@@ -13,7 +13,7 @@ def stage_command(job: StageJob, python: str, zygote_socket: str | None = None) 
 
     A torchrun group may restart in place ``job.inplace_restarts`` times: faster than a relaunch
     (no new agent, no re-import of the launcher), counted against the supervisor's budget.
-    A job on several nodes is the same agent on each of them (:mod:`traingate.launch_nodes`).
+    A job on several nodes is the same agent on each of them (:mod:`traingate.launch.nodes`).
     """
     if job.nodes > 1 and (not job.is_script or job.spec.recipe.script.launcher == "torchrun"):
         return _on_every_node(job, python, _agent_command(job, python, zygote_socket))

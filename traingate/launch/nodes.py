@@ -1,7 +1,7 @@
 """A stage on several nodes: one torchrun agent per node, all stopped when one node is lost.
 
 The supervisor launches ONE process tree per attempt. For a job on N nodes that tree is this
-module's fan-out (``python -m traingate.launch_nodes``): it starts the same torchrun agent on every
+module's fan-out (``python -m traingate.launch.nodes``): it starts the same torchrun agent on every
 node through a node launcher (how to run a command on node i: ``ip netns exec`` for namespaces on
 this machine, a one-task ``srun --overlap`` step inside a Slurm allocation; see docs/multinode.md),
 waits for them, and when one ends in failure (its host lost, its agent killed)
@@ -138,7 +138,7 @@ def fan_out_command(python: str, nodes: int, rdzv_id: str, rdzv_endpoint: str, a
     return [
         python,
         "-m",
-        "traingate.launch_nodes",
+        "traingate.launch.nodes",
         "--nodes",
         str(nodes),
         "--rdzv-id",
@@ -219,7 +219,7 @@ def _exit_as(rc: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m traingate.launch_nodes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m traingate.launch.nodes", description=__doc__.split("\n")[0])
     parser.add_argument("--rdzv-id", required=True)
     parser.add_argument("--rdzv-endpoint", required=True)
     parser.add_argument("--nodes", type=int, required=True)
