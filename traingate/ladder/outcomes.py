@@ -16,7 +16,7 @@ from traingate.job.world import stage_world
 from traingate.ladder.preflight import PROFILE_METRICS
 from traingate.ladder.stage import NEXT_STAGE, StageResult
 from traingate.launch.proc import ProcResult
-from traingate.recipes.script import extract_metrics, summarize
+from traingate.recipes.script import extract_metrics, summarize, unmatched
 from traingate.spec import RunSpec
 from traingate.supervision.supervisor import Supervision
 
@@ -79,6 +79,7 @@ def from_supervision(
     which stops at a checkpoint on purpose); their attempts are charged with the rest.
     """
     stage_dir = Path(job.stage_dir)
+    status, error = sup.status, sup.error
     cost = sizing.cost_usd(duration_s, job.slots, job.price_per_slot_hour)
     details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict(), "pid": sup.proc.pid}
     if job.is_script:
@@ -86,7 +87,10 @@ def from_supervision(
         assert s is not None
         log_text = (stage_dir / files.STDOUT).read_text(errors="replace") if (stage_dir / files.STDOUT).exists() else ""
         series = extract_metrics(log_text, s.metrics)
-        metrics: dict[str, Any] = summarize(series) if series else {"nonfinite_steps": 0.0}
+        metrics: dict[str, Any] = summarize(series) if series else {"nonfinite_steps": 0.0, "steps": 0.0}
+        if s.metrics and not series and status == Status.COMPLETED:
+            # Exit 0 without one matched line: nothing was measured, so no gate may pass it on zero steps.
+            status, error = Status.FAILED, unmatched(s.metrics, log_text)
         steps = metrics.get("steps", 0)
         profile = {"step_time_mean_s": sup.proc.duration_s / steps} if steps else {}
         details.update(series={k: v[-200:] for k, v in series.items()})
@@ -104,17 +108,17 @@ def from_supervision(
         details["profile"] = profile
     metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     metrics["restarts"] = stage_restarts(job, sup)
-    completed = sup.status == Status.COMPLETED
+    completed = status == Status.COMPLETED
     return StageResult(
         stage=job.stage,
-        status=sup.status,
+        status=status,
         metrics=metrics,
         cost_usd=cost,
         duration_s=duration_s,
         checkpoint_uri=checkpoint_uri,
         estimate=_estimate_next(job.spec, job.stage, job.price_per_slot_hour, profile) if completed else {},
         details=details,
-        error=sup.error,
+        error=error,
         attempts=[a.to_record() for a in charged_attempts(job, sup, before)],
         estimated_cost_usd=_estimated_by_previous(job),
     )
