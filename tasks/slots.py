@@ -30,9 +30,9 @@ import dataclasses
 import os
 import socket
 import threading
-from pathlib import Path
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,7 +53,7 @@ from traingate.capacity.queue import (
     key,
     usage_now,
 )
-from traingate import sizing
+from traingate.cost import sizing
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 

@@ -216,7 +216,7 @@ def derive(
     faults: str | None = None,
 ) -> StageJob:
     """The StageJob of ``stage`` of a validated ``spec``: the one place these facts are computed."""
-    from traingate import sizing
+    from traingate.cost import sizing
     from traingate.storage import join
 
     nodes, nproc = stage_world(spec, stage)

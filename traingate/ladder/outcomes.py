@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from traingate import sizing
+from traingate.cost import sizing
 from traingate.cost.ledger import Attempt, attempts_of
 from traingate.job import files
 from traingate.job.stagejob import StageJob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from traingate import sizing
+from traingate.cost import sizing
 from traingate.job.world import stage_world
 from traingate.settings import Settings
 from traingate.spec import STAGES, RunSpec
