@@ -39,6 +39,7 @@ JOB = "job.json"
 RESULT = "result.json"
 PROGRESS = "progress.jsonl"
 METRICS = "metrics.jsonl"
+SCRIPT_METRICS = "script_metrics.jsonl"  # a script's metric points, read from its output as it ran (all attempts)
 ALERTS = "alerts.jsonl"
 LOGBOOK = "logbook.jsonl"
 SUPERVISOR = "supervisor.json"
@@ -187,6 +188,27 @@ def clear_launch_files(stage_dir: Path) -> None:
 def _append(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record, default=str) + "\n")
+
+
+@dataclass
+class ScriptPoint:
+    """One metric value a script printed, as the supervisor read it: the step its regex named (a running
+    count per metric when it names none), and when the line arrived (a script prints no clock of its own)."""
+
+    name: str
+    step: int
+    value: float
+    time: float
+    attempt: int
+
+
+def append_script_points(stage_dir: Path, points: list[ScriptPoint]) -> None:
+    with open(stage_dir / SCRIPT_METRICS, "a") as f:
+        f.write("".join(json.dumps(asdict(p)) + "\n" for p in points))
+
+
+def read_script_points(stage_dir: Path) -> list[ScriptPoint]:
+    return [p for d in _read_lines(stage_dir / SCRIPT_METRICS) if (p := _build(ScriptPoint, d)) is not None]
 
 
 def append_progress(stage_dir: Path, record: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,7 @@ from traingate.job.world import stage_world
 from traingate.ladder.preflight import PROFILE_METRICS
 from traingate.ladder.stage import NEXT_STAGE, StageResult
 from traingate.launch.proc import ProcResult
-from traingate.recipes.script import extract_metrics, summarize, unmatched
+from traingate.recipes.script import extract_metrics, series_of_attempts, summarize, unmatched
 from traingate.spec import RunSpec
 from traingate.supervision.supervisor import Supervision
 
@@ -86,14 +87,20 @@ def from_supervision(
         s = job.spec.recipe.script
         assert s is not None
         log_text = (stage_dir / files.STDOUT).read_text(errors="replace") if (stage_dir / files.STDOUT).exists() else ""
-        series = extract_metrics(log_text, s.metrics)
+        # Each point with the step it names and the time its line was read, over every attempt; the latest
+        # attempt's values replace an earlier one's at the steps it ran again (its final value is the result).
+        timed = series_of_attempts(files.read_script_points(stage_dir))
+        if not timed:  # a stage directory from before the points file: its output, timed now
+            now = time.time()
+            timed = {k: [(step, v, now) for step, v in pts] for k, pts in extract_metrics(log_text, s.metrics).items()}
+        series = {k: [(step, v) for step, v, _ in pts] for k, pts in timed.items()}
         metrics: dict[str, Any] = summarize(series) if series else {"nonfinite_steps": 0.0, "steps": 0.0}
         if s.metrics and not series and status == Status.COMPLETED:
             # Exit 0 without one matched line: nothing was measured, so no gate may pass it on zero steps.
             status, error = Status.FAILED, unmatched(s.metrics, log_text)
         steps = metrics.get("steps", 0)
         profile = {"step_time_mean_s": sup.proc.duration_s / steps} if steps else {}
-        details.update(series={k: v[-200:] for k, v in series.items()})
+        details.update(series={k: v[-200:] for k, v in timed.items()})
         # A script's checkpoints are traingate's only when it declares them (indexed and published there).
         checkpoint_uri = job.checkpoint_uri if s.checkpoints is not None else None
     else:

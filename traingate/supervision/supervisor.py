@@ -318,7 +318,11 @@ def _supervise(
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
         cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
         # A script writes no heartbeat: its output is its progress (hang detection, the step it reached).
-        progress = script_recipe.OutputProgress(job.spec.recipe.script.metrics) if job.is_script else None
+        progress = (
+            script_recipe.OutputProgress(job.spec.recipe.script.metrics, stage_dir, job.attempt)
+            if job.is_script
+            else None
+        )
         on_line = progress.hook(hooks.on_line) if progress is not None else hooks.on_line
         tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, on_line, TAIL_LINES)
         watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started, progress)

@@ -244,12 +244,16 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
 
 def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decision: GateDecision | None) -> None:
     """Log a stage's result, gate decision, plots, eval outputs and checkpoint URIs, then close its run."""
-    metrics = [Metric(f"stage.{k}", v, 0, 0) for k, v in result.numeric_metrics().items()]
-    metrics += [Metric("stage.cost_usd", result.cost_usd, 0, 0), Metric("stage.duration_s", result.duration_s, 0, 0)]
-    metrics += [Metric(f"estimate.{k}", float(v), 0, 0) for k, v in result.estimate.items()]
-    # A script's curves, read from its output: logged with their steps so MLflow can plot them.
+    # At the step the stage reached and the time it is recorded: a stage recorded again after a resume
+    # (a preempted attempt's result first) has its newer values read back as the latest, never the older.
+    now_ms, step = int(time.time() * 1000), int(result.metrics.get("steps") or 0)
+    summary = {f"stage.{k}": v for k, v in result.numeric_metrics().items()}
+    summary.update({"stage.cost_usd": result.cost_usd, "stage.duration_s": result.duration_s})
+    summary.update({f"estimate.{k}": float(v) for k, v in result.estimate.items()})
+    metrics = [Metric(k, float(v), now_ms, step) for k, v in summary.items()]
+    # A script's curves, read from its output: logged with their steps and the time each line was read.
     for name, points in (result.details.get("series") or {}).items():
-        metrics += [Metric(name, float(v), 0, int(step)) for step, v in points]
+        metrics += [Metric(name, float(p[1]), int(p[2] * 1000) if len(p) > 2 else now_ms, int(p[0])) for p in points]
     tags = [RunTag("traingate.stage_status", result.status)]
     if result.checkpoint_uri:
         tags.append(RunTag("traingate.checkpoint_uri", redact(result.checkpoint_uri)))
