@@ -57,6 +57,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -70,7 +71,7 @@ cold start (no state, accounts and QOS included): see the report in the module's
 """
 
 BINARIES = ("munged", "mariadbd", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch", "srun",
-            "squeue", "sinfo", "sacct", "scontrol", "nsenter", "ip", "setpriv", "useradd", "userdel")
+            "squeue", "sinfo", "sacct", "scontrol", "scancel", "nsenter", "ip", "setpriv", "useradd", "userdel")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REGISTRY = Path("/run/traingate-slurm")
 USER_MARK = "traingate slurm test user"      # GECOS of users this module creates (and only deletes)
@@ -94,6 +95,7 @@ class Node:
     netns: str           # /run/netns/<netns>
     ifname: str          # interface holding `addr` inside the namespace
     host_ifname: str     # the veth's other end, on the bridge in the root namespace
+    gpu_devices: tuple[str, ...]   # its fake GPUs: character devices 195:N under BASE/dev
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,10 @@ class User:
 def _alive(pid: int) -> bool:
     """True while `pid` runs; a killed daemon lingers as a zombie, so read its state."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        proc_stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return proc_stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _free_port() -> int:
@@ -173,7 +175,9 @@ class SlurmCluster:
         self.bridge = f"tgsb{tag}"
         self.hostname = socket.gethostname().split(".")[0]
         self.first_job_id = tag * 100_000           # job ids (and so job cgroups) unique per cluster
-        self.nodes = [Node(f"n{i}", f"{self.subnet}.{10 + i}", f"tgs{tag}-n{i}", "eth0", f"tgs{tag}n{i}")
+        self.nodes = [Node(f"n{i}", f"{self.subnet}.{10 + i}", f"tgs{tag}-n{i}", "eth0", f"tgs{tag}n{i}",
+                           tuple(str(self.base / "dev" / f"nvidia{g}")
+                                 for g in range((i - 1) * self.gpus_per_node, i * self.gpus_per_node)))
                       for i in (1, 2)]
         self.conf = self.base / "etc" / "slurm.conf"
         self.munge_socket = self.base / "munge" / "munge.sock"
@@ -184,6 +188,7 @@ class SlurmCluster:
         self.users: dict[str, User] = {}
         self.user_python: Path | None = None         # a python the test users can run (see _make_user_python)
         self.preempt_mode = "REQUEUE"
+        self._capped: set[str] = set()              # accounts set_grp_gpus capped, for reset()
         self._procs: dict[str, subprocess.Popen] = {}
         self._ports: dict[str, int] = {}
         self._reg_file = REGISTRY / f"cluster-{tag}.json"
@@ -297,6 +302,31 @@ class SlurmCluster:
             raise ClusterError(f"scontrol {' '.join(args)} exited {r.returncode}: {(r.stdout + r.stderr).strip()}")
         return r.stdout
 
+    def reset(self, timeout: float = 60) -> None:
+        """Back to the state start() left: no jobs, every slurmd up and nodes idle, no GPU caps, REQUEUE."""
+        subprocess.run(["scancel", f"--partition={self.partition}"], capture_output=True, env=self._client_env())
+        for node in self.nodes:
+            if f"slurmd-{node.name}" not in self._procs:
+                self.start_node(node.name)
+        for account in list(self._capped):
+            self.set_grp_gpus(account, None)
+        if self.preempt_mode != "REQUEUE":
+            self.set_preempt_mode("REQUEUE")
+
+        def quiet() -> bool:
+            r = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S,CF,RQ,RS,SO", "-o", "%i"], capture_output=True,
+                               text=True, env=self._client_env())
+            if r.stdout.strip():
+                subprocess.run(["scancel", f"--partition={self.partition}"], capture_output=True,
+                               env=self._client_env())
+                return False
+            states = self._node_states()
+            for name, state in states.items():
+                if state.rstrip("*") in ("drained", "draining", "down"):
+                    self.scontrol("update", f"nodename={name}", "state=resume")
+            return all(states.get(n.name) == "idle" for n in self.nodes)
+        _wait(quiet, timeout, "no jobs and both nodes idle", interval=0.3)
+
     def set_preempt_mode(self, mode: str) -> None:
         """PreemptMode REQUEUE or CANCEL: rewrite slurm.conf, `scontrol reconfigure`, check it took."""
         if mode not in ("REQUEUE", "CANCEL"):
@@ -338,6 +368,10 @@ class SlurmCluster:
             m = re.search(r"Account=" + re.escape(account) + r" UserName= .*?\n\s*GrpTRES=(\S+)", out, re.S)
             return bool(m) and want in m.group(1)
         _wait(seen, 30, f"GrpTRES gres/gpu={value} on account {account} in slurmctld")
+        if n is None:
+            self._capped.discard(account)
+        else:
+            self._capped.add(account)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -451,13 +485,11 @@ class SlurmCluster:
             "-e", f"CREATE DATABASE IF NOT EXISTS mysql; USE mysql; {ddl}")
 
     def _make_gpus(self) -> None:
-        minor = 0
         for node in self.nodes:
-            for _ in range(self.gpus_per_node):
-                dev = self.base / "dev" / f"nvidia{minor}"
-                if not dev.exists():
-                    os.mknod(dev, 0o666 | 0o020000, os.makedev(GPU_MAJOR, minor))
-                minor += 1
+            for dev in node.gpu_devices:
+                if not os.path.exists(dev):
+                    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(GPU_MAJOR, int(dev.rsplit("nvidia", 1)[1])))
+                    os.chmod(dev, 0o666)          # as /dev/nvidia* are; mknod's mode went through the umask
 
     def _gpu_files(self, index: int) -> str:
         lo = index * self.gpus_per_node
