@@ -29,7 +29,7 @@ from xml.etree import ElementTree
 
 from traingate.job import files
 from traingate.job.vocab import Status
-from traingate.tracking.runs import is_restart
+from traingate.tracking import restarts as restart_record
 
 STAGE_ORDER = ("unit", "smoke", "canary", "full")
 TRAINING_STAGES = STAGE_ORDER[1:]
@@ -258,14 +258,8 @@ class RunReader:
         eta = (max_steps - step) / rate if running and rate and max_steps else (0.0 if not running else None)
         usd_per_s = int(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
         projected = spent + eta * usd_per_s if eta is not None else None
-        # The one rule of every restart count (`traingate show`, the runs table); roll-backs are among them.
-        # An ended attempt was followed by another launch, unless it was the stage's last.
-        followed = (
-            attempts[:-1]
-            if state is not None and state.final is not None
-            else [a for a in attempts if a.get("ended_at") is not None]
-        )
-        restarts = sum(1 for a in followed if is_restart(a.get("cause")))
+        # The supervisor's record, read as `traingate show` and the runs table read it; roll-backs are among them.
+        restarts = len(restart_record.records(attempts, final=state is not None and state.final is not None))
         rollbacks = sum(1 for a in attempts if a.get("cause") == "rollback")
         gpu = next((m.gpu_util_percent for m in reversed(metrics) if m.gpu_util_percent is not None), None)
         throughput = (

@@ -184,9 +184,12 @@ def show_run(c: MlflowClient, run_id: str) -> str:
                 f"          checkpoint {st.get('traingate.checkpoint.latest_uri') or st['traingate.checkpoint_uri']}"
             )
         for r in restarts(s):
+            lost = [f"{r[k]}{unit}" for k, unit in (("steps_lost", " steps"), ("time_lost_s", " s")) if k in r]
             lines.append(
                 f"          restart {r['n']}: cause {r.get('cause', '?')}, resumed from step "
-                f"{r.get('resumed_from_step', '?')}, {r.get('time_lost_s', '?')} s lost"
+                f"{r.get('resumed_from_step') or '?'}"
+                + (f", {' and '.join(lost)} lost" if lost else "")
+                + (f", {r['downtime_s']} s down" if "downtime_s" in r else "")
             )
         if st.get("traingate.promotion"):
             lines.append(f"          promotion: {st['traingate.promotion']}")
