@@ -20,6 +20,7 @@ from traingate.launch.proc import ProcResult
 from traingate.recipes.script import extract_metrics, series_of_attempts, summarize, unmatched
 from traingate.spec import RunSpec
 from traingate.supervision.supervisor import Supervision
+from traingate.tracking import restarts as restart_record
 
 NEXT = NEXT_STAGE
 # The sizing profile's metrics a stage reports: the list validation checks gate rules against.
@@ -114,7 +115,8 @@ def from_supervision(
         checkpoint_uri = data.checkpoint_uri if data else None
         details["profile"] = profile
     metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-    metrics["restarts"] = stage_restarts(job, sup)
+    details["restarts"] = restart_records(job, sup)
+    metrics["restarts"] = len(details["restarts"])
     completed = status == Status.COMPLETED
     return StageResult(
         stage=job.stage,
@@ -131,24 +133,15 @@ def from_supervision(
     )
 
 
-def stage_restarts(job: StageJob, sup: Supervision) -> int:
-    """How many times this stage restarted after a failure or a preemption, over every process that
-    trained it (a resume's earlier ones included), by the rule `traingate show` applies to the same
-    records (:func:`traingate.tracking.runs.is_restart`).
-
-    Read from the sessions rank 0 recorded in the stage's journal, the records MLflow's restart tags
-    come from. A stage without one (a script, tracking off) counts its supervisor's launches.
+def restart_records(job: StageJob, sup: Supervision) -> list[dict[str, str]]:
+    """This stage's restarts after a failure or a preemption, over every process that trained it (a
+    resume's earlier ones included): the supervisor's record in the stage directory, which `traingate
+    watch` reads while the stage runs and the stage's MLflow run is tagged with
+    (:mod:`traingate.tracking.restarts`).
     """
-    from traingate.tracking.journal import Journal, journal_path
-    from traingate.tracking.runs import is_restart
-
-    path = journal_path(Path(job.stage_dir))
-    if not job.is_script and path.exists():
-        with Journal(path) as j:
-            sessions = j.history().sessions
-        return sum(1 for s in sessions if s.get("session", 1) > 1 and is_restart(s.get("cause")))
     state = files.read_supervisor_state(Path(job.stage_dir))
-    return max(0, len(state.attempts) - 1) if state is not None else sup.restarts
+    attempts = state.attempts if state is not None else [asdict(a) for a in sup.attempts]
+    return restart_record.records(attempts, final=True)
 
 
 def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageResult:

@@ -86,6 +86,8 @@ class Attempt:
     # from, so a supervisor killed while it runs leaves a record `traingate resume` can close and go on from.
     command: list[str] = field(default_factory=list)
     resume_from_step: int | None = None  # the newest checkpoint on disk at launch (None: none)
+    # A script resumed from a checkpoint whose file name holds no step (ckpt.pt): the step is unknown.
+    resume_step_unknown: bool = False
 
     @property
     def start_step(self) -> int | None:
@@ -312,6 +314,7 @@ def _supervise(
             overrides=list(overrides),
             command=list(cmd),
             resume_from_step=_resume_step(job),
+            resume_step_unknown=job.is_script and job.script_resume and _resume_step(job) is None,
         )
         attempts.append(attempt)
         record.write(attempts)  # before the launch: a supervisor killed from here on leaves this attempt open
@@ -703,8 +706,13 @@ class _Watch:
         if self.job.is_script:
             s = self.job.spec.recipe.script
             resume_step = script_recipe.latest_step(self.job.checkpoint_dir, s.checkpoints) if s.resume_args else None
+            # It resumes from a checkpoint whose name holds no step: from where is unknown, and so are the steps lost.
+            unknown = bool(s.resume_args) and resume_step is None and script_recipe.has_checkpoint(
+                self.job.checkpoint_dir, s.checkpoints
+            )
         else:
             resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
+            unknown = False
         event = {
             "stage": self.job.stage,
             "run_id": self.job.run_id,
@@ -713,15 +721,17 @@ class _Watch:
             "restart": number,
             "backoff_s": round(delay, 3),
             "failed_at_step": attempt.end_step,
-            "resume_from_step": resume_step or 0,
+            "resume_from_step": "unknown" if unknown else resume_step or 0,
             "inplace": inplace,
-            "steps_lost": max(0, (attempt.end_step or 0) - (resume_step or 0)),
+            "steps_lost": None if unknown else max(0, (attempt.end_step or 0) - (resume_step or 0)),
             "overrides": overrides,
         }
         how = "torchrun restarted the group in place" if inplace else f"restart in {delay:.1f} s"
         self.hooks.info(
             f"{self.job.stage}: {cause} ({attempt.detail}); restart {number}/"
-            f"{self.job.spec.supervision.max_restarts} from step {resume_step or 0}: {how}"
+            f"{self.job.spec.supervision.max_restarts} from "
+            f"{'an unknown step (its checkpoint file name holds none)' if unknown else f'step {resume_step or 0}'}"
+            f": {how}"
         )
         if self.hooks.on_restart is not None:
             self.hooks.on_restart(event)

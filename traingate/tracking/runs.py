@@ -21,12 +21,13 @@ from typing import Any
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
-from traingate.job.vocab import Status
 from traingate.ladder.stage import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
 from traingate.settings import export_s3_endpoint
 from traingate.spec import RunSpec
+from traingate.tracking import restarts as restart_record
 from traingate.tracking.identity import REQUIRED_TAGS
+from traingate.tracking.restarts import is_restart
 
 _MAX_PARAM = 6000  # MLflow's param value limit
 SPEC_ARTIFACT = "spec/resolved_spec.json"
@@ -255,6 +256,8 @@ def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decisi
     for name, points in (result.details.get("series") or {}).items():
         metrics += [Metric(name, float(p[1]), int(p[2] * 1000) if len(p) > 2 else now_ms, int(p[0])) for p in points]
     tags = [RunTag("traingate.stage_status", result.status)]
+    if "restarts" in result.details:  # the supervisor's record, the one every restart count reads
+        tags += [RunTag(k, v) for k, v in restart_record.tags(result.details["restarts"]).items()]
     if result.checkpoint_uri:
         tags.append(RunTag("traingate.checkpoint_uri", redact(result.checkpoint_uri)))
     if decision is not None:
@@ -372,27 +375,14 @@ def notes(run: Run) -> list[dict[str, Any]]:
     return [json.loads(run.data.tags[k]) for k in keys]
 
 
-# A process that follows its predecessor's deliberate end continues the stage: the smoke stage stops
-# half way at a checkpoint and resumes on purpose, to prove the wiring. Only failures and preemptions
-# (a Cause, or "unknown" when a process died without a word) are restarts.
-_DELIBERATE_ENDS = frozenset({Status.STOPPED, Status.COMPLETED, Status.PRUNED})
-
-
-def is_restart(cause: str | None) -> bool:
-    """Whether a new process of a stage, started because of ``cause`` (how the previous one ended),
-    counts as a restart. The one rule for every restart count: `traingate show`, the pipeline's
-    ``pipeline.restarts``, and a stage's result (:func:`traingate.ladder.outcomes.from_supervision`).
-
-    >>> is_restart("worker_lost"), is_restart("preempted"), is_restart("stopped")
-    (True, True, False)
-    """
-    return cause not in _DELIBERATE_ENDS
-
-
 def restarts(run: Run) -> list[dict[str, str]]:
-    """The restarts a (stage) run recorded (failures and preemptions, :func:`is_restart`), numbered
-    in order: number, cause, step resumed from, time lost."""
+    """The restarts of a (stage) run, numbered in order: once the stage is recorded, the supervisor's
+    record (:mod:`traingate.tracking.restarts`); while it runs, what its rank 0 tracker tagged so far
+    (number, cause, step resumed from, time lost), failures and preemptions only (:func:`is_restart`)."""
     tags = run.data.tags
+    recorded = restart_record.from_tags(tags)
+    if recorded is not None:
+        return recorded[1]
     recorded = []
     for i in range(1, int(tags.get("traingate.restarts", "0")) + 1):
         p = f"traingate.restart.{i}."
@@ -402,7 +392,8 @@ def restarts(run: Run) -> list[dict[str, str]]:
 
 
 def restart_count(run: Run) -> int:
-    return len(restarts(run))
+    recorded = restart_record.from_tags(run.data.tags)
+    return recorded[0] if recorded is not None else len(restarts(run))
 
 
 # ------------------------------------------------------------------ a lost tracking store
