@@ -27,6 +27,7 @@ from traingate.runtime import exitcodes
 _TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)")
 # Last-words causes that are only an echo of another rank's failure.
 _ECHOES = {Cause.WORKER_LOST}
+_LOST = "rank {rank} ended without last words (killed); its peers' SIGTERM was torchrun stopping the group"
 # Failures torchrun may answer with an in-place restart of the group; any other needs the supervisor
 # (a bug or NaN must stop, an OOM restarts with a smaller batch, a full disk stays full).
 INPLACE_OK = frozenset({Cause.WORKER_LOST, Cause.COLLECTIVE_TIMEOUT, Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR})
@@ -44,6 +45,7 @@ class Evidence:
     stop_requested: bool = False  # the supervisor stopped it on request (cancel/preempt)
     timed_out: bool = False  # the stage's time limit
     writes_result: bool = True  # False for a user's script: exit 0 is its only verdict
+    world_size: int | None = None  # ranks in the group (None: unknown, e.g. a script)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,22 @@ class Classification:
 def primary_words(words: list[LastWords]) -> list[LastWords]:
     """Last words that name a failure of their own, not an echo of a peer's."""
     return [w for w in sorted(words, key=lambda w: w.time) if normalize(w.cause) not in _ECHOES]
+
+
+def lost_rank(words: list[LastWords], world_size: int | None) -> int | None:
+    """A rank that left no last words while a peer's say it was preempted: that rank was killed, and the
+    peers' SIGTERM was torchrun stopping the group after it. A preemption reaches every rank and each
+    says so; whether a peer noticed the broken collective before torchrun's SIGTERM arrived is a race
+    (a loaded machine loses it), so the silent rank decides, not which of the two came first.
+
+    >>> lost_rank([LastWords(0, "preempted", "SIGTERM", 1.0, 75)], 2), lost_rank([LastWords(0, "preempted", "", 1.0, 75),
+    ...     LastWords(1, "preempted", "", 1.0, 75)], 2)
+    (1, None)
+    """
+    if not world_size or not any(normalize(w.cause) == Cause.PREEMPTED for w in words):
+        return None
+    silent = sorted(set(range(world_size)) - {w.rank for w in words})
+    return silent[0] if silent else None
 
 
 def normalize(text: str | None) -> Cause:
@@ -87,6 +105,8 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
         return out(Cause.HANG, "heartbeats stopped advancing; the tree was killed")
     if ev.result_status == Status.DIVERGED or ev.returncode == exitcodes.DIVERGED:
         return out(Cause.DIVERGED, "non-finite loss beyond optim.nonfinite_tolerance")
+    if not ev.stop_requested and (lost := lost_rank(words, ev.world_size)) is not None:
+        return out(Cause.WORKER_LOST, _LOST.format(rank=lost))
     # A rank's own error outranks a preemption nobody asked for: its peers' SIGTERM is the fallout.
     if primary and not (ev.stop_requested and normalize(primary[0].cause) == Cause.PREEMPTED):
         w = primary[0]
@@ -118,6 +138,16 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     # An unexplained non-zero exit with no last words: a crash we did not see. One that repeats
     # is stopped by the retry budget; treating it as a bug would give up on a flaky node at once.
     return out(Cause.WORKER_LOST, f"exit code {ev.returncode} without last words")
+
+
+def restarted_in_place(words: list[LastWords], world_size: int | None) -> tuple[Cause, str]:
+    """Why torchrun restarted a group in place: (cause, detail) from the replaced incarnation's last words."""
+    if (lost := lost_rank(words, world_size)) is not None:
+        return Cause.WORKER_LOST, _LOST.format(rank=lost)
+    primary = primary_words(words)
+    if primary:
+        return normalize(primary[0].cause), f"rank {primary[0].rank}: {primary[0].error}"
+    return Cause.WORKER_LOST, "a worker failed"
 
 
 def fatal_for_inplace(words: list[LastWords], result_status: Status | None) -> Cause | None:

@@ -369,6 +369,7 @@ def _supervise(
                 hang_detected=watch.hang is not None,
                 stop_requested=watch.stop is not None,
                 timed_out=result.timed_out,
+                world_size=job.world_size if job.writes_heartbeats else None,
                 writes_result=job.writes_heartbeats,
             ),
             oom_retry=oom_retry,
@@ -685,13 +686,11 @@ class _Watch:
             failed = min((w.time for w in words), default=None)
             old.ended_at = min(t for t in (failed, started, now) if t is not None)
             old.retryable = True
-            primary = causes.primary_words(words)
             if self.inplace_cause is not None:  # we killed a hung rank ourselves
                 old.cause, old.detail = self.inplace_cause, self.inplace_detail
                 self.inplace_cause = None
             else:
-                old.cause = causes.normalize(primary[0].cause) if primary else Cause.WORKER_LOST
-                old.detail = f"rank {primary[0].rank}: {primary[0].error}" if primary else "a worker failed"
+                old.cause, old.detail = causes.restarted_in_place(words, self.job.world_size)
             old.last_words = [asdict(w) for w in words]
             self.restart_count = nxt
             self.restarted(old, old.cause, len(self.attempts), 0.0, [], inplace=True)
