@@ -67,7 +67,7 @@ def _active(name: str) -> int:
 def test_bootstrap_creates_pool_queues_limits_and_config_once_then_changes_nothing(pool, capsys):
     from prefect import get_client
 
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     from tasks import slots
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     first = bootstrap(cfg)
@@ -85,7 +85,7 @@ def test_bootstrap_creates_pool_queues_limits_and_config_once_then_changes_nothi
 
 
 def test_a_container_pool_without_a_pinned_image_is_refused_in_one_line(pool):
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     cfg = parse_config({"pools": {pool: {"gpu": "A100", "gpus_per_node": 8, "nodes": 1, "price_per_gpu_hour": 1,
                                          "worker": "docker"}}})
     with pytest.raises(CapacityError, match=r"needs the training image.*--image"):
@@ -96,7 +96,7 @@ def test_a_container_pool_without_a_pinned_image_is_refused_in_one_line(pool):
 
 
 def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, tiny_spec, tmp_path):
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     cfg = _config(pool)
     bootstrap(cfg)
     jobs = [_job(tiny_spec, tmp_path, pool, f"j{i}", procs) for i, procs in enumerate([2, 1, 2, 1, 2])]
@@ -125,7 +125,7 @@ def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, 
 
 
 def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spec, tmp_path):
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     bootstrap(cfg)
     first = _slots(_job(tiny_spec, tmp_path, pool, "v1", 2, team="vision"), cfg)
@@ -145,7 +145,7 @@ def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spe
 
 
 def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_its_slots(pool, tiny_spec, tmp_path):
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     cfg = _config(pool)
     bootstrap(cfg)
     research = [_slots(_job(tiny_spec, tmp_path, pool, f"r{i}", 2), cfg) for i in range(2)]
@@ -177,7 +177,7 @@ def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_it
 
 
 def test_a_job_wider_than_its_pool_is_refused_before_it_waits(pool, tiny_spec, tmp_path):
-    from flows.commands.pools import bootstrap
+    from flows.cli.pools import bootstrap
     cfg = parse_config({"pools": {pool: {"gpus_per_node": 1, "nodes": 1, "price_per_gpu_hour": 1.0,
                                          "worker": "process"}}})
     bootstrap(cfg)
@@ -189,8 +189,8 @@ def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position
         pool, tiny_spec, tmp_path, capsys):
     import argparse
 
-    from flows.commands import queue
-    from flows.commands.pools import bootstrap
+    from flows.cli import queue
+    from flows.cli.pools import bootstrap
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     bootstrap(cfg)
     running = _slots(_job(tiny_spec, tmp_path, pool, "big", 2, team="vision"), cfg)
@@ -221,7 +221,7 @@ def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position
 def test_queue_view_without_a_bootstrapped_server_says_what_to_run(prefect_harness, capsys):
     import argparse
 
-    from flows.commands import queue
+    from flows.cli import queue
     from prefect import get_client
 
     from tasks import slots

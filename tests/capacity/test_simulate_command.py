@@ -5,16 +5,17 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from flows.commands import simulate as command
+from flows.cli import arguments
+from flows.cli import simulate as command
 from tgtest import PYTHON, ROOT
 
 POOLS = str(ROOT / "examples" / "pools.yaml")
 
 
 def main(argv: list[str]) -> int:
-    # The command alone: flows.cli builds every subcommand's parser, importing Prefect (seconds).
+    # The command alone, in this process: its arguments and its main, without the CLI's environment set-up.
     p = argparse.ArgumentParser()
-    command.add_arguments(p)
+    arguments.simulate(p)
     return command.main(p.parse_args(argv[1:]))
 
 

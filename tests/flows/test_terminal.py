@@ -1,5 +1,5 @@
 """What `traingate run` shows while it runs: a progress bar with ETA in a terminal, one line per stage
-transition elsewhere (flows/terminal.py)."""
+transition elsewhere (flows/cli/terminal.py)."""
 from __future__ import annotations
 
 import logging
@@ -48,7 +48,7 @@ def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_l
 
 
 def test_log_records_print_above_the_bar_and_process_output_lines_are_dropped_in_a_terminal(tmp_path):
-    from flows.terminal import PROCESS_OUTPUT_THREAD, follow_run
+    from flows.cli.terminal import PROCESS_OUTPUT_THREAD, follow_run
 
     master, slave = os.openpty()
     out = os.fdopen(slave, "w", buffering=1)
@@ -106,7 +106,7 @@ def _stage(run_dir: Path, name: str, status: str | None, attempts: int, mtime: f
 
 
 def test_without_a_terminal_each_stage_transition_is_one_line_and_a_resume_does_not_repeat_finished_stages(tmp_path):
-    from flows.terminal import Transitions
+    from flows.cli.terminal import Transitions
 
     run_dir = tmp_path / "r1"
     start = time.time()
@@ -131,7 +131,7 @@ def test_without_a_terminal_each_stage_transition_is_one_line_and_a_resume_does_
 
 
 def test_the_bar_line_fits_the_terminal_and_says_eta_loss_and_dollars():
-    from flows.terminal import bar_line
+    from flows.cli.terminal import bar_line
     from traingate.monitor.dashboard import Snapshot
 
     snap = Snapshot("r1", 0.0, (), "canary", "running", 31, 60, 11.0, loss=(2.248,), spent_usd=0.0001)

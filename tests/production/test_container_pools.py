@@ -24,7 +24,7 @@ ENV = {"TRAINGATE_STATE_DIR": "/var/lib/traingate", "TRAINGATE_TRACKING_URI": "h
 def _job(pool: str, env: dict[str, str], values: dict | None = None):
     from prefect_docker.worker import DockerWorkerJobConfiguration
 
-    from flows.commands.pools import job_template
+    from flows.cli.pools import job_template
 
     cfg = parse_config(POOLS)
     template = job_template(cfg.pools[pool], "ghcr.io/acme/train:2026.11.23", pool, pool_locations(pool, env), env)
@@ -62,7 +62,7 @@ def test_a_malformed_secret_blocks_setting_is_refused_at_bootstrap_in_one_line()
 
 def test_credentials_go_to_secret_blocks_and_a_flow_run_loads_only_those_its_environment_lacks(prefect_harness,
                                                                                                monkeypatch):
-    from flows.commands.pools import store_secret_blocks
+    from flows.cli.pools import store_secret_blocks
     from flows.pipeline import load_secret_blocks
 
     lines = store_secret_blocks(ENV)
@@ -80,7 +80,7 @@ def test_credentials_go_to_secret_blocks_and_a_flow_run_loads_only_those_its_env
 
 
 def test_a_missing_secret_block_or_credential_is_named_in_one_line(prefect_harness, monkeypatch):
-    from flows.commands.pools import store_secret_blocks
+    from flows.cli.pools import store_secret_blocks
     from flows.pipeline import load_secret_blocks
 
     monkeypatch.setenv("TRAINGATE_SECRET_BLOCKS", "MY_TOKEN=tg-test-never-stored")

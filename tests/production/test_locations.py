@@ -32,7 +32,7 @@ def _env_without_locations(**extra: str) -> dict[str, str]:
 def test_a_pools_flow_runs_get_the_bootstraps_locations_merged_with_the_deployments_env(prefect_harness):
     from prefect.workers.process import ProcessJobConfiguration
 
-    from flows.commands.pools import job_template
+    from flows.cli.pools import job_template
 
     cfg = parse_config(POOLS)
     env = {"TRAINGATE_STATE_DIR": "/srv/traingate", "TRAINGATE_TRACKING_URI": "http://mlflow:5000",

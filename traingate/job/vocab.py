@@ -61,3 +61,8 @@ def status_for(cause: Cause | str | None) -> Status:
     if cause is None:
         return Status.COMPLETED
     return {Cause.DIVERGED: Status.DIVERGED, Cause.PREEMPTED: Status.PREEMPTED}.get(Cause(cause), Status.FAILED)
+
+
+# The faults `traingate drill` injects (traingate.supervision.drill), and the ones it cycles through by default.
+DRILL_KINDS = ("kill", "term", "stop", "io", "ctimeout")
+DEFAULT_KINDS = ("kill", "term", "stop", "io")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from traingate.job.stagejob import JobKind, derive
-from traingate.job.vocab import Status
+from traingate.job.vocab import DEFAULT_KINDS, DRILL_KINDS, Status
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.spec import RunSpec, apply_overrides, parse_spec, write_resolved
@@ -28,8 +28,6 @@ from traingate.runtime import inject
 from traingate.supervision.supervisor import Attempt, Hooks, Supervision, supervise
 
 # What a drill may inject: the retryable faults. (oom/nan/error are stop-fast causes, tested separately.)
-DRILL_KINDS = ("kill", "term", "stop", "io", "ctimeout")
-DEFAULT_KINDS = ("kill", "term", "stop", "io")
 EXPECTED_CAUSE = {
     "kill": "worker_lost",
     "term": "preempted",

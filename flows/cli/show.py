@@ -6,10 +6,6 @@ import argparse
 import sys
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", help="a pipeline run id (or a stage run id: its pipeline is shown)")
-
-
 def main(args: argparse.Namespace) -> int:
     # Imported here: `traingate show --help` must not pay for MLflow (seconds).
     from mlflow.exceptions import MlflowException

@@ -9,20 +9,8 @@ from __future__ import annotations
 import argparse
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="RunSpec YAML file (data.uri may name the version {latest})")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set promotion.margin=0.01 (repeatable)",
-    )
-
-
 def main(args: argparse.Namespace) -> int:
-    from flows.cli import guard_this_process, interrupted
+    from flows.cli.run import guard_this_process, interrupted
     from traingate.ladder.preflight import check_spec, preflight
     from traingate.settings import Settings
     from traingate.snapshots import resolve_spec
@@ -39,7 +27,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         state = retrain(spec, return_state=True)  # resolves again: a snapshot published meanwhile is taken
     except KeyboardInterrupt:
-        from flows.cli import _claimed_run
+        from flows.cli.run import _claimed_run
 
         return interrupted(_claimed_run(Settings.from_env()))
     print(f"retrain {'COMPLETED' if state.is_completed() else 'STOPPED'}: {state.message}")

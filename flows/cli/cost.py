@@ -30,12 +30,6 @@ def parse_since(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--team", help="only runs of this team")
-    p.add_argument("--experiment", help="only this experiment (MLflow experiment name)")
-    p.add_argument("--since", metavar="AGE", help="only runs started within this age, e.g. 7d, 12h, 30m")
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         if args.team is not None:

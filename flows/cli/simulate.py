@@ -15,27 +15,6 @@ from traingate.capacity.trace import TraceParams, generate, read_trace, write_tr
 from traingate.settings import Settings
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool,est_duration_s]")
-    p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
-    p.add_argument(
-        "--policies",
-        help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
-        "(default: the ten-way comparison)",
-    )
-    p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
-    p.add_argument(
-        "--half-life-h", type=float, help="fair-share half-life (default: the config's scheduling.half_life_h)"
-    )
-    p.add_argument("--out", help="output directory (default: <state dir>/simulate/<trace name>)")
-    g = p.add_argument_group("generate a trace first (into TRACE.csv, which must not exist)")
-    g.add_argument(
-        "--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see docs/simulator.md)"
-    )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--load", type=float, default=0.8, help="offered GPU-time / pool capacity (default 0.8)")
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         return _run(args)

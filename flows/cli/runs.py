@@ -10,18 +10,6 @@ from traingate.tracking import browse
 from traingate.tracking.runs import client
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--experiment", help="only this MLflow experiment")
-    p.add_argument("--team", help="only runs of this team")
-    p.add_argument(
-        "--sort",
-        metavar="METRIC",
-        help="order by a metric of each run's deepest stage, e.g. val_accuracy (highest first)",
-    )
-    p.add_argument("--asc", action="store_true", help="with --sort: lowest first")
-    p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         c = client(store_to_read("runs").tracking_uri)

@@ -11,12 +11,6 @@ from traingate.settings import Settings
 from traingate.tracking.runs import add_note, client
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", help="the run (pipeline or stage) the note is about")
-    p.add_argument("text", help='what happened and why, e.g. "lowered the LR: loss spikes after step 2k"')
-    p.add_argument("--author", default=None, help="who writes it (default: the current user)")
-
-
 def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     try:

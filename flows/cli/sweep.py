@@ -8,23 +8,6 @@ import os
 from traingate.redact import redact
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="RunSpec YAML file with a `sweep:` section")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set sweep.n_trials=20 (repeatable)",
-    )
-    p.add_argument(
-        "--promote",
-        action="store_true",
-        help="run the best configuration up the ladder (to sweep.promotion.until, default full)",
-    )
-
-
 def main(args: argparse.Namespace) -> int:
     from traingate.secrets import protect_spec
     from traingate.settings import Settings
@@ -36,7 +19,7 @@ def main(args: argparse.Namespace) -> int:
     check_sweep(spec)  # every error before Prefect starts
     spec = protect_spec(spec)  # the flow-run parameters hold ${env:} references, not secrets
     settings = Settings.from_env().ensure()
-    from flows.cli import guard_this_process
+    from flows.cli.run import guard_this_process
 
     guard_this_process(spec.supervision.preempt_grace_s)
     from flows.sweep import sweep

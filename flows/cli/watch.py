@@ -15,12 +15,6 @@ import time
 EXIT_USAGE = 2
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", help="the traingate run id (`traingate run` printed it; `traingate runs` lists them)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
-    p.add_argument("--once", action="store_true", help="draw the run once and exit (scripts, a quick look)")
-
-
 def main(args: argparse.Namespace) -> int:
     from traingate.settings import Settings
 

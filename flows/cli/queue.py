@@ -17,14 +17,10 @@ from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import CapacityError, Engine
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pool", help="only this pool")
-
-
 def main(args: argparse.Namespace) -> int:
     from prefect import get_client
 
-    from flows.commands.pools import _require_server
+    from flows.cli.pools import _require_server
     from tasks import slots
 
     try:

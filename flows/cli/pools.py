@@ -42,30 +42,6 @@ from traingate.settings import (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True)
-    b = sub.add_parser("bootstrap", help="create/update work pools, queues, slot and quota limits from a config")
-    b.add_argument("config", help="pools config YAML, e.g. examples/pools.yaml")
-    b.add_argument(
-        "--image",
-        default=os.environ.get(IMAGE_VAR),
-        help=f"training image of docker/kubernetes pools (default: ${IMAGE_VAR})",
-    )
-    show = sub.add_parser("show", help="each pool's nodes (a Slurm pool's from sinfo: state, GPUs used, drain reason)")
-    show.add_argument("config", help="pools config YAML")
-    show.add_argument("--pool", help="only this pool")
-    drain = sub.add_parser("drain", help="take a Slurm node out of service (scontrol ... state=drain)")
-    drain.add_argument("node", help="the Slurm node name, e.g. n1")
-    drain.add_argument("--reason", required=True, help="why (recorded as traingate:REASON on the node)")
-    back = sub.add_parser("resume", help="return a drained Slurm node to service (scontrol ... state=resume)")
-    back.add_argument("node", help="the Slurm node name")
-    sub.add_parser(
-        "secrets",
-        help=f"store the credentials ${SECRET_BLOCKS_VAR} names as Prefect Secret blocks, "
-        "each from the variable of the same name in this environment",
-    )
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         if args.action in ("show", "drain", "resume"):
@@ -91,13 +67,16 @@ def _nodes(args: argparse.Namespace) -> list[str]:
     if args.action != "show":
         known = [v.name for v in slurm.nodes(slurm_cli.sinfo())]
         if args.node not in known:
-            raise CapacityError(f"node {args.node!r} is not a node of this Slurm cluster ($SLURM_CONF); use one of "
-                                f"{', '.join(known)}")
+            raise CapacityError(
+                f"node {args.node!r} is not a node of this Slurm cluster ($SLURM_CONF); use one of {', '.join(known)}"
+            )
         reason = f"traingate:{args.reason}" if args.action == "drain" else None
         slurm_cli.set_node_state(args.node, args.action, reason)
         view = next((v for v in slurm.nodes(slurm_cli.sinfo()) if v.name == args.node), None)
-        return [f"node {args.node}: {view.state if view else 'unknown'}" + (f" ({view.reason})" if view and view.reason
-                                                                              else "")]
+        return [
+            f"node {args.node}: {view.state if view else 'unknown'}"
+            + (f" ({view.reason})" if view and view.reason else "")
+        ]
     cfg = load_config(args.config)
     if args.pool and args.pool not in cfg.pools:
         raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
@@ -108,8 +87,10 @@ def _nodes(args: argparse.Namespace) -> list[str]:
         if pool.engine == Engine.SLURM:
             out += slurm.node_lines(name, pool.slurm, [v for v in views if pool.slurm.partition in v.partitions])
         else:
-            out.append(f"pool {name} (local engine): {pool.nodes} node(s) x {pool.gpus_per_node} slots = "
-                       f"{pool.capacity} slots; `traingate queue --pool {name}` shows who holds them")
+            out.append(
+                f"pool {name} (local engine): {pool.nodes} node(s) x {pool.gpus_per_node} slots = "
+                f"{pool.capacity} slots; `traingate queue --pool {name}` shows who holds them"
+            )
     return out
 
 

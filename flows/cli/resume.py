@@ -13,23 +13,6 @@ import os
 from traingate.spec import STAGES
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", help="the traingate run id (printed by `traingate run`)")
-    p.add_argument("--until", choices=STAGES, default="full", help="last stage to run (default: full)")
-    p.add_argument(
-        "--stage", choices=STAGES, default=None, help="stage to resume (default: the run's first unfinished stage)"
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
-        "budget pause (repeatable; a checkpoint refuses changes its state depends on)",
-    )
-
-
 def main(args: argparse.Namespace) -> int:
     from flows.pipeline import ResumeFrom, ladder, summary_of
     from traingate.ladder.plan import resume_point
@@ -45,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2
-    from flows.cli import guard_this_process, interrupted
+    from flows.cli.run import guard_this_process, interrupted
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
     try:

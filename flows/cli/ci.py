@@ -20,38 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from traingate.redact import redact
-from traingate.spec import STAGES
 
-DEPLOYMENT = "pipeline/ci-canary"
 CHEAP = ("unit", "smoke", "canary")  # what a merge may spend; full training is the pool's, not CI's
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", nargs="?", help="spec file: run its cheap stages here (default up to canary)")
-    p.add_argument(
-        "--summary", metavar="FILE", help="append a markdown summary here (default: $GITHUB_STEP_SUMMARY when set)"
-    )
-    p.add_argument(
-        "--commit",
-        help="instead: run the ci-canary deployment on this commit (a sha of the "
-        "repository the pool's worker clones: TRAINGATE_CI_REPOSITORY)",
-    )
-    p.add_argument("--deployment", default=DEPLOYMENT, help=f"default {DEPLOYMENT}")
-    p.add_argument(
-        "--spec", dest="spec_path", help="with --commit: spec file inside the commit (default: the deployment's)"
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="override a spec field (repeatable)",
-    )
-    p.add_argument(
-        "--until", choices=STAGES, help="last stage (default: canary for a spec file, the deployment's for --commit)"
-    )
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -71,7 +41,8 @@ def _refuse(why: str) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     """The cheap stages of SPEC in this process, as `traingate run --until` does, with a CI verdict."""
-    from flows.cli import _load, _summary, run_ladder_here
+    from flows.cli.run import _summary, run_ladder_here
+    from flows.cli.validate import _load
     from traingate.secrets import protect_spec
     from traingate.settings import Settings
 

@@ -23,20 +23,6 @@ from traingate.spec import STAGES
 from traingate.tracking import journal, runs, stale
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "target",
-        metavar="RUN_ID_OR_STAGE_DIR",
-        help="a traingate run id (its directory under the state dir), a run directory or a stage directory",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        help="seconds to keep trying an unreachable tracking store before giving up (default 60)",
-    )
-
-
 def _resolve(target: str, settings: Settings) -> tuple[Path, list[Path], bool] | None:
     """(run dir, stage dirs to deliver, whether the run's own writes too) for a run id or directory."""
     path = Path(target)

@@ -14,30 +14,6 @@ import json
 import time
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from traingate.supervision.drill import DEFAULT_KINDS, DRILL_KINDS
-
-    p.add_argument("spec", help="RunSpec YAML file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set supervision.hang_timeout_s=10 (repeatable)",
-    )
-    p.add_argument("--stage", choices=["canary", "full"], default="full", help="stage to drill (default full)")
-    p.add_argument("--faults", type=int, default=5, help="number of faults to inject (default 5)")
-    p.add_argument(
-        "--kinds",
-        default=",".join(DEFAULT_KINDS),
-        help=f"comma-separated fault kinds out of {','.join(DRILL_KINDS)}, cycled through "
-        f"(default {','.join(DEFAULT_KINDS)})",
-    )
-    p.add_argument("--seed", type=int, default=None, help="fault plan seed (default: random, printed)")
-    p.add_argument("--json", dest="json_path", default=None, help="also write the report as JSON here")
-
-
 def main(args: argparse.Namespace) -> int:
     import dataclasses
     import random

@@ -1,0 +1,156 @@
+"""`traingate run SPEC`: the plan, then the ladder in this process (its progress followed), and a summary.
+
+Also what `ci` and `resume` share with it: the ladder started here in a guarded process (Ctrl-C preempts
+the running stage at a checkpoint; a second Ctrl-C aborts with the resume command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from typing import Any, Callable, ContextManager
+
+from prefect import get_client
+
+from flows.cli.terminal import follow_run
+from flows.cli.validate import _load
+from flows.pipeline import ladder, summary_of
+from traingate.ladder.plan import plan, render
+from traingate.redact import redact
+from traingate.secrets import protect_spec
+from traingate.settings import Settings
+from traingate.supervision import guardian, supervisor
+from traingate.tracking import stale
+from traingate.tracking.prior import latest_canary_profile
+
+
+def main(args: argparse.Namespace) -> int:
+    spec, samples = _load(args)
+    spec = protect_spec(spec)  # the flow-run parameters, spec file and job files hold references, not secrets
+    settings = Settings.from_env()
+    prior = latest_canary_profile(settings, spec.identity.experiment, spec.recipe.name)
+    print(render(plan(spec, samples, args.until, profile=prior), spec))
+    if prior:
+        print(
+            f"(estimates from the latest canary of {spec.identity.experiment!r}: "
+            f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)"
+        )
+    if args.dry_run:
+        return 0
+    # A progress bar in a terminal, one line per stage transition elsewhere.
+    state = run_ladder_here(spec, args.until, settings, follow=follow_run)
+    if isinstance(state, int):
+        return state
+    summary = _summary(state)
+    print()
+    print(f"pipeline {'PASSED' if state.is_completed() else 'STOPPED'}: {state.message}")
+    if summary:
+        print(f"  traingate run / MLflow parent run: {summary['run_id']}")
+        for stage, info in summary["stages"].items():
+            print(
+                f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
+                f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}"
+            )
+        if summary.get("checkpoint_uri"):
+            print(f"  checkpoint:      {redact(summary['checkpoint_uri'])}")
+        model = summary.get("model") or {}
+        if model.get("registered"):
+            print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
+        elif model:
+            print(f"  model not registered: {redact('; '.join(model.get('reasons', [])))}")
+        print(f"  prefect flow run: {summary['flow_run_id']}")
+        print(f"  stage outputs:   {summary['run_dir']}")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
+    print(f"  Prefect UI: PREFECT_HOME={os.environ['PREFECT_HOME']} prefect server start")
+    return 0 if state.is_completed() else 1
+
+
+def run_ladder_here(
+    spec: Any, until: str, settings: Settings, follow: Callable[[Settings], ContextManager[Any]] | None = None
+) -> Any:
+    """The ladder flow in this process, as `run` and `ci` start it: the state dir made, the process
+    guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given.
+
+    Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
+    """
+    settings.ensure()
+    guard_this_process(spec.supervision.preempt_grace_s)
+    try:
+        with follow(settings) if follow is not None else contextlib.nullcontext():
+            return ladder(spec, until, return_state=True)
+    except KeyboardInterrupt:
+        return interrupted(_claimed_run(settings))
+
+
+def guard_this_process(grace_s: float) -> None:
+    """Nothing this process starts outlives it, and Ctrl-C preempts the running stage at a checkpoint.
+
+    A guardian process stops the temporary Prefect server and any process tree if this process is
+    killed (traingate.supervision.guardian). The first Ctrl-C asks every supervised tree to write its
+    emergency checkpoint and stop, so the flow ends Cancelled with the resume command; a second one aborts.
+    """
+    guardian.ensure(grace_s + 10.0)
+    _start_prefect_server_shielded()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if supervisor.stop_request():
+            raise KeyboardInterrupt
+        supervisor.request_stop("interrupted (Ctrl-C)")
+        print(
+            "traingate: Ctrl-C: preempting the running stage at a checkpoint (Ctrl-C again to abort now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+EXIT_INTERRUPTED = 130  # as a shell reports a command that SIGINT ended
+
+
+def interrupted(run_id: str | None) -> int:
+    """What an aborted `run` or `resume` prints: one line with the resume command, no traceback."""
+    if run_id is None:
+        print("traingate: aborted (Ctrl-C) before a run was created; nothing to resume", file=sys.stderr)
+    else:
+        print(
+            f"traingate: aborted (Ctrl-C) without waiting for a checkpoint: run {run_id}; continue with: "
+            f"traingate resume {run_id}",
+            file=sys.stderr,
+        )
+    return EXIT_INTERRUPTED
+
+
+def _claimed_run(settings: Settings) -> str | None:
+    """The run this process was orchestrating: the newest run directory that names this process as its
+    orchestrator (the ladder records it as it starts, traingate.tracking.stale.claim)."""
+    mine = [
+        d
+        for d in (settings.state_dir / "runs").glob("*")
+        if (o := stale.read_orchestrator(d)) is not None and o.pid == os.getpid()
+    ]
+    return max(mine, key=lambda d: (d / stale.ORCHESTRATOR).stat().st_mtime).name if mine else None
+
+
+def _start_prefect_server_shielded() -> None:
+    """Start Prefect's temporary server now (when no PREFECT_API_URL names one) with SIGINT blocked.
+
+    A terminal's Ctrl-C goes to the whole foreground process group, and Prefect starts its temporary
+    server in ours: it died of the first Ctrl-C, and the run it was recording ended in connection
+    errors and a traceback instead of a Cancelled state with the resume command. A blocked signal
+    stays blocked across fork and exec, so the server never sees it; it still stops with this process
+    (SIGTERM at exit, the guardian if this process is killed).
+    """
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with get_client(sync_client=True):  # starts the temporary server here, in this thread, if one is used
+            pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _summary(state: Any) -> dict[str, Any] | None:
+    return summary_of(state)

@@ -1,0 +1,34 @@
+"""`traingate validate SPEC`: the spec fully resolved, or one line saying what is wrong (offline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+
+from traingate.ladder.preflight import check_spec, preflight
+from traingate.secrets import extract
+from traingate.settings import Settings
+from traingate.snapshots import resolve_spec
+from traingate.spec import load_spec, parse_spec
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    # data.uri's {latest} is resolved once, here: the ladder and every stage read that same version.
+    spec = resolve_spec(load_spec(args.spec, args.overrides))
+    samples = check_spec(spec)
+    if args.cmd == "run":
+        # Every store the run will use answers before anything is created (`validate` stays offline).
+        preflight(spec, Settings.from_env())
+    return spec, samples
+
+
+def main(args: argparse.Namespace) -> int:
+    spec, _ = _load(args)
+    # Printed as `run` records it: each literal secret a ${env:TRAINGATE_SECRET_<n>} reference.
+    tree, _, _ = extract(spec.to_dict())
+    print(yaml.safe_dump(tree, sort_keys=False), end="")
+    print(f"# spec ok: hash {parse_spec(tree).spec_hash()}", file=sys.stderr)
+    return 0
