@@ -165,8 +165,8 @@ def test_preempt_mode_cancel_ends_the_victim_instead_of_requeueing_it(slurm: Slu
 
     _wait_sacct_state(urgent, "COMPLETED")
     _wait_sacct_state(victim, "PREEMPTED")
-    ended = _squeue_job(victim)
-    assert (ended["job_state"], ended["restart_cnt"]) == ("PREEMPTED", 0)
+    ended = _wait_state(victim, ("PREEMPTED",))      # COMPLETING first: KillWait after the SIGTERM
+    assert ended["restart_cnt"] == 0
 
 
 def test_tgbob_cannot_submit_to_vision_nor_use_qos_urgent(slurm: SlurmCluster):
