@@ -2,8 +2,8 @@
 
 Ladder stages, resumes and sweep trials all start their training here. The restart policy
 lives in :mod:`traingate.supervision`; this task plugs Prefect into it: restarts become
-``traingate.run.restarted`` events (Automations can act on them), a stale checkpoint a
-``traingate.checkpoint.stale`` event, and cancelling the flow run preempts the tree (SIGTERM,
+``traingate.run.restarted`` events (Automations can act on them), every alert (a stale checkpoint
+among them) a ``traingate.alert.<rule>`` event, and cancelling the flow run preempts the tree (SIGTERM,
 grace for the emergency checkpoint, SIGKILL) and returns a ``preempted`` StageResult: the
 calling flow records it and ends ``Cancelled`` so the run shows as cancelled, resumable.
 """

@@ -572,6 +572,13 @@ def checkpoint_stale(
     )
 
 
+def stale_checkpoint(reason: str, step: int, spec: CheckpointStaleSpec) -> Firing:
+    """The checkpoint-stale firing of the supervisor's own look at the checkpoint store (every
+    supervision.checkpoint_check_s): ``reason`` from :func:`traingate.supervision.heartbeat.checkpoint_stale`,
+    at the step rank 0 has reached."""
+    return _fire(Rule.CHECKPOINT_STALE, spec, step, reason)
+
+
 def restart_storm(restart_times: Sequence[float], spec: RestartStormSpec) -> Firing | None:
     """``count`` restarts within ``within_s`` seconds (the first such run of restarts)."""
     if not spec.enabled:

@@ -96,17 +96,20 @@ def checkpoint_stale(
     every_steps: int | None,
     seconds_since_checkpoint: float,
     every_s: float | None,
+    factor: float = 2.0,
 ) -> str | None:
-    """Alert text when no new checkpoint arrived within 2x the checkpoint interval, else None.
+    """Alert text when no new checkpoint arrived within ``factor`` x the checkpoint interval, else None
+    (``factor``: alerts.checkpoint_stale.factor).
 
     >>> checkpoint_stale(step=120, last_checkpoint_step=50, every_steps=25,
     ...                  seconds_since_checkpoint=10.0, every_s=None)
-    'no checkpoint for 70 steps (interval 25 steps)'
+    'no checkpoint for 70 steps (interval 25 steps, limit 2x)'
     """
-    if every_steps and step - last_checkpoint_step > 2 * every_steps:
-        return f"no checkpoint for {step - last_checkpoint_step} steps (interval {every_steps} steps)"
-    if every_s and seconds_since_checkpoint > 2 * every_s:
-        return f"no checkpoint for {seconds_since_checkpoint:.0f} s (interval {every_s:.0f} s)"
+    if every_steps and step - last_checkpoint_step > factor * every_steps:
+        return (f"no checkpoint for {step - last_checkpoint_step} steps (interval {every_steps} steps, "
+                f"limit {factor:g}x)")
+    if every_s and seconds_since_checkpoint > factor * every_s:
+        return f"no checkpoint for {seconds_since_checkpoint:.3g} s (interval {every_s:.3g} s, limit {factor:g}x)"
     return None
 
 
