@@ -39,7 +39,7 @@ from traingate.job.vocab import Cause, Status, status_for
 from traingate.launch import command, proc
 from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
-from traingate.monitor.rules import Action, Firing
+from traingate.monitor.rules import Action, Firing, stale_checkpoint
 from traingate.recipes import script as script_recipe
 from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
@@ -557,7 +557,7 @@ class _Watch:
             return False
         if now - self.ckpt_check >= sup.checkpoint_check_s and 0 in beats:
             self.ckpt_check = now
-            self._check_staleness(beats[0], now)
+            return self._check_staleness(beats[0], now, tree)
         return False
 
     def _tick_script(self, tree: proc.ProcessTree, now: float) -> bool:
@@ -744,29 +744,34 @@ class _Watch:
         }
         self._track(beats)
 
-    def _check_staleness(self, beat: files.Heartbeat, now: float) -> None:
+    def _check_staleness(self, beat: files.Heartbeat, now: float, tree: proc.ProcessTree) -> bool:
+        """alerts.checkpoint_stale: no new checkpoint within its `factor` x the checkpoint interval (steps or
+        minutes), counted from the newest checkpoint or this launch. Fires once per stale spell and carries
+        out its action like every alert; True: stop the tree (pause, stop)."""
+        alerts = self.job.spec.alerts
+        if not (alerts.enabled and alerts.checkpoint_stale.enabled):
+            return False
         ck = self.job.spec.checkpoint
         attempt = self.attempts[-1]
         last_step, created = _latest_checkpoint(self.job.checkpoint_uri)
         start = attempt.start_steps.get(0, beat.start_step)
-        since = now - max(created or 0.0, attempt.launched_at)
+        # From rank 0's first step at the earliest: start-up (imports, rendezvous, loading) writes no checkpoint.
+        since = now - max(created or 0.0, attempt.launched_at, beat.first_step_time or now)
         why = heartbeat.checkpoint_stale(
             beat.step,
             max(last_step or 0, start or 0),
             ck.every_steps,
             since,
             ck.every_minutes * 60 if ck.every_minutes else None,
+            factor=alerts.checkpoint_stale.factor,
         )
         if why is None:
             self.alerted = False
-        elif not self.alerted:
-            self.alerted = True
-            self.hooks.info(f"{self.job.stage}: ALERT checkpoint stale: {why}")
-            if self.hooks.on_alert is not None:
-                self.hooks.on_alert(
-                    "checkpoint.stale",
-                    {"stage": self.job.stage, "reason": why, "step": beat.step, "last_checkpoint_step": last_step},
-                )
+            return False
+        if self.alerted or self.rollback is not None or self.alert_stop is not None:
+            return False
+        self.alerted = True
+        return self._act(stale_checkpoint(why, beat.step, alerts.checkpoint_stale), tree)
 
 
 def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
