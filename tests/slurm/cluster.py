@@ -29,6 +29,7 @@ The cluster, as tests see it:
   cred_expire (30) + 1 s later. With a QOS GraceTime (`cluster.sacctmgr("modify", "qos", ...)`),
   22.05 signals a batch-only job only when the grace ends.
 - `--time` over the partition's MaxTime is refused at submit (EnforcePartLimits=ALL).
+- Every task runs with TMPDIR=BASE/jobtmp/JOBID, removed by the epilog when the job ends.
 - accounts vision and language; root may use both and every QOS; tgalice: vision with
   research,production; tgbob: language with research only.
 - priority/multifactor (fair share and QOS weights), sched/backfill, select/cons_tres,
@@ -232,8 +233,9 @@ class SlurmCluster:
     def _bring_up(self) -> None:
         t = time.monotonic()
         self._check_traversable(self.base)
-        for d in ("etc", "munge", "run", "log", "state/ctld", "dev", "home", "shared"):
+        for d in ("etc", "munge", "run", "log", "state/ctld", "dev", "home", "shared", "jobtmp"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base / "jobtmp", 0o1777)
         self.mysql_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.base, 0o711)
         os.chmod(self.base / "shared", 0o1777)
@@ -561,9 +563,19 @@ AccountingStoragePass={self.munge_socket}
 AccountingStorageTRES=gres/gpu,gres/gpu:{self.gres_type}
 AccountingStorageEnforce=associations,limits,qos
 JobCompType=jobcomp/none
+TaskProlog={etc}/task_prolog.sh
+Epilog={etc}/epilog.sh
 {nodes}
 PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES MaxTime={self.max_time} State=UP
 """)
+        # Every task gets TMPDIR=BASE/jobtmp/JOBID, removed when the job ends on a node: what jobs
+        # write to "/tmp" (torchrun's torchelastic_* directories) goes away with the job and the cluster.
+        jobtmp = b / "jobtmp"
+        (etc / "task_prolog.sh").write_text(f'#!/bin/sh\nmkdir -p "{jobtmp}/$SLURM_JOB_ID"\n'
+                                            f'echo "export TMPDIR={jobtmp}/$SLURM_JOB_ID"\n')
+        (etc / "epilog.sh").write_text(f'#!/bin/sh\nrm -rf "{jobtmp}/$SLURM_JOB_ID"\n')
+        for script in ("task_prolog.sh", "epilog.sh"):
+            os.chmod(etc / script, 0o755)
         gres = ["AutoDetect=off"] + [f"NodeName={n.name} Name=gpu Type={self.gres_type} File={self._gpu_files(i)}"
                                      for i, n in enumerate(self.nodes)]
         (etc / "gres.conf").write_text("\n".join(gres) + "\n")
@@ -776,6 +788,9 @@ def reap_stale() -> list[str]:
             shutil.rmtree(d["mysql_dir"], ignore_errors=True)
         f.unlink(missing_ok=True)
         reaped.append(d["base"])
+    if reaped and not _live_registrations():
+        _delete_marked_users()
+        _remove_slurm_cgroup_roots()
     return reaped
 
 

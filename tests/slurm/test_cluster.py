@@ -76,7 +76,7 @@ def test_two_nodes_are_idle_with_two_a100_gpus_each_at_their_namespace_addresses
 
 
 PROBE = """\
-import errno, json, os, pwd, subprocess, sys
+import errno, json, os, pwd, subprocess, sys, tempfile
 devices = json.loads(sys.argv[1])[os.environ["SLURMD_NODENAME"]]
 opened = {}
 for dev in devices:
@@ -87,7 +87,7 @@ for dev in devices:
 addr = subprocess.run(["ip", "-4", "-o", "addr", "show", "eth0"], capture_output=True, text=True).stdout.split()[3]
 print(json.dumps({"node": os.environ["SLURMD_NODENAME"], "user": pwd.getpwuid(os.getuid()).pw_name,
                   "uid": os.getuid(), "addr": addr.split("/")[0], "open": opened,
-                  "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
+                  "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "tmp": tempfile.gettempdir()}), flush=True)
 """
 
 
@@ -112,7 +112,9 @@ def test_two_node_job_runs_as_its_user_on_both_nodes_with_one_fenced_gpu_each_an
         assert probe["addr"] == node.addr
         assert probe["cuda"] == "0"
         assert sorted(probe["open"].values()) == ["ENXIO", "EPERM"], probe   # its one GPU, the other fenced
+        assert probe["tmp"] == str(slurm.base / "jobtmp" / str(job))
     assert (done["user"], done["account"]) == ("tgalice", "vision")
+    _wait(lambda: not (slurm.base / "jobtmp" / str(job)).exists(), 10, "the epilog to remove the job's TMPDIR")
 
 
 def test_job_over_the_account_gpu_cap_pends_with_AssocGrpGRES_until_the_cap_is_lifted(slurm: SlurmCluster):
