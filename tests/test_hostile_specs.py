@@ -325,6 +325,8 @@ CASES = [
                "objectives: [{metric: cost_usd, direction: minimize}], scheduler: {name: asha}}\n"),
     case("sweep-command-space-type-mismatch", "sweep.space.optim.batch_size", "float", cmd="sweep",
          extra="sweep: {space: {optim.batch_size: {type: float, low: 8, high: 64}}}\n"),
+    case("sweep-command-pbt-interval-without-pbt", "sweep.scheduler.pbt_interval", "5", "sweep.scheduler.pbt_interval=5",
+         extra=SWEEP, cmd="sweep"),
     case("sweep-command-objective", "sweep.objectives.0.metric", "val_acc", cmd="sweep",
          extra="sweep: {space: {optim.lr: {type: float, low: 0.001, high: 0.1}}, objectives: [{metric: val_acc}]}\n"),
     # -- names that become paths, NUL characters, overlong names

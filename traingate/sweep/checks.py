@@ -5,7 +5,7 @@ from __future__ import annotations
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError
-from traingate.sweep.config import SweepSpec
+from traingate.sweep.config import SchedulerSpec, SweepSpec
 from traingate.sweep.space import check_space
 
 
@@ -20,6 +20,14 @@ def check_sweep(spec: RunSpec) -> SweepSpec:
             "sweep.scheduler.name = 'pbt': the sweep flow does not run PBT generations (members as "
             "trial subflows); run traingate.sweep.pbt.run_generations in-process, or use asha/hyperband"
         )
+    defaults = SchedulerSpec()
+    for name in ("pbt_interval", "pbt_quantile", "pbt_perturb"):
+        # Only PBT reads them, and the flow runs no PBT: a value set here would do nothing.
+        if getattr(sw.scheduler, name) != getattr(defaults, name):
+            raise SpecError(
+                f"sweep.scheduler.{name} = {getattr(sw.scheduler, name)!r}: only PBT reads it, and the sweep "
+                "flow does not run PBT generations; remove it"
+            )
     check_spec(spec)
     check_space(spec)
     preflight(spec, Settings.from_env())
