@@ -134,7 +134,7 @@ def test_job_over_the_account_gpu_cap_pends_with_AssocGrpGRES_until_the_cap_is_l
 VICTIM = """\
 #!/bin/bash
 trap 'echo USR1 >> {work}/signals' USR1
-trap 'echo TERM >> {work}/signals' TERM
+trap 'echo TERM >> {work}/signals; exit 0' TERM
 echo started >> {work}/signals
 while true; do sleep 1 & wait; done
 """
@@ -146,7 +146,7 @@ def _preempt(slurm: SlurmCluster, work: Path) -> tuple[int, int]:
                      "--signal=B:USR1@600", str(work / "victim.sh"), workdir=work)
     _wait_state(victim, ("RUNNING",))
     _wait(lambda: (work / "signals").exists(), 15, "the victim's script to start")
-    urgent = _sbatch("--account=language", "--qos=urgent", "--gpus-per-node=1", "--wrap", "sleep 1", workdir=work)
+    urgent = _sbatch("--account=language", "--qos=urgent", "--gpus-per-node=1", "--wrap", "sleep 60", workdir=work)
     return victim, urgent
 
 
@@ -154,8 +154,8 @@ def test_urgent_job_preempts_a_research_job_which_is_signalled_and_requeued(slur
     work = slurm.shared_dir("preempt")
     victim, urgent = _preempt(slurm, work)
 
-    _wait_sacct_state(urgent, "COMPLETED")
-    requeued = _wait_state(victim, ("PENDING",))     # COMPLETING first: KillWait after the SIGTERM
+    _wait_state(urgent, ("RUNNING",))
+    requeued = _wait_state(victim, ("PENDING",))
     assert requeued["restart_cnt"] == 1
     # --signal=B:USR1 (preempt_send_user_signal) and the kill's SIGTERM arrive together, in either order.
     assert sorted((work / "signals").read_text().split()) == ["TERM", "USR1", "started"]
@@ -166,10 +166,10 @@ def test_preempt_mode_cancel_ends_the_victim_instead_of_requeueing_it(slurm: Slu
     work = slurm.shared_dir("preempt-cancel")
     victim, urgent = _preempt(slurm, work)
 
-    _wait_sacct_state(urgent, "COMPLETED")
-    _wait_sacct_state(victim, "PREEMPTED")
-    ended = _wait_state(victim, ("PREEMPTED",))      # COMPLETING first: KillWait after the SIGTERM
+    _wait_state(urgent, ("RUNNING",))
+    ended = _wait_state(victim, ("PREEMPTED",))
     assert ended["restart_cnt"] == 0
+    _wait_sacct_state(victim, "PREEMPTED")
 
 
 def test_tgbob_cannot_submit_to_vision_nor_use_qos_urgent(slurm: SlurmCluster):
