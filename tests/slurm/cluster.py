@@ -5,19 +5,24 @@ installed by `make test-deps`):
 
     .venv/bin/python tests/slurm/cluster.py up /tmp/mycluster
     # prints `export SLURM_CONF=... PATH=...`; paste them into another shell, then
-    # sinfo; sbatch -A vision --gpus-per-node=1 --wrap 'nvidia-smi || env | grep GPU'
-    # Ctrl-C (or SIGTERM) in the first shell tears everything down.
+    # sinfo; sbatch -A vision --gpus-per-node=1 -o /tmp/mycluster/shared/%j.out --wrap 'env | grep GPU'
+    # Ctrl-C (or SIGTERM) in the first shell tears everything down;
+    # `python tests/slurm/cluster.py reap` cleans up after a cluster whose process was killed.
 
 Tests use the session fixture `slurm_cluster` (tests/slurm/conftest.py) instead.
 
-What runs, all under BASE (`SlurmCluster.start(BASE)`): munged with its own key and socket,
-MariaDB with a private datadir reached only through its Unix socket (no grant tables: nothing
-but root can open the socket), slurmdbd, slurmctld on a bridge address, and one slurmd per node,
+What runs, with configs, logs and state under BASE (`SlurmCluster.start(BASE)`): munged with its
+own key and socket, MariaDB with a private datadir on /dev/shm reached only through its Unix
+socket in BASE (no grant tables: nothing but root can open that socket), slurmdbd, slurmctld on a
+bridge address, and one slurmd per node,
 each in its own network namespace (`nsenter --net`, same filesystem and users) with two fake
 a100 GPUs (character devices 195:N, so the devices cgroup can fence them). Teardown kills every
 process left in the node namespaces, removes the namespaces, the bridge, the job cgroups and the
 OS users `tgalice`/`tgbob` (when no other cluster of this module is still up); it leaves BASE's
-logs and configs and deletes its database.
+logs and configs and deletes its database. A cluster whose owning process died is torn down by
+the next start() or by `reap` (each cluster registers itself under /run/traingate-slurm).
+Concurrent clusters (other sessions) get their own subnet 10.88.T.0/24, cluster name tgsT, job
+ids from T*100000 (so their job cgroups never collide) and ports.
 
 The cluster, as tests see it:
 - partition `gpu` (default, MaxTime 2 h), nodes n1 and n2, each 8 CPUs and `gpu:a100:2`.
