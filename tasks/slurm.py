@@ -68,7 +68,7 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
                                    duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
         try:
             followed = _follow(job, job_id, stopping, log)
-        except slurm.SlurmError as e:
+        except slurm.NeverStarts as e:
             log.error("%s: %s", job.stage, e)
             return StageResult(stage=job.stage, status=Status.FAILED, metrics={"slurm_job_id": int(job_id)},
                                duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
@@ -120,7 +120,7 @@ def _live(record: dict[str, Any], log: Any) -> str | None:
     if not record.get("jobs"):
         return None
     jid = record["jobs"][-1]["id"]
-    q = slurm.queued_job(_retrying(slurm_cli.squeue, log), jid)
+    q = _retrying(lambda: slurm.queued_job(slurm_cli.squeue(), jid), log)
     if q is not None and slurm.ending(q.state) is None:
         log.info("Slurm job %s of this stage is still %s: following it, not submitting another", jid, q.state)
         return jid
@@ -148,7 +148,7 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
         except Unreachable as e:
             log.warning("%s: sbatch: %s; retrying", job.stage, e)
             time.sleep(2.0)
-            mine = [q for q in slurm.queued_jobs(_retrying(slurm_cli.squeue, log))
+            mine = [q for q in _retrying(lambda: slurm.queued_jobs(slurm_cli.squeue()), log)
                     if q.name == slurm.job_name(job) and slurm.ending(q.state) is None
                     and q.job_id not in {j["id"] for j in record["jobs"]}]
             if mine:
@@ -202,7 +202,7 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
     f = _Followed()
     said, said_at, odd_since = "", 0.0, None
     while True:
-        q = slurm.queued_job(_retrying(slurm_cli.squeue, log), jid)
+        q = _retrying(lambda: slurm.queued_job(slurm_cli.squeue(), jid), log)
         if not f.stopped and (why := stopping()) is not None:
             f.stopped = True
             _stop(job, jid, q, why, log)
@@ -217,7 +217,7 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
         if q.pending and q.reason in slurm.NEVER_STARTS and not f.stopped:
             (Path(job.stage_dir) / slurm.STOP_FILE).write_text(f"{q.reason}\n")
             _retrying(lambda: slurm_cli.cancel(jid), log)
-            raise slurm.SlurmError(f"Slurm job {jid} can never start ({q.reason}): it asks for "
+            raise slurm.NeverStarts(f"Slurm job {jid} can never start ({q.reason}): it asks for "
                                    f"{slurm.NEVER_STARTS[q.reason]}; cancelled it")
         end = slurm.ending(q.state)
         if end is not None and q.state not in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
@@ -241,7 +241,7 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
 
 
 def _ran(jid: str, log: Any) -> bool:
-    a = slurm.accounted_job(_retrying(lambda: slurm_cli.sacct(jid), log), jid)
+    a = _retrying(lambda: slurm.accounted_job(slurm_cli.sacct(jid), jid), log)
     return a is not None and (a.start is not None or a.restarts > 0)
 
 
@@ -250,7 +250,7 @@ def _stop(job: StageJob, jid: str, q: slurm.QueuedJob | None, why: str, log: Any
     cancelled."""
     (Path(job.stage_dir) / slurm.STOP_FILE).write_text(why + "\n")
     if q is None:
-        q = slurm.queued_job(_retrying(slurm_cli.squeue, log), jid)
+        q = _retrying(lambda: slurm.queued_job(slurm_cli.squeue(), jid), log)
     running = q is not None and q.state in ("RUNNING", "COMPLETING")
     log.info("%s: %s: %s Slurm job %s", job.stage, why, "SIGTERM to the batch step of" if running else "cancelling",
              jid)
@@ -264,7 +264,7 @@ def _final(jid: str, log: Any) -> slurm.AccountedJob:
     """sacct's record of the ended job (it lags squeue by about a second)."""
     end = time.monotonic() + 60.0
     while True:
-        a = slurm.accounted_job(_retrying(lambda: slurm_cli.sacct(jid), log), jid)
+        a = _retrying(lambda: slurm.accounted_job(slurm_cli.sacct(jid), jid), log)
         if a is not None and slurm.ending(a.state) is not None:
             return a
         if time.monotonic() > end:

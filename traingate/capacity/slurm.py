@@ -51,6 +51,25 @@ class SlurmError(SpecError):
     """Slurm refused or could not do what traingate asked. One line: what, the value, the fix."""
 
 
+class Unreachable(SlurmError):
+    """The Slurm controller (or its database) did not answer; the same command may succeed later."""
+
+
+class NeverStarts(SlurmError):
+    """A submitted job pends for a reason that waiting does not clear."""
+
+
+# What the CLI says when slurmctld (or slurmdbd, for sacct) does not answer: worth a retry. In JSON mode
+# squeue/sinfo exit 0 after ~MessageTimeout with {"errors": [{"error": "Unable to contact slurm controller..."}]}.
+UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
+               "connection refused", "slurm_persist_conn_open", "unable to connect to database",
+               "communication connection failure", "slurmctld is not responding", "failed while looking for jobs")
+
+
+def unreachable(text: str) -> bool:
+    return any(u in text.lower() for u in UNREACHABLE)
+
+
 class Ending(StrEnum):
     """How a Slurm job ended for good (sacct's final state)."""
     COMPLETED = "completed"      # the batch step exited 0: the supervisor's verdict is in supervisor.json
@@ -274,7 +293,9 @@ def _load(text: str, what: str) -> dict[str, Any]:
         raise SlurmError(f"{what} --json printed no JSON ({e}); is the Slurm client 22.05 or newer?") from None
     errors = [e for e in data.get("errors") or [] if e]
     if errors:
-        raise SlurmError(f"{what}: {'; '.join(str(e.get('description') or e.get('error') or e) for e in errors)}")
+        said = "; ".join(" ".join(str(v) for k, v in e.items() if k in ("description", "error", "source"))
+                         if isinstance(e, dict) else str(e) for e in errors)
+        raise (Unreachable if unreachable(said) else SlurmError)(f"{what}: {said}")
     return data
 
 

@@ -12,17 +12,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from traingate.capacity import slurm
-from traingate.capacity.slurm import SlurmError
+from traingate.capacity.slurm import SlurmError, Unreachable, unreachable
 
 TIMEOUT_S = 30.0
-# What the CLI prints when slurmctld (or slurmdbd, for sacct) does not answer: worth a retry.
-_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
-                "connection refused", "slurm_persist_conn_open", "unable to connect to database",
-                "communication connection failure", "slurmctld is not responding")
-
-
-class Unreachable(SlurmError):
-    """The Slurm controller (or its database) did not answer; the same command may succeed later."""
 
 
 def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> str:
@@ -37,7 +29,7 @@ def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: fl
         raise Unreachable(f"{' '.join(args[:2])}: no answer in {timeout_s:.0f} s") from None
     if out.returncode != 0:
         said = " ".join((out.stderr or out.stdout).split()) or f"exit code {out.returncode}"
-        if any(u in said.lower() for u in _UNREACHABLE):
+        if unreachable(said):
             raise Unreachable(f"{args[0]}: {said}")
         raise SlurmError(f"{' '.join(args[:2])}: {said}")
     return out.stdout
@@ -53,7 +45,7 @@ def submit(cmd: Sequence[str], job, pool) -> str:
         raise Unreachable(f"sbatch: no answer in {TIMEOUT_S:.0f} s") from None
     if out.returncode != 0:
         said = " ".join(out.stderr.split())
-        if any(u in said.lower() for u in _UNREACHABLE):
+        if unreachable(said):
             raise Unreachable(f"sbatch: {said}")
         raise SlurmError(slurm.refusal(out.stderr, job, pool))
     return slurm.parse_job_id(out.stdout)
