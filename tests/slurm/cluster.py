@@ -317,7 +317,10 @@ class SlurmCluster:
         return r.stdout
 
     def reset(self, timeout: float = 60) -> None:
-        """Back to the state start() left: no jobs, every slurmd up and nodes idle, no GPU caps, REQUEUE."""
+        """Back to the state start() left: no jobs, every daemon up and nodes idle, no GPU caps, REQUEUE.
+        (QOS or association changes made through sacctmgr() directly are the test's to undo.)"""
+        if "slurmctld" not in self._procs:
+            self.start_controller()
         subprocess.run(["scancel", f"--partition={self.partition}"], capture_output=True, env=self._client_env())
         for node in self.nodes:
             if f"slurmd-{node.name}" not in self._procs:
@@ -351,11 +354,19 @@ class SlurmCluster:
         _wait(lambda: self._config_value("PreemptMode") == mode, 30, f"PreemptMode={mode} in scontrol show config")
         self.preempt_mode = mode
 
-    def restart_controller(self, hard: bool = False) -> None:
-        """Stop slurmctld (SIGTERM, or SIGKILL when `hard`) and start it again on its saved state."""
+    def stop_controller(self, hard: bool = False) -> None:
+        """Stop slurmctld: SIGTERM (it saves its state), or SIGKILL when `hard`. Jobs keep running on the nodes."""
         self._stop_proc("slurmctld", sig=signal.SIGKILL if hard else signal.SIGTERM)
+
+    def start_controller(self) -> None:
+        """Start slurmctld on its saved state and wait until it answers and knows both nodes."""
         self._start_controller(clean=False)
         self._wait_nodes_idle(timeout=60, any_state=True)
+
+    def restart_controller(self, hard: bool = False) -> None:
+        """stop_controller(hard) then start_controller()."""
+        self.stop_controller(hard)
+        self.start_controller()
 
     def kill_node(self, name: str, jobs: bool = False) -> None:
         """SIGKILL the node's slurmd (and, with `jobs`, every process in its namespace: a lost machine)."""
