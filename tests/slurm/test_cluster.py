@@ -39,14 +39,15 @@ def _sacct_job(job_id: int) -> dict | None:
     return next((j for j in jobs if j["job_id"] == job_id), None)
 
 
-def _wait(pred, timeout: float, what: str):
+def _wait(pred, timeout: float, what):
+    """Poll `pred` until truthy; `what` (a string, or a callable for a message read at the timeout) names it."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}")
         time.sleep(0.2)
 
 
@@ -54,14 +55,14 @@ def _wait_state(job_id: int, states: tuple[str, ...], timeout: float = 30) -> di
     def reached():
         job = _squeue_job(job_id)
         return job if job is not None and job["job_state"] in states else None
-    return _wait(reached, timeout, f"job {job_id} in {states} (now {_squeue_job(job_id)})")
+    return _wait(reached, timeout, lambda: f"job {job_id} in {states}, squeue has {_squeue_job(job_id)}")
 
 
 def _wait_sacct_state(job_id: int, state: str, timeout: float = 30) -> dict:
     def reached():
         job = _sacct_job(job_id)
         return job if job is not None and job["state"]["current"] == state else None
-    return _wait(reached, timeout, f"job {job_id} {state} in sacct")
+    return _wait(reached, timeout, lambda: f"job {job_id} {state} in sacct, which has {_sacct_job(job_id)}")
 
 
 def test_two_nodes_are_idle_with_two_a100_gpus_each_at_their_namespace_addresses(slurm: SlurmCluster):
