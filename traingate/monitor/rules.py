@@ -304,6 +304,20 @@ def nonfinite_loss(loss: Series, spec: NonfiniteLossSpec, metric: str = "train_l
     return None
 
 
+def spike_of(history: Sequence[float], v: float, spec: LossSpikeSpec) -> tuple[float, float] | None:
+    """(robust z, baseline median) when ``v``, the point after the finite ``history``, is a spike; else None.
+    The one test :func:`loss_spike` applies to each point, and the training process to each step."""
+    if len(history) < spec.min_points:
+        return None
+    base = history[-spec.window :]
+    med = statistics.median(base)
+    scale = 1.4826 * statistics.median(abs(b - med) for b in base)
+    rise = v - med
+    if rise > spec.min_rise * abs(med) and (scale == 0 or rise / scale > spec.z):
+        return (rise / scale if scale else math.inf), med
+    return None
+
+
 def loss_spike(loss: Series, spec: LossSpikeSpec, metric: str = "train_loss") -> Firing | None:
     """The first point whose robust z-score against the ``window`` finite points before it exceeds ``z``.
 
@@ -317,24 +331,19 @@ def loss_spike(loss: Series, spec: LossSpikeSpec, metric: str = "train_loss") ->
         v = float(v)
         if not math.isfinite(v):
             continue  # the non-finite rule's business; it must not poison the baseline
-        if len(history) >= spec.min_points:
-            base = history[-spec.window :]
-            med = statistics.median(base)
-            scale = 1.4826 * statistics.median(abs(b - med) for b in base)
-            rise = v - med
-            if rise > spec.min_rise * abs(med) and (scale == 0 or rise / scale > spec.z):
-                z = rise / scale if scale else math.inf
-                return _fire(
-                    Rule.LOSS_SPIKE,
-                    spec,
-                    x,
-                    f"{metric} {_g(v)} at step {_x(x)} is {_g(z)} robust z above the median {_g(med)} "
-                    f"of the {len(base)} points before it (threshold {_g(spec.z)})",
-                    step=x,
-                    value=v,
-                    median=med,
-                    z=z,
-                )
+        if (found := spike_of(history, v, spec)) is not None:
+            z, med = found
+            return _fire(
+                Rule.LOSS_SPIKE,
+                spec,
+                x,
+                f"{metric} {_g(v)} at step {_x(x)} is {_g(z)} robust z above the median {_g(med)} "
+                f"of the {len(history[-spec.window :])} points before it (threshold {_g(spec.z)})",
+                step=x,
+                value=v,
+                median=med,
+                z=z,
+            )
         history.append(v)
     return None
 

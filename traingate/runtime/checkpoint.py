@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".ckpt-staging-"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+ASIDE = "aside"  # checkpoints a roll-back went back from (Checkpointer.set_aside_after)
 # What a manifest may name: a file of its own directory. No separators, no leading dot (so no
 # '..'), which also keeps out the temporary names of files being written.
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -297,6 +298,8 @@ class Checkpointer:
         self.blocked_s = 0.0  # total time training waited on saves (snapshot + waiting for a previous one)
         self.last_blocked_s = 0.0
         self.saves_skipped = 0
+        # Steps retention never removes: the last good checkpoint before an alert window (pin_latest_before).
+        self.pinned: set[int] = set()
         if not self.storage.is_local:
             self._clear_stale_staging()
 
@@ -514,8 +517,13 @@ class Checkpointer:
             for s, m in manifests.items()
             if metric and isinstance(m.get("metrics"), dict) and isinstance(m["metrics"].get(metric), (int, float))
         }
-        keep = self.retention.keep(list(manifests), scores)
+        keep = self.retention.keep(list(manifests), scores) | self.pinned
         newest = max(manifests)
+        # Checkpoints a roll-back set aside are removed once the run is past them again.
+        for entry in self.storage.listdir(ASIDE):
+            m = _STEP_DIR.match(entry)
+            if m and int(m.group(1)) <= newest:
+                self.storage.rm(f"{ASIDE}/{entry}")
         for entry in self.storage.listdir():
             m = _STEP_DIR.match(entry)
             # A link is not ours to remove; listing refuses it loudly instead.
@@ -573,17 +581,43 @@ class Checkpointer:
                 out[step] = manifest
         return out
 
-    def discard_after(self, step: int) -> list[int]:
-        """Remove every checkpoint after ``step`` (a roll-back: they hold the state the run went back
-        from, and no later restart may resume from them). Returns the steps removed."""
+    def pin_latest_before(self, step: int) -> int | None:
+        """Keep the newest complete checkpoint before ``step`` whatever the retention policy says, for as
+        long as this Checkpointer lives (the last good state before an alert window). Returns its step."""
         self.wait()
-        removed = []
+        good = max((s for s in self.list_steps() if s < step), default=None)
+        if good is not None:
+            self.pinned.add(good)
+        return good
+
+    def set_aside_after(self, step: int) -> list[int]:
+        """Move every checkpoint after ``step`` out of the way (a roll-back: no restart may resume from
+        the state it went back from) into ``aside/``, where retention removes each once a later save
+        passes its step: until then the run that went back keeps them. Returns the steps moved."""
+        self.wait()
+        moved = []
         for entry in self.storage.listdir():
             m = _STEP_DIR.match(entry)
-            if m and int(m.group(1)) > step and not self.storage.is_link(entry):
+            if not m or int(m.group(1)) <= step or self.storage.is_link(entry):
+                continue
+            if self.storage.is_local:
+                aside = self.storage._path(ASIDE)
+                os.makedirs(aside, exist_ok=True)
+                # An older copy an earlier roll-back set aside gives way to this one.
+                shutil.rmtree(os.path.join(aside, entry), ignore_errors=True)
+                os.replace(self.storage._path(entry), os.path.join(aside, entry))
+            else:  # an object store has no rename: copy each file, the manifest last, then remove the original
+                names = [n for n in self.storage.listdir(entry) if n != MANIFEST] + [MANIFEST]
+                for name in names:
+                    if self.storage.exists(f"{entry}/{name}"):
+                        self.storage.write_bytes(f"{ASIDE}/{entry}/{name}", self.storage.read_bytes(f"{entry}/{name}"))
                 self.storage.rm(entry)
-                removed.append(int(m.group(1)))
-        return sorted(removed)
+            moved.append(int(m.group(1)))
+        return sorted(moved)
+
+    def set_aside_steps(self) -> list[int]:
+        """Steps a roll-back set aside that no save has passed yet."""
+        return sorted(int(m.group(1)) for e in self.storage.listdir(ASIDE) if (m := _STEP_DIR.match(e)))
 
     def list_steps(self) -> list[int]:
         """Steps with a readable manifest, ascending (contents not yet verified)."""

@@ -41,6 +41,7 @@ from traingate.runtime.dist import DistInfo, close_distributed, init_distributed
 from traingate.runtime.failures import cause_of_exception, exit_code_for
 from traingate.runtime.profile import StepProfile
 from traingate.runtime.sampler import ResumableSampler
+from traingate.runtime.spike_guard import SpikeGuard
 from traingate.runtime.watchdog import StopFlag
 from traingate.spec import RunSpec, SpecError
 from traingate.tracking.system import SystemSignals
@@ -152,6 +153,17 @@ class Trainer:
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
         self.stop = StopFlag(envvars.supervisor_pid())
+        # Rank 0 tests each step's loss for a spike as it happens (traingate.runtime.spike_guard).
+        self.spike_guard = (
+            SpikeGuard(
+                job.spec.alerts,
+                lambda step: self.ckpt.pin_latest_before(step) if self.ckpt is not None else None,
+                self._hold_for_supervisor,
+                lambda: self.stop.requested,
+            )
+            if self.metrics_out is not None
+            else None
+        )
         # Line-buffered: a SIGKILL loses at most the line of the step in progress.
         self.sample_log = (
             open(self.out_dir / f"samples.rank{d.rank}.txt", "a", buffering=1) if instruments.record_samples else None
@@ -302,8 +314,14 @@ class Trainer:
         self.tracker.log_metrics({k: v for k, v in rec.items() if k.startswith("val_")}, step=self.step)
         return bool(self.on_progress and self.on_progress(rec))
 
+    def _hold_for_supervisor(self) -> None:
+        """Everything the supervisor judges by is on disk before rank 0 waits for its decision."""
+        assert self.metrics_out is not None
+        self.metrics_out.f.flush()
+        self._heartbeat("holding")
+
     def _heartbeat(self, phase: str = "train") -> None:
-        """``phase``: train | preempting | finishing; outside "train" the supervisor allows slow progress."""
+        """``phase``: train | holding | preempting | finishing; outside "train" the supervisor allows slow progress."""
         now = time.time()
         if self._first_step_time is None and self.step > self._start_step:
             self._first_step_time = now  # the supervisor's time-to-recovery ends here
@@ -406,6 +424,8 @@ class Trainer:
                         ),
                     )
                 )
+            if self.spike_guard is not None and not bad:
+                self.spike_guard.observe(self.step, loss)
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
                 out.status = Status.STOPPED
                 break

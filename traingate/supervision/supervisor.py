@@ -457,6 +457,7 @@ class _Watch:
         self.monitor, self.started = monitor, started
         self.rollback: Rollback | None = None  # an alert ordered a roll-back: the tree is being killed
         self.alert_stop: Firing | None = None  # an alert paused or stopped the stage
+        self.unsaved_pause: str | None = None  # why a pause writes no emergency checkpoint (nothing good to keep)
         self.inplace_cause: Cause | None = None  # why the next in-place restart happens, when we caused it
         self.inplace_detail = ""
         self.stage_dir = Path(job.stage_dir)
@@ -586,14 +587,28 @@ class _Watch:
         elif action == Action.ROLLBACK:
             steps = Checkpointer(self.job.checkpoint_uri, async_save=False).list_steps()
             at = int(f.at)
-            to = max((s for s in steps if s < at), default=0)
-            self.rollback = Rollback(
-                to_step=to, at_step=at, skip=at - to if rb.skip_batches else 0, lr_scale=rb.lr_scale, rule=str(f.rule)
-            )
-            outcome = (
-                f"rolling back to step {to} ({'checkpoint' if to else 'the start: no checkpoint before it'}),"
-                f" skipping {self.rollback.skip} batches, learning rate x{rb.lr_scale:g}"
-            )
+            to = max((s for s in steps if s < at), default=None)
+            if to is None:
+                # Going back to step 0 would throw the run away; a checkpoint written now would hold the state
+                # gone bad. Stop without one and say so: the person deciding has the numbers.
+                action = Action.PAUSE
+                self.unsaved_pause = f"no checkpoint before step {at} to roll back to"
+                outcome = (
+                    f"paused: {self.unsaved_pause} (none written: it would hold the state gone bad); "
+                    f"`traingate resume {self.job.run_id}` starts the stage over"
+                )
+            else:
+                self.rollback = Rollback(
+                    to_step=to,
+                    at_step=at,
+                    skip=at - to if rb.skip_batches else 0,
+                    lr_scale=rb.lr_scale,
+                    rule=str(f.rule),
+                )
+                outcome = (
+                    f"rolling back to step {to} (checkpoint), skipping {self.rollback.skip} batches, "
+                    f"learning rate x{rb.lr_scale:g}"
+                )
         elif action == Action.QUARANTINE:
             # One host per stage here: leaving it out of the next launch leaves nothing to launch on.
             host = socket.gethostname()
@@ -617,6 +632,12 @@ class _Watch:
         if action in (Action.PAUSE, Action.STOP):
             self.alert_stop = dataclasses.replace(f, action=action)
             self.stop = f"{f.rule}: {f.message}"
+            if self.unsaved_pause is not None:
+                self.stop += f"; {self.unsaved_pause}"
+                self.hooks.info(f"{stage}: paused by alert {f.rule}: SIGKILL to the tree, no emergency checkpoint")
+                tree.stop_requested = True
+                tree.signal_group(signal.SIGKILL)
+                return False
             self.hooks.info(
                 f"{stage}: {action} by alert {f.rule}: SIGTERM to the tree, "
                 f"{self.job.spec.supervision.preempt_grace_s:.0f} s grace for the emergency checkpoint"
@@ -860,14 +881,15 @@ def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
 
 
 def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, monitor: StageMonitor | None) -> StageJob:
-    """After the tree was killed for a roll-back: remove the checkpoints after the target (they hold the
-    state gone bad), log it, and return the next attempt's job carrying the mitigation."""
+    """After the tree was killed for a roll-back: set the checkpoints after the target aside (no restart may
+    resume from the state gone bad; they are removed only once the rolled-back run passes their steps), log
+    it, and return the next attempt's job carrying the mitigation."""
     attempt.cause, attempt.retryable = Cause.ROLLBACK, True
     attempt.detail = f"{rb.rule} at step {rb.at_step}: back to step {rb.to_step}"
-    removed = Checkpointer(job.checkpoint_uri, async_save=False).discard_after(rb.to_step)
+    aside = Checkpointer(job.checkpoint_uri, async_save=False).set_aside_after(rb.to_step)
     text = (
         f"rolled back from step {attempt.end_step} to step {rb.to_step} after {rb.rule} at step {rb.at_step}: "
-        f"skipping {rb.skip} batches, learning rate x{rb.lr_scale:g}, checkpoints removed: {removed or 'none'}"
+        f"skipping {rb.skip} batches, learning rate x{rb.lr_scale:g}, checkpoints set aside: {aside or 'none'}"
     )
     hooks.info(f"{job.stage}: {text}")
     files.append_logbook(
@@ -877,7 +899,7 @@ def _roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, moni
             stage=job.stage,
             kind="rollback",
             text=text,
-            data={**asdict(rb), "from_step": attempt.end_step, "removed_checkpoints": removed},
+            data={**asdict(rb), "from_step": attempt.end_step, "set_aside_checkpoints": aside},
         ),
     )
     if hooks.on_alert is not None:

@@ -1,0 +1,70 @@
+"""Rank 0's own loss-spike test, at every step.
+
+The supervisor evaluates the alert rules about once a second (``alerts.every_s``) from metrics.jsonl:
+on 10 ms steps that is a hundred steps after a spike, trained from a blown-up state, while checkpoint
+retention may prune the last checkpoint before it. So rank 0 applies the same test
+(:func:`traingate.monitor.rules.spike_of`, the same ``alerts.loss_spike`` spec) to each step's loss as it
+happens. When it fires and its action acts on the training state (roll back, pause, stop), rank 0 pins
+the newest checkpoint before the spike against retention (the roll-back's target), flushes
+metrics.jsonl and holds: it waits, and its peers with it at their next collective, until the supervisor
+acts (SIGKILL for a roll-back, SIGTERM for a pause or stop) or, when none comes within ``hold_s``, goes
+on. The decision stays the supervisor's; rank 0 only keeps it from coming late.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from traingate.monitor.rules import Action, AlertsSpec, spike_of
+
+log = logging.getLogger(__name__)
+
+_ACTS_ON_STATE = frozenset({Action.ROLLBACK, Action.PAUSE, Action.STOP})
+
+
+class SpikeGuard:
+    def __init__(
+        self,
+        alerts: AlertsSpec,
+        pin_before: Callable[[int], int | None],
+        flush: Callable[[], None],
+        stopping: Callable[[], bool],
+    ):
+        self.spec = alerts.loss_spike
+        self.armed = alerts.enabled and self.spec.enabled and self.spec.action in _ACTS_ON_STATE
+        # The supervisor evaluates every ``every_s`` after reading the flushed lines within a tick.
+        self.hold_s = 3 * alerts.every_s + 2.0
+        self.history: deque[float] = deque(maxlen=self.spec.window)
+        self.quiet = 0  # points left before another firing counts: the supervisor raises one per window
+        self.pin_before, self.flush, self.stopping = pin_before, flush, stopping
+
+    def observe(self, step: int, loss: float) -> bool:
+        """Test the loss of ``step``; True when it was a spike and rank 0 held for the supervisor."""
+        if not self.armed or not math.isfinite(loss):
+            return False
+        found = spike_of(list(self.history), loss, self.spec) if self.quiet == 0 else None
+        self.history.append(loss)
+        if self.quiet:
+            self.quiet -= 1
+        if found is None:
+            return False
+        self.quiet = self.spec.window
+        pinned = self.pin_before(step)
+        self.flush()
+        log.warning(
+            "loss spike at step %d (robust z %.1f over the median %.4g): checkpoint %s kept for a roll-back; "
+            "waiting up to %.0f s for the supervisor to act",
+            step,
+            found[0],
+            found[1],
+            pinned if pinned is not None else "(none before it)",
+            self.hold_s,
+        )
+        end = time.monotonic() + self.hold_s
+        while time.monotonic() < end and not self.stopping():
+            time.sleep(0.02)
+        return True
