@@ -27,12 +27,14 @@ ids from T*100000 (so their job cgroups never collide) and ports.
 The cluster, as tests see it:
 - partition `gpu` (default, MaxTime 2 h), nodes n1 and n2, each 8 CPUs and `gpu:a100:2`.
 - QOS research (the default), production, urgent (Preempt=research,production, highest
-  priority; no GraceTime): an urgent job preempts within ~1 s; the victim's batch shell gets its
-  `--signal=B:SIG@N` (preempt_send_user_signal) and every process of the job SIGTERM at once,
-  SIGKILL `KillWait` (5) s later, then it is requeued (PreemptMode=REQUEUE; `set_preempt_mode`
-  switches to CANCEL) and pends with reason BeginTime and restart_cnt 1 until it may start again
-  cred_expire (30) + 1 s later. With a QOS GraceTime (`cluster.sacctmgr("modify", "qos", ...)`),
-  22.05 signals a batch-only job only when the grace ends.
+  priority; no GraceTime): an urgent job preempts within ~1 s; every process of the victim gets
+  SIGTERM at once and SIGKILL `KillWait` (5) s later: that is its window to checkpoint. Its
+  `--signal=B:SIG@N` is sent too (preempt_send_user_signal) but a SIG other than TERM does not
+  always arrive (seen 1 in 4: slurmd handled the kill first). Then it is requeued, even when it
+  exited 0 on the SIGTERM (PreemptMode=REQUEUE; `set_preempt_mode` switches to CANCEL), and pends
+  with reason BeginTime and restart_cnt 1 until it may start again cred_expire (30) + 1 s later.
+  With a QOS GraceTime (`cluster.sacctmgr("modify", "qos", ...)`), 22.05 signals a batch-only job
+  only when the grace ends.
 - `--time` over the partition's MaxTime is refused at submit (EnforcePartLimits=ALL).
 - Every task runs with TMPDIR=BASE/jobtmp/JOBID, removed by the epilog when the job ends.
 - accounts vision and language; root may use both and every QOS; tgalice: vision with
