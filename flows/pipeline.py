@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prefect import flow, get_client, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.blocks.system import Secret
 from prefect.exceptions import ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.futures import PrefectFuture
@@ -272,7 +274,6 @@ def load_secret_blocks() -> list[str]:
     Secret blocks into this flow run's environment (its stage processes inherit them), unless already
     set (a process worker's own environment). A container pool's flow runs get them no other way: a
     container does not inherit its worker's environment and job variables are readable by everyone."""
-    from prefect.blocks.system import Secret
 
     loaded = []
     for var, block in secret_blocks(os.environ.get(SECRET_BLOCKS_VAR)).items():
@@ -301,7 +302,6 @@ def _children_import_this_code() -> None:
 def _promotion(run_id: str, model: dict[str, Any]) -> str:
     """The promotion outcome in words, also as the run's last artifact: a refused promotion must not read
     as a plain success (the stages passed, but the run produced no candidate model)."""
-    from prefect.artifacts import create_markdown_artifact
 
     if model.get("registered"):
         line = f"model promoted: models:/{model['name']}@{model['alias']} (version {model['version']})"

@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import optuna
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from flows.pipeline import flow_settings, ladder, same_end
+from tasks import slots
 from tasks.sweep import (
     ensure_concurrency_limit,
     limit_name,
@@ -216,10 +217,6 @@ def sweep_file(spec_path: str, overrides: list[str] | None = None, promote: bool
 
 
 def _pool_scheduled(spec: RunSpec) -> bool:
-    from prefect import get_client
-
-    from tasks import slots
-
     with get_client(sync_client=True) as c:
         cfg = slots.read_config(c)
     return cfg is not None and spec.resources.work_pool in cfg.pools

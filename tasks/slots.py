@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+from prefect.exceptions import ObjectNotFound
 
 from traingate.capacity.gang import footprint
 from traingate.capacity.policy import never_fits
@@ -104,8 +106,6 @@ def put_variable(client: Any, name: str, value: Any) -> None:
 
 
 def delete_variable(client: Any, name: str) -> None:
-    from prefect.exceptions import ObjectNotFound
-
     with contextlib.suppress(ObjectNotFound):
         client.delete_variable_by_name(name)
 
@@ -348,7 +348,6 @@ class GangSlots:
 
     def _keep(self) -> None:
         """While held: renew the lease and refresh the entry (with the job's progress)."""
-        from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
             last_renew = time.monotonic()
@@ -366,7 +365,6 @@ class GangSlots:
 
 def for_job(job: StageJob, say: Callable[[str], None]) -> GangSlots | None:
     """The job's gang slots when the server has a capacity config, else None (unscheduled)."""
-    from prefect.client.orchestration import get_client
 
     def factory() -> Any:
         return get_client(sync_client=True)

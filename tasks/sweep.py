@@ -13,14 +13,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import optuna
+from optuna.trial import FrozenTrial
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from prefect.client.orchestration import get_client
-from optuna.trial import FrozenTrial
 
+from tasks.compat_prefect import (
+    acquire_concurrency_slots_with_lease,
+    maintain_concurrency_lease,
+    release_concurrency_slots_with_lease,
+)
 from tasks.tracking import request_key
 from tasks.train import run_stage_job
+from traingate.job.files import ProgressFollower
 from traingate.job.stagejob import JobKind, derive
 from traingate.job.vocab import Status
 from traingate.settings import Settings
@@ -28,7 +34,6 @@ from traingate.spec import RunSpec
 from traingate.sweep import tracking as sweep_tracking
 from traingate.sweep.fence import fence
 from traingate.sweep.plots import save_plots
-from traingate.job.files import ProgressFollower
 from traingate.sweep.report import Reporter, TrialOutcome, objective_values
 from traingate.sweep.study import open_study, trial_key
 from traingate.tracking import runs
@@ -50,7 +55,6 @@ def ensure_concurrency_limit(name: str, limit: int) -> None:
 
 def release_leases(trial: FrozenTrial) -> None:
     """Give back the slots a dead driver's trial held (called when Optuna finds the trial stale)."""
-    from tasks.compat_prefect import release_concurrency_slots_with_lease
 
     for lease in trial.user_attrs.get("prefect_leases", []):
         # A lease that already expired is gone on the server; releasing it does nothing (tests/test_compat.py).
@@ -66,11 +70,6 @@ def trial_slots(limits: list[tuple[str, int]], on_leases: Callable[[list[str]], 
     its slots at once instead of waiting for the lease to expire.
     """
     # Private Prefect API, confined to tasks/compat_prefect.py: the public context manager hides the lease id.
-    from tasks.compat_prefect import (
-        acquire_concurrency_slots_with_lease,
-        maintain_concurrency_lease,
-        release_concurrency_slots_with_lease,
-    )
 
     with contextlib.ExitStack() as stack:
         leases: list[str] = []

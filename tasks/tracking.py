@@ -23,6 +23,7 @@ from prefect.runtime import task_run
 
 from traingate.ladder import replay
 from traingate.ladder.stage import GateDecision, StageResult
+from traingate.promotion.register import register_candidate as register
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 from traingate.tracking import journal, runs
@@ -113,7 +114,6 @@ def register_candidate(spec: RunSpec, stage_run_id: str, checkpoint_uri: str | N
     Idempotent without a key: a stage run has at most one version (see traingate.promotion.register).
     ``run_id``: as for :func:`record_stage` (a kept registration is made by `traingate replay`).
     """
-    from traingate.promotion.register import register_candidate as register
 
     c = runs.client(Settings.from_env().tracking_uri)
     out = _write_or_keep(

@@ -17,9 +17,12 @@ read-only commands say which store they read and never create an empty one (:fun
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
+
+from traingate.redact import redact
 
 if TYPE_CHECKING:
     from typing import MutableMapping, TextIO
@@ -196,9 +199,6 @@ def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: "T
     A SQLite store that does not exist is refused (MLflow would create an empty one and the command
     would show nothing, as if the runs were gone); so is an empty ``file:`` store.
     """
-    import sys
-
-    from traingate.redact import redact
 
     env = os.environ if env is None else env
     settings = Settings.from_env(env)

@@ -25,6 +25,7 @@ import fsspec
 from traingate.redact import redact
 from traingate.secrets import resolve
 from traingate.spec import RunSpec, SpecError, parse_spec
+from traingate.storage import storage_options
 
 LATEST = "{latest}"
 POINTER = "LATEST"
@@ -72,7 +73,6 @@ def resolve_latest(uri: str, field: str = "data.uri") -> str:
     ``${env:...}`` references are resolved to list the store and kept in the returned URI (it is
     written into the run's spec and identity). Raises :class:`SpecError` (one line) when no version exists.
     """
-    from traingate.storage import storage_options
 
     prefix, rest = _split(uri, field)
     real_prefix = resolve(prefix, field=field)

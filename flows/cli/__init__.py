@@ -14,6 +14,7 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from flows import logsafety
 from flows.cli import arguments
@@ -66,7 +67,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     """The installed distribution's version: the one pip, the image and `traingate --version` agree on."""
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("traingate")

@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+
+from flows.cli.run import _summary, run_ladder_here
+from flows.cli.validate import _load
 from traingate.redact import redact
+from traingate.secrets import protect_spec
+from traingate.settings import Settings
 
 CHEAP = ("unit", "smoke", "canary")  # what a merge may spend; full training is the pool's, not CI's
 
@@ -41,10 +49,6 @@ def _refuse(why: str) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     """The cheap stages of SPEC in this process, as `traingate run --until` does, with a CI verdict."""
-    from flows.cli.run import _summary, run_ladder_here
-    from flows.cli.validate import _load
-    from traingate.secrets import protect_spec
-    from traingate.settings import Settings
 
     until = args.until or "canary"
     if until not in CHEAP:
@@ -81,9 +85,6 @@ def _deployment(args: argparse.Namespace) -> int:
             f"traingate ci: --commit {args.commit!r} is not a git sha; pass e.g. $(git rev-parse HEAD)", file=sys.stderr
         )
         return 2
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-    from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         print(

@@ -10,22 +10,21 @@ supervision policy, and leaves the team's Prefect history alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import random
 import time
+from pathlib import Path
+
+from traingate.ladder.preflight import check_spec, preflight
+from traingate.settings import Settings
+from traingate.snapshots import resolve_spec
+from traingate.spec import load_spec
+from traingate.supervision.drill import plan, run_drill
+from traingate.supervision.supervisor import Hooks
 
 
 def main(args: argparse.Namespace) -> int:
-    import dataclasses
-    import random
-    from pathlib import Path
-
-    from traingate.ladder.preflight import check_spec, preflight
-    from traingate.settings import Settings
-    from traingate.snapshots import resolve_spec
-    from traingate.spec import load_spec
-    from traingate.supervision.drill import plan, run_drill
-    from traingate.supervision.supervisor import Hooks
-
     spec = resolve_spec(load_spec(args.spec, args.overrides))  # data.uri's {latest}: the version of now
     check_spec(spec)
     settings = Settings.from_env()

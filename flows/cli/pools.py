@@ -28,6 +28,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from prefect import get_client
+from prefect.blocks.system import Secret
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.workers.process import ProcessWorker
+from prefect_docker.worker import DockerWorker
+
+from tasks import slots
 from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import CapacityConfig, CapacityError, Engine, PoolConfig, load_config
 from traingate.capacity.slurm import SlurmError
@@ -100,7 +109,6 @@ def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
     A flow-run container does not inherit its worker's environment, and a job variable is visible to
     everyone who reads the deployment: the credentials go to the server's Secret blocks once, from the
     one place that holds them (the stack's secrets), and flow runs load them by name (flows/pipeline.py)."""
-    from prefect.blocks.system import Secret
 
     env = os.environ if env is None else env
     wanted = secret_blocks(env.get(SECRET_BLOCKS_VAR))
@@ -123,8 +131,6 @@ def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _require_server(what: str = "pools are created") -> None:
-    from prefect.settings import PREFECT_API_URL
-
     if not PREFECT_API_URL.value():
         raise CapacityError(
             f"PREFECT_API_URL is not set: {what} on the server your workers use; "
@@ -163,8 +169,6 @@ def job_template(
 def _template(
     pool: PoolConfig, image: str | None, pool_name: str, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    from prefect.workers.process import ProcessWorker
-
     env = os.environ if env is None else env
     if pool.worker == "process":
         return ProcessWorker.get_default_base_job_template()
@@ -176,8 +180,6 @@ def _template(
     if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
         raise CapacityError(f"--image {image!r}: pin a tag or digest (not latest), so every node runs the same code")
     if pool.worker == "docker":
-        from prefect_docker.worker import DockerWorker
-
         base = copy.deepcopy(DockerWorker.get_default_base_job_template())
         props = base["variables"]["properties"]
         props["image"]["default"] = image
@@ -225,11 +227,6 @@ def _template(
 
 def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str] | None = None) -> list[str]:
     """``env``: where the pools' locations come from (default: this process's environment)."""
-    from prefect import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
-    from prefect.exceptions import ObjectNotFound
-
-    from tasks import slots
 
     changes: list[str] = []
     prio = queue_priorities(cfg)

@@ -13,16 +13,18 @@ import argparse
 import sys
 import time
 
+from prefect import get_client
+
+from flows.cli.pools import _require_server
+from tasks import slots
 from traingate.capacity import slurm, slurm_cli
+from traingate.capacity.gang import footprint
+from traingate.capacity.policy import queue_order
 from traingate.capacity.pools import CapacityError, Engine
+from traingate.capacity.queue import RUNNING, WAITING, _predict, decide, rules_for, usage_now
 
 
 def main(args: argparse.Namespace) -> int:
-    from prefect import get_client
-
-    from flows.cli.pools import _require_server
-    from tasks import slots
-
     try:
         _require_server("the queue lives")
         with get_client(sync_client=True) as c:
@@ -48,9 +50,6 @@ def main(args: argparse.Namespace) -> int:
 def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=()) -> str:
     """The queue view as text (pure: config, fresh entries, usage history, now; a Slurm pool's from ``slurm_jobs``,
     what squeue printed)."""
-    from traingate.capacity.gang import footprint
-    from traingate.capacity.policy import queue_order
-    from traingate.capacity.queue import RUNNING, WAITING, _predict, decide, rules_for, usage_now
 
     out: list[str] = []
     for name, pool in cfg.pools.items():

@@ -8,27 +8,25 @@ from __future__ import annotations
 
 import argparse
 
+from flows.cli.run import _claimed_run, guard_this_process, interrupted
+from flows.retrain import retrain
+from traingate.ladder.preflight import check_spec, preflight
+from traingate.settings import Settings
+from traingate.snapshots import resolve_spec
+from traingate.spec import load_spec
+
 
 def main(args: argparse.Namespace) -> int:
-    from flows.cli.run import guard_this_process, interrupted
-    from traingate.ladder.preflight import check_spec, preflight
-    from traingate.settings import Settings
-    from traingate.snapshots import resolve_spec
-    from traingate.spec import load_spec
-
     spec = load_spec(args.spec, args.overrides)
     resolved = resolve_spec(spec)  # a bad spec or no snapshot: one line, exit 2, nothing started
     check_spec(resolved)
     preflight(resolved, Settings.from_env())
     Settings.from_env().ensure()
     guard_this_process(spec.supervision.preempt_grace_s)
-    from flows.retrain import retrain
 
     try:
         state = retrain(spec, return_state=True)  # resolves again: a snapshot published meanwhile is taken
     except KeyboardInterrupt:
-        from flows.cli.run import _claimed_run
-
         return interrupted(_claimed_run(Settings.from_env()))
     print(f"retrain {'COMPLETED' if state.is_completed() else 'STOPPED'}: {state.message}")
     return 0 if state.is_completed() else 1

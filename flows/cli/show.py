@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlflow.exceptions import MlflowException
+
+from traingate.settings import LocationError, store_to_read
+from traingate.tracking import browse
+from traingate.tracking.runs import client
+
 
 def main(args: argparse.Namespace) -> int:
-    # Imported here: `traingate show --help` must not pay for MLflow (seconds).
-    from mlflow.exceptions import MlflowException
-
-    from traingate.settings import LocationError, store_to_read
-    from traingate.tracking import browse
-    from traingate.tracking.runs import client
-
     try:
         settings = store_to_read("show")
     except LocationError as e:

@@ -5,24 +5,23 @@ from __future__ import annotations
 import argparse
 import os
 
+from flows.cli.run import guard_this_process
+from flows.sweep import sweep
 from traingate.redact import redact
+from traingate.secrets import protect_spec
+from traingate.settings import Settings
+from traingate.snapshots import resolve_spec
+from traingate.spec import load_spec
+from traingate.sweep.checks import check_sweep
 
 
 def main(args: argparse.Namespace) -> int:
-    from traingate.secrets import protect_spec
-    from traingate.settings import Settings
-    from traingate.snapshots import resolve_spec
-    from traingate.spec import load_spec
-    from traingate.sweep.checks import check_sweep
-
     spec = resolve_spec(load_spec(args.spec, args.overrides))  # data.uri's {latest}: the version of now
     check_sweep(spec)  # every error before Prefect starts
     spec = protect_spec(spec)  # the flow-run parameters hold ${env:} references, not secrets
     settings = Settings.from_env().ensure()
-    from flows.cli.run import guard_this_process
 
     guard_this_process(spec.supervision.preempt_grace_s)
-    from flows.sweep import sweep
 
     state = sweep(spec, args.promote, return_state=True)
     data = state.result(raise_on_failure=False)

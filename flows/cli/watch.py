@@ -12,12 +12,16 @@ import argparse
 import sys
 import time
 
+from rich.console import Console
+from rich.live import Live
+
+from traingate.monitor import dashboard
+from traingate.settings import Settings
+
 EXIT_USAGE = 2
 
 
 def main(args: argparse.Namespace) -> int:
-    from traingate.settings import Settings
-
     runs = Settings.from_env().state_dir / "runs"
     run_dir = runs / args.run_id
     if not args.run_id or "/" in args.run_id or not (run_dir / "spec.yaml").is_file():
@@ -33,19 +37,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _watch(run_dir, args.interval, args.once)
     except KeyboardInterrupt:  # Ctrl-C is how a watcher leaves: not an error, and no traceback
-        from traingate.monitor import dashboard
-
         print(f"traingate watch: stopped watching; {dashboard.summary_line(dashboard.read_snapshot(run_dir))}")
         return 0
 
 
 def _watch(run_dir, interval: float, once: bool) -> int:
-    # Imported here: `traingate watch --help` must not pay for rich and MLflow.
-    from rich.console import Console
-    from rich.live import Live
-
-    from traingate.monitor import dashboard
-
     console = Console()
     reader = dashboard.RunReader(run_dir)
     if once:

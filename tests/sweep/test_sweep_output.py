@@ -13,16 +13,15 @@ PG_PW = "pg-pass-7f3a91"
 
 
 def test_the_sweep_command_prints_its_stores_with_their_passwords_masked(sweep_spec, state_dir, monkeypatch, capsys):
-    import flows.cli.run
-    import flows.sweep
+    import flows.cli.sweep
     from flows.cli import main
 
     # The command checks that its storage's port answers before anything starts: a listening socket.
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     monkeypatch.setenv("TRAINGATE_OPTUNA_STORAGE", f"postgresql://optuna:{PG_PW}@127.0.0.1:{port}/optuna")
-    monkeypatch.setattr(flows.cli.run, "guard_this_process", lambda grace_s: None)
-    monkeypatch.setattr(flows.sweep, "sweep", lambda spec, promote, return_state: Completed(
+    monkeypatch.setattr(flows.cli.sweep, "guard_this_process", lambda grace_s: None)
+    monkeypatch.setattr(flows.cli.sweep, "sweep", lambda spec, promote, return_state: Completed(
         message="2 trials", data={"study": "s", "best_params": {"storage": f"postgresql://o:{PG_PW}@db/x"}}))
     try:
         assert main(["sweep", str(sweep_spec())]) == 0

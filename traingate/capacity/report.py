@@ -145,17 +145,16 @@ def write_schedule(res: SimResult, path: Path) -> Path:
 
 
 def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # lazy: matplotlib takes a second to import; only `traingate simulate` draws (a Figure needs no display)
+    from matplotlib.figure import Figure
 
     out.mkdir(parents=True, exist_ok=True)
     ms = [summarize(r) for r in results]
     names = [r.policy.name for r in results]
     paths = []
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = Figure(figsize=(8, 5))
+    ax = fig.add_subplot()
     for r, name in zip(results, names):
         w = np.sort([rec.wait_s / 3600.0 for rec in r.records])
         ax.step(
@@ -173,10 +172,10 @@ def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out / "wait_cdf.png")
     fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
 
     base = summarize(baseline(results))
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
     x = np.arange(len(names))
     ax.bar(x - 0.2, [m.mean_wait_s / base.mean_wait_s if base.mean_wait_s else 0 for m in ms], 0.4, label="mean wait")
     ax.bar(x + 0.2, [m.mean_jct_s / base.mean_jct_s if base.mean_jct_s else 0 for m in ms], 0.4, label="mean JCT")
@@ -187,10 +186,10 @@ def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out / "ratios.png")
     fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
 
     teams = sorted({t for m in ms for t in m.share_by_team})
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
     bottom = np.zeros(len(names))
     for t in teams:
         share = np.array([m.share_by_team.get(t, 0.0) for m in ms])
@@ -202,5 +201,4 @@ def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out / "team_share.png")
     fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
     return paths

@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from traingate.cost import sizing
 from traingate.job import files
 from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
+from traingate.redact import redact
 from traingate.settings import TRACKING_URI_VAR, Settings
 from traingate.spec import RunSpec, parse_spec
+from traingate.storage import join
 
 
 class JobKind(StrEnum):
@@ -193,7 +196,6 @@ class StageJob:
 def _without_secrets(tracking_uri: str) -> str:
     """The tracking URI as the job file may hold it: a URI with a password (``postgresql://u:pw@db``)
     is written as a reference to the variable it came from, resolved by the process that uses it."""
-    from traingate.redact import redact
 
     if redact(tracking_uri) != tracking_uri and os.environ.get(TRACKING_URI_VAR) == tracking_uri:
         return "${env:" + TRACKING_URI_VAR + "}"
@@ -216,8 +218,6 @@ def derive(
     faults: str | None = None,
 ) -> StageJob:
     """The StageJob of ``stage`` of a validated ``spec``: the one place these facts are computed."""
-    from traingate.cost import sizing
-    from traingate.storage import join
 
     nodes, nproc = stage_world(spec, stage)
     limits = getattr(spec.stages, stage)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from traingate.cost import sizing
+from traingate.job.files import read_supervisor_state
+from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.settings import Settings
-from traingate.spec import STAGES, RunSpec
+from traingate.spec import STAGES, RunSpec, SpecError, load_spec
 
 
 def stages_until(until: str) -> list[str]:
@@ -80,9 +82,6 @@ class ResumePoint:
 
 def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> ResumePoint:
     """The first stage of run ``run_id`` that did not complete (or ``stage``), from its stage directories."""
-    from traingate.job.files import read_supervisor_state
-    from traingate.job.vocab import Status
-    from traingate.spec import SpecError, load_spec
 
     runs = settings.state_dir / "runs"
     run_dir = runs / run_id

@@ -28,16 +28,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import boto3
 import fsspec
+import psutil
+import torch
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
+from traingate.job.envvars import SCRIPT_ARG_VARS
 from traingate.job.world import stage_world
 from traingate.places import KINDS, check_local_data, place_problem, special_kind
 from traingate.recipes import SCRIPT, get_recipe
+from traingate.recipes.script import check_args, check_glob
 from traingate.redact import redact
-from traingate.secrets import check_refs
+from traingate.secrets import check_refs, resolve
 from traingate.settings import Settings
 from traingate.spec import STAGES, TRAINING_STAGES, RunSpec, SpecError
 from traingate.storage import s3_code
+from traingate.tracking.identity import _SKIP_DIRS
 
 # Where a checkpoint can live: a store every process of a run (and a later resume) can reach.
 _SCHEMES = {"file", "s3", "gs", "gcs", "az", "abfs"}
@@ -138,8 +146,6 @@ MAX_DEVICE_BYTES = 192 << 30
 
 def _check_model_size(spec: RunSpec, recipe: Any) -> None:
     """A model whose training state cannot fit where it runs fails minutes in with an out-of-memory kill."""
-    import psutil
-    import torch
 
     gpu = spec.pool.gpus_per_node > 0
     room = MAX_DEVICE_BYTES if gpu else psutil.virtual_memory().total
@@ -224,10 +230,11 @@ def _check_metrics(spec: RunSpec) -> None:
 
 
 def _check_sweep(spec: RunSpec) -> None:
-    from traingate.sweep.space import check_space  # optuna: only for specs with a sweep
-
     sw = spec.sweep
     assert sw is not None
+    # lazy: Optuna takes seconds to import; only a spec with a sweep is checked against it
+    from traingate.sweep.space import check_space
+
     check_space(spec)
     can = stage_metrics(spec, sw.stage) | set(TRIAL_METRICS)
     for i, o in enumerate(sw.objectives):
@@ -248,8 +255,6 @@ def _check_sweep(spec: RunSpec) -> None:
 
 
 def _resolved(field: str, uri: str) -> str:
-    from traingate.secrets import resolve  # `${env:NAME}` references: check the URI that will be opened
-
     return resolve(uri, field=field)
 
 
@@ -313,8 +318,6 @@ def _check_script(spec: RunSpec) -> dict[str, int]:
             f"recipe.script.needs_cuda = true: work pool {spec.resources.work_pool!r} is a CPU pool "
             "(gpus_per_node 0) and the script would fail there; set resources.work_pool to a GPU pool"
         )
-    from traingate.job.envvars import SCRIPT_ARG_VARS
-    from traingate.recipes.script import check_args, check_glob
 
     check_args(spec, SCRIPT_ARG_VARS)
     if s.checkpoints is not None:
@@ -337,8 +340,6 @@ MAX_PROJECT_BYTES = 2 << 30
 
 
 def _check_project_size(workdir: str) -> None:
-    from traingate.tracking.identity import _SKIP_DIRS
-
     try:
         inside_git = (
             subprocess.run(["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, timeout=30).returncode == 0
@@ -477,9 +478,6 @@ def _readable(field: str, uri: str, settings: Settings) -> None:
 
 
 def _s3_client(settings: Settings) -> Any:
-    import boto3
-    from botocore.config import Config
-
     # Fail fast: a probe that waits minutes on a dead endpoint is worse than the error.
     config = Config(connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S, retries={"max_attempts": 1})
     # A new session reads the credentials as the environment has them now (boto3's default
@@ -489,7 +487,6 @@ def _s3_client(settings: Settings) -> Any:
 
 def _s3_probe(field: str, shown: str, uri: str, settings: Settings, key_needed: bool) -> None:
     """The bucket exists and these credentials may use it; for data, the object (or prefix) exists."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
     parts = urlsplit(uri)
     bucket, key = parts.netloc, parts.path.lstrip("/")

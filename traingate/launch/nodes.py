@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from traingate.capacity import slurm_cli
+from traingate.runtime import exitcodes
 from traingate.settings import NODES_VAR  # "netns:NS0,NS1,...": node i is network namespace NSi on this machine
 from traingate.spec import SpecError
 
@@ -82,8 +83,10 @@ def slurm_node(name: str) -> Node:
     the node), and a one-task ``srun --overlap`` step on it as the launcher (:mod:`traingate.capacity.slurm_cli`)."""
     addr = slurm_cli.node_addresses().get(name)
     if addr is None:
-        raise SpecError(f"{NODES_VAR}: {name!r} is not a node of this Slurm cluster (scontrol show node); "
-                        "name the allocation's nodes (scontrol show hostnames $SLURM_JOB_NODELIST)")
+        raise SpecError(
+            f"{NODES_VAR}: {name!r} is not a node of this Slurm cluster (scontrol show node); "
+            "name the allocation's nodes (scontrol show hostnames $SLURM_JOB_NODELIST)"
+        )
     return Node(name, addr, slurm_cli.interface_of(name, addr), slurm_cli.step_prefix(name))
 
 
@@ -230,8 +233,6 @@ def main(argv: list[str] | None = None) -> None:
         nodes = parse_nodes(os.environ.get(NODES_VAR), args.nodes)
         check_rendezvous(nodes, args.rdzv_endpoint)
     except SpecError as e:
-        from traingate.runtime import exitcodes
-
         print(f"[launch_nodes] {e}", file=sys.stderr, flush=True)
         sys.exit(exitcodes.USER_ERROR)
     # The supervisor's SIGTERM (preemption) reaches every agent here directly (same process group,

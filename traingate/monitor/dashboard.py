@@ -20,6 +20,7 @@ that sees the state directory, while the run goes on or after it ended.
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, fields
@@ -27,9 +28,16 @@ from pathlib import Path
 from typing import Any, Sequence
 from xml.etree import ElementTree
 
+import yaml
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from traingate.job import files
 from traingate.job.vocab import Status
+from traingate.monitor.live import stage_spend_usd
 from traingate.tracking import restarts as restart_record
+from traingate.tracking import stale
 
 STAGE_ORDER = ("unit", "smoke", "canary", "full")
 TRAINING_STAGES = STAGE_ORDER[1:]
@@ -306,8 +314,6 @@ class RunReader:
 
     def _experiment(self) -> str:
         if self.experiment is None:
-            import yaml
-
             try:
                 tree = yaml.safe_load((self.run_dir / "spec.yaml").read_text())
             except (OSError, yaml.YAMLError):
@@ -319,7 +325,6 @@ class RunReader:
     def _stage_spend(stage_dir: Path, now: float) -> float:
         """What the stage held so far: its ended attempts (the ledger's rule, live.stage_spend_usd) and the
         launch still running, up to ``now``."""
-        from traingate.monitor.live import stage_spend_usd
 
         state = files.read_supervisor_state(stage_dir)
         job = files.read_json(stage_dir / files.JOB) or {}
@@ -369,7 +374,6 @@ def run_over(run_dir: Path, now: float | None = None) -> str | None:
     verdict and nothing in the run directory changed for ``QUIET_S`` seconds (the ladder opens the
     next stage within seconds of a gate).
     """
-    from traingate.tracking import stale  # psutil; MLflow only for stale's types (watch pays it once)
 
     now = time.time() if now is None else now
     o = stale.read_orchestrator(run_dir)
@@ -383,8 +387,6 @@ def run_over(run_dir: Path, now: float | None = None) -> str | None:
 
 
 def _host() -> str:
-    import socket
-
     return socket.gethostname()
 
 
@@ -416,9 +418,6 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 def render(s: Snapshot, width: int = 80) -> Any:
     """``s`` as a rich renderable that fits ``width`` columns (80: an SSH terminal)."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     spark_w = max(10, min(SPARK_WIDTH, width - 40))
     head = Text.assemble(
@@ -491,8 +490,6 @@ def render(s: Snapshot, width: int = 80) -> Any:
 
 
 def _ranks(ranks: Sequence[RankTime]) -> Any:
-    from rich.text import Text
-
     shown = (
         sorted(ranks, key=lambda r: -(r.step_time_s or 0.0))[:MAX_RANK_ROWS]
         if len(ranks) > MAX_RANK_ROWS

@@ -16,14 +16,21 @@ True
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import mlflow
+import mlflow.pytorch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.promotion.aliases import alias_lock, model_name
+from traingate.recipes import get_recipe
+from traingate.runtime.checkpoint import Checkpointer
 from traingate.spec import RunSpec, SpecError, parse_spec
+from traingate.tracking.runs import SPEC_ARTIFACT
 
 CHAMPION = "champion"
 METRIC = "val_loss"  # every built-in recipe's evaluate reports it; lower is better
@@ -86,10 +93,6 @@ def decide(
 
 def _champion_spec(c: MlflowClient, champion: Champion) -> RunSpec:
     """The resolved spec the champion was trained with (its run's identity artifact)."""
-    import json
-    import tempfile
-
-    from traingate.tracking.runs import SPEC_ARTIFACT
 
     with tempfile.TemporaryDirectory(prefix="tg-champion-") as tmp:
         with open(c.download_artifacts(champion.stage_run_id, SPEC_ARTIFACT, tmp)) as f:
@@ -104,11 +107,6 @@ def score(c: MlflowClient, spec: RunSpec, checkpoint_uri: str, champion: Champio
     encode the new snapshot as the champion was trained to read it, or its score would be noise: a
     champion whose vocabulary differs is refused in one line rather than scored.
     """
-    import mlflow
-    import mlflow.pytorch
-
-    from traingate.recipes import get_recipe
-    from traingate.runtime.checkpoint import Checkpointer
 
     recipe = get_recipe(spec)
     _, held_out = recipe.load_data()

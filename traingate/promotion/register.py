@@ -12,23 +12,29 @@ registers the model already logged).
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import mlflow
+import mlflow.pytorch
+import torch
 from mlflow.entities import LoggedModelStatus
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.promotion.aliases import CANDIDATE, model_name, take_alias_if_better
+from traingate.recipes import get_recipe, script
 from traingate.redact import redact
+from traingate.runtime.checkpoint import Checkpointer
 from traingate.spec import RunSpec
 from traingate.tracking.runs import can_promote
 
 
 def _final_model(spec: RunSpec, checkpoint_uri: str) -> tuple[Any, Any]:
     """The model of the newest checkpoint, and two validation inputs as an example for its signature."""
-    from traingate.recipes import get_recipe
-    from traingate.runtime.checkpoint import Checkpointer
 
     ckpt = Checkpointer(checkpoint_uri, async_save=False)
     step = ckpt.find_latest()
@@ -89,8 +95,6 @@ def register_candidate(
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
 
-    import mlflow
-
     name = model_name(spec)
     version = registered_version(c, name, stage_run_id)
     if version is None and script is not None:
@@ -105,7 +109,6 @@ def register_candidate(
 
 def _script_checkpoint_written(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None) -> bool:
     """A version registered already (a retry), or an index at the checkpoint URI that names a file."""
-    from traingate.recipes import script
 
     return registered_version(c, model_name(spec), stage_run_id) is not None or bool(
         checkpoint_uri and script.read_index(checkpoint_uri)
@@ -134,12 +137,6 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
     MLflow 3's ``register_model`` accepts only logged models for a ``runs:/`` URI; a model version whose
     source is a run's artifact directory is created with the client directly (the same record).
     """
-    import json
-    import tempfile
-
-    from mlflow.exceptions import MlflowException
-
-    from traingate.recipes import script
 
     entries = script.read_index(checkpoint_uri)
     last = script.newest(entries)
@@ -171,10 +168,6 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
 
 
 def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str) -> str:
-    import mlflow
-    import mlflow.pytorch
-    import torch
-
     model, example = _final_model(spec, checkpoint_uri)
     mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model logging needs it
     with mlflow.start_run(run_id=stage_run_id):

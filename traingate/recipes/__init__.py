@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from traingate.recipes.base import Recipe, TensorData
+from traingate.recipes.chargpt import CharGPT
+from traingate.recipes.digits import DigitsCNN
+from traingate.spec import SpecError
 
 if TYPE_CHECKING:
     from traingate.spec import RunSpec
@@ -18,9 +21,6 @@ SCRIPT = "script"
 
 
 def _registry() -> dict[str, type[Recipe]]:
-    from traingate.recipes.chargpt import CharGPT
-    from traingate.recipes.digits import DigitsCNN
-
     return {DigitsCNN.name: DigitsCNN, CharGPT.name: CharGPT}
 
 
@@ -30,7 +30,6 @@ def recipe_names() -> list[str]:
 
 def get_recipe(spec: "RunSpec") -> Recipe:
     """The recipe object for a spec, its params validated (raises SpecError)."""
-    from traingate.spec import SpecError
 
     name = spec.recipe.name
     if name == SCRIPT:

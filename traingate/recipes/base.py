@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 import torch
 from pydantic import BaseModel, ValidationError
 
+from traingate.spec import SpecError
+from traingate.specbase import bool_for_number
+
 if TYPE_CHECKING:
     from traingate.spec import RunSpec
 
@@ -53,9 +56,6 @@ class Recipe:
     Params: ClassVar[type[BaseModel]]
 
     def __init__(self, spec: "RunSpec"):
-        from traingate.spec import SpecError
-        from traingate.specbase import bool_for_number
-
         self.spec = spec
         for key, value in spec.recipe.params.items():
             field = self.Params.model_fields.get(key)

@@ -21,6 +21,10 @@ from torch import nn
 
 from traingate.places import check_local_data
 from traingate.recipes.base import Recipe, TensorData, device_of
+from traingate.redact import redact
+from traingate.secrets import resolve
+from traingate.spec import SpecError
+from traingate.storage import storage_failure, storage_options
 
 # char-gpt keeps the text, its ids and its windows in memory: ~40 bytes per character of corpus.
 MAX_CORPUS_BYTES = 256 << 20
@@ -82,7 +86,6 @@ class CharGPT(Recipe):
 
     def __init__(self, spec):
         super().__init__(spec)
-        from traingate.spec import SpecError
 
         if self.params.n_embd % self.params.n_head:
             raise SpecError(
@@ -96,11 +99,6 @@ class CharGPT(Recipe):
 
     def _read(self) -> str:
         if self._text is None:
-            from traingate.redact import redact
-            from traingate.secrets import resolve
-            from traingate.spec import SpecError
-            from traingate.storage import storage_failure, storage_options
-
             uri = self.data_uri()
             shown = redact(uri)
             real = resolve(uri, field="data.uri")
@@ -166,8 +164,6 @@ class CharGPT(Recipe):
         return (len(self._read()) - 1) // self.params.block_size
 
     def check_data(self) -> int:
-        from traingate.spec import SpecError
-
         n = self._windows()
         n_val = max(1, int(round(n * self.spec.data.val_fraction)))
         if n - n_val < 1:

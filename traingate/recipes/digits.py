@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from traingate.recipes.base import Recipe, TensorData, device_of
+from traingate.spec import SpecError
 
 BUILTIN_URI = "sklearn://load_digits"
 
@@ -45,8 +50,6 @@ class DigitsCNN(Recipe):
         return self.spec.data.uri or BUILTIN_URI
 
     def check_data(self) -> int:
-        from traingate.spec import SpecError
-
         if self.data_uri() != BUILTIN_URI:
             raise SpecError(f"data.uri = {self.spec.data.uri!r}: digits-cnn reads only {BUILTIN_URI}; remove data.uri")
         n = 1797
@@ -93,11 +96,6 @@ def _read_digits() -> tuple[Any, Any]:
     Same values as ``sklearn.datasets.load_digits()`` (tests/test_recipes check it), without the
     1-2 s import of scikit-learn and SciPy that every training process, and every restart, paid.
     """
-    import gzip
-    import importlib.util
-    from pathlib import Path
-
-    import numpy as np
 
     spec = importlib.util.find_spec("sklearn")  # locates the package without running its __init__
     if spec is None or spec.origin is None:

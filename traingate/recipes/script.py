@@ -22,8 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
+import fsspec
+
 from traingate.job import files
+from traingate.secrets import resolve
 from traingate.spec import RunSpec, SpecError
+from traingate.storage import Storage, storage_options
 
 PYTHONS = ("python", "python3")
 # ${TRAINGATE_...} in an argument; ${env:NAME} (a secret) is not matched: it never goes into argv from here.
@@ -203,8 +207,10 @@ def unmatched(patterns: list[str], text: str, tail: int = 5) -> str:
     last = [line.strip()[:120] for line in text.splitlines() if line.strip()][-tail:]
     shown = " | ".join(repr(line) for line in last) if last else "it printed nothing"
     regexes = ", ".join(f"'{p}'" for p in patterns)  # as written in the spec, not repr's doubled backslashes
-    return (f"no line of the script's output matched recipe.script.metrics {regexes}, so it trained no step "
-            f"traingate can see; fix the regex or what the script prints (last lines: {shown})")
+    return (
+        f"no line of the script's output matched recipe.script.metrics {regexes}, so it trained no step "
+        f"traingate can see; fix the regex or what the script prints (last lines: {shown})"
+    )
 
 
 # ---------------------------------------------------------------- output progress (the heartbeat of a script)
@@ -362,7 +368,6 @@ def newest(entries: list[ScriptCheckpoint]) -> ScriptCheckpoint | None:
 
 def read_index(uri: str) -> list[ScriptCheckpoint]:
     """The index published at a checkpoint URI ([] when there is none)."""
-    from traingate.storage import Storage
 
     store = Storage(uri)
     if not store.exists(INDEX):
@@ -377,7 +382,6 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
     A remote URI gets every new or changed file, loses the files the script has since deleted (its own
     retention), and gets the index last: an index names only files that are there.
     """
-    from traingate.storage import Storage
 
     store = Storage(uri)
     before = {c.path: c for c in read_index(uri)}
@@ -402,7 +406,6 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
 def restore(uri: str, local_dir: str | Path, pattern: str | None) -> list[ScriptCheckpoint]:
     """Bring a published checkpoint set back into an empty ``local_dir`` (a resume on another host):
     the files the index names, each checked against its sha256. Nothing happens when the dir has one."""
-    from traingate.storage import Storage
 
     root = Path(local_dir)
     store = Storage(uri)
@@ -417,9 +420,6 @@ def restore(uri: str, local_dir: str | Path, pattern: str | None) -> list[Script
 
 def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
     """Copy checkpoint ``c`` from ``uri`` to ``dest``, verified against its sha256 (OSError if it differs)."""
-    from traingate.storage import Storage
-
-    from traingate.storage import Storage
 
     store = Storage(uri)  # its retry policy; the copy streams to disk instead of reading the file into memory
     fs, root = _filesystem(uri)
@@ -438,10 +438,6 @@ def fetch(uri: str, c: ScriptCheckpoint, dest: Path) -> Path:
 
 
 def _filesystem(uri: str):  # -> (fsspec filesystem, root path)
-    import fsspec
-
-    from traingate.storage import storage_options
-    from traingate.secrets import resolve
 
     resolved = resolve(uri, field="checkpoint location")
     return fsspec.core.url_to_fs(resolved, **storage_options(resolved))

@@ -15,6 +15,9 @@ from __future__ import annotations
 import errno
 import re
 
+import torch
+import torch.distributed as dist
+
 from traingate.job.vocab import Cause
 from traingate.runtime import exitcodes
 
@@ -38,8 +41,6 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 
 def _is_collective_error(e: BaseException) -> bool:
-    import torch.distributed as dist
-
     text = str(e).lower()
     return isinstance(e, getattr(dist, "DistError", ())) or "gloo" in text or "nccl" in text or "processgroup" in text
 
@@ -50,7 +51,6 @@ def cause_of_exception(e: BaseException) -> Cause:
     Judged by what the error is, not by its Python type alone: a ``ValueError`` raised by a
     collective that lost its peer is a lost worker, not a bad config.
     """
-    import torch
 
     chain = _chain(e)
     if any(isinstance(x, OSError) and x.errno in _FULL for x in chain):

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+import torch
+import torch.distributed as dist
+
 from traingate.job import envvars
 
 ENV = envvars.INJECT
@@ -125,26 +129,18 @@ class Injector:
         elif f.kind == "term":
             _preempt_tree()
         elif f.kind == "nan":
-            import torch
-
             with torch.no_grad():
                 for p in model.parameters():
                     p.fill_(float("nan"))
         elif f.kind == "spike":
-            import torch
-
             # A bad update's aftermath: weights blown up, the loss jumps and stays up. Once per stage
             # (its marker), so a roll-back past it trains on as if the bad batch had been skipped.
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(SPIKE_FACTOR)
         elif f.kind == "oom":
-            import torch
-
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected fault)")
         elif f.kind == "ctimeout":
-            import torch.distributed as dist
-
             raise dist.DistBackendError(
                 "[gloo] Timed out waiting 300000ms for recv operation to complete (injected fault)"
             )
@@ -161,7 +157,6 @@ class Injector:
 
 def _preempt_tree() -> None:
     """SIGTERM the whole training tree, as a preempting scheduler would: torchrun's agent and every worker."""
-    import psutil
 
     me = psutil.Process()
     targets = [me]

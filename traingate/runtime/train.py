@@ -29,6 +29,7 @@ from typing import Any, Callable
 import psutil
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from traingate.job import envvars, files
 from traingate.job.stagejob import StageJob
@@ -36,7 +37,7 @@ from traingate.job.vocab import Cause, Status
 from traingate.recipes import get_recipe
 from traingate.redact import RedactingFilter
 from traingate.runtime import exitcodes, inject, rng
-from traingate.runtime.checkpoint import CheckpointError, Checkpointer, CheckpointRefused, RetentionPolicy
+from traingate.runtime.checkpoint import Checkpointer, CheckpointError, CheckpointRefused, RetentionPolicy
 from traingate.runtime.dist import DistInfo, close_distributed, init_distributed
 from traingate.runtime.failures import cause_of_exception, exit_code_for
 from traingate.runtime.profile import StepProfile
@@ -101,8 +102,6 @@ class Trainer:
         rng.seed_all(spec.optim.seed + 1 + d.rank)
         self.module = model
         if d.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             self.model: torch.nn.Module = DDP(model, device_ids=[d.device] if d.device.type == "cuda" else None)
         else:
             self.model = model

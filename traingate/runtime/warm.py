@@ -20,12 +20,18 @@ attached. Zygote/child -> entry: ``!ci`` records: ``P`` pid, ``X`` exit code, ``
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import select
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
+import threading
 
 _LEN = struct.Struct("!I")
 _REC = struct.Struct("!ci")
@@ -34,6 +40,10 @@ _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read en
 
 
 # ---------------------------------------------------------------- thin entry (runs under torchrun)
+
+# What a zygote imports before it forks: torch, TorchDynamo (the optimizer's first step would import it:
+# 1.3 s) and the training entry point.
+PRELOADED = ("torch", "torch._dynamo", "traingate.runtime.train")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cold(train_argv: list[str]) -> int:
+    # lazy: the thin entry imports the training stack (torch: seconds) only when no zygote serves it
     from traingate.runtime import train
 
     return train.main(train_argv)
@@ -134,8 +145,6 @@ def serve(path: str) -> int:
     scheduler would) reaches the zygote instead of torchrun's agent; that one is passed on to the
     agent. A SIGTERM from anyone else ends the zygote.
     """
-    import select
-
     supervisor = os.getppid()
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -148,11 +157,8 @@ def serve(path: str) -> int:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(_wake[1])
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  (the optimizer's first step would import it: 1.3 s)
-
-    from traingate.runtime import train  # noqa: F401
-
+    for name in PRELOADED:  # what the zygote is for: imported once, before any fork
+        importlib.import_module(name)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
         print(
@@ -259,8 +265,6 @@ def _become_worker(
     fds: list[int],
 ) -> None:
     """In the forked child: take the entry's place (session, fds, environment, cwd) and train."""
-    import threading
-
     listener.close()
     for other, _ in children.values():
         other.close()
@@ -279,8 +283,7 @@ def _become_worker(
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = [sys.argv[0], *request["argv"]]
-    import torch
-
+    torch = sys.modules["torch"]  # imported by the zygote (PRELOADED)
     # The zygote imported torch under its own environment; the worker's thread count is the entry's.
     if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
@@ -302,8 +305,7 @@ def _become_worker(
             os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=entry_gone, name="warm-entry-watch", daemon=True).start()
-    from traingate.runtime import train
-
+    train = sys.modules["traingate.runtime.train"]  # imported by the zygote (PRELOADED)
     try:
         code = train.main(request["argv"])
     except SystemExit as e:
@@ -360,8 +362,6 @@ class Zygote:
     """
 
     def __init__(self, python: str, env: dict[str, str], log_path: str):
-        import subprocess
-        import tempfile
 
         self.log_path = log_path
         self.dir = tempfile.mkdtemp(prefix="traingate-zygote-")
@@ -382,8 +382,6 @@ class Zygote:
 
     def stop(self, grace_s: float = 5.0) -> str | None:
         """Stop it; why it had stopped serving on its own (its last words, or its exit status), else None."""
-        import shutil
-        import subprocess
 
         ended = self.popen.poll()
         if ended is None:

@@ -17,6 +17,7 @@ the training process names its own errors with :mod:`traingate.runtime.failures`
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 
 from traingate.job.files import LastWords
@@ -161,8 +162,6 @@ def fatal_for_inplace(words: list[LastWords], result_status: Status | None) -> C
 
 
 def _signame(sig: int) -> str:
-    import signal
-
     try:
         return signal.Signals(sig).name
     except ValueError:

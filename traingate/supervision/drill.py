@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from traingate.job.stagejob import JobKind, derive
-from traingate.job.vocab import DEFAULT_KINDS, DRILL_KINDS, Status
+from traingate.job.vocab import DRILL_KINDS, Status
+from traingate.runtime import inject
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.spec import RunSpec, apply_overrides, parse_spec, write_resolved
-from traingate.runtime import inject
 from traingate.supervision.supervisor import Attempt, Hooks, Supervision, supervise
 
 # What a drill may inject: the retryable faults. (oom/nan/error are stop-fast causes, tested separately.)
@@ -145,7 +147,6 @@ def final_state(checkpoint_uri: str) -> dict[str, Any]:
 
 def compare_states(a: Any, b: Any, prefix: str = "") -> list[str]:
     """Paths of tensors (and values) that differ between two nested states; [] when bitwise equal."""
-    import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = (

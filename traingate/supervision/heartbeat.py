@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psutil
+
 from traingate.job.files import Heartbeat
 
 
@@ -106,8 +108,9 @@ def checkpoint_stale(
     'no checkpoint for 70 steps (interval 25 steps, limit 2x)'
     """
     if every_steps and step - last_checkpoint_step > factor * every_steps:
-        return (f"no checkpoint for {step - last_checkpoint_step} steps (interval {every_steps} steps, "
-                f"limit {factor:g}x)")
+        return (
+            f"no checkpoint for {step - last_checkpoint_step} steps (interval {every_steps} steps, limit {factor:g}x)"
+        )
     if every_s and seconds_since_checkpoint > factor * every_s:
         return f"no checkpoint for {seconds_since_checkpoint:.3g} s (interval {every_s:.3g} s, limit {factor:g}x)"
     return None
@@ -115,7 +118,6 @@ def checkpoint_stale(
 
 def exited_ranks(heartbeats: dict[int, Heartbeat]) -> set[int]:
     """Ranks whose heartbeat pid no longer runs (gone, or a zombie waiting for torchrun to reap it)."""
-    import psutil
 
     out = set()
     for rank, hb in heartbeats.items():

@@ -43,7 +43,9 @@ from traingate.monitor.rules import Action, Firing, stale_checkpoint
 from traingate.recipes import script as script_recipe
 from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
+from traingate.secrets import resolve
 from traingate.spec import apply_overrides, parse_spec
+from traingate.storage import storage_failure
 from traingate.supervision import causes, heartbeat, oom
 from traingate.supervision.backoff import Backoff, RetryBudget
 from traingate.tracking.journal import journal_path
@@ -231,7 +233,6 @@ def _delivery(job: StageJob, hooks: Hooks) -> Delivery | None:
     """The delivery of rank 0's tracking journal, run here: the training processes then only journal."""
     if not (job.spec.tracking.enabled and job.tracking_uri and job.mlflow_run_id and job.writes_heartbeats):
         return None
-    from traingate.secrets import resolve
 
     path = journal_path(Path(job.stage_dir))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -727,8 +728,10 @@ class _Watch:
             s = self.job.spec.recipe.script
             resume_step = script_recipe.latest_step(self.job.checkpoint_dir, s.checkpoints) if s.resume_args else None
             # It resumes from a checkpoint whose name holds no step: from where is unknown, and so are the steps lost.
-            unknown = bool(s.resume_args) and resume_step is None and script_recipe.has_checkpoint(
-                self.job.checkpoint_dir, s.checkpoints
+            unknown = (
+                bool(s.resume_args)
+                and resume_step is None
+                and script_recipe.has_checkpoint(self.job.checkpoint_dir, s.checkpoints)
             )
         else:
             resume_step, _ = _latest_checkpoint(self.job.checkpoint_uri) if self.job.writes_heartbeats else (None, None)
@@ -858,7 +861,6 @@ def _orphaned(record: dict[str, Any], stage_dir: Path, supervisor_pid: int | Non
 def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
     """Index (and upload, to a remote URI) what the script declared it writes; after every launch, so a
     restart on another host finds them. Returns why it failed, for a storage error, else None."""
-    from traingate.storage import storage_failure
 
     s = job.spec.recipe.script
     if s.checkpoints is None:

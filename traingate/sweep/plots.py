@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import matplotlib
+from optuna.visualization import matplotlib as ovm
 
 matplotlib.use("Agg")  # files only; sweeps run on headless workers and in threads
 
@@ -16,7 +17,6 @@ from optuna.trial import TrialState  # noqa: E402
 
 def save_plots(study: optuna.Study, out_dir: Path) -> list[Path]:
     """Write the plots that the study's trials support; returns their paths."""
-    from optuna.visualization import matplotlib as ovm
 
     out_dir.mkdir(parents=True, exist_ok=True)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

@@ -10,6 +10,7 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from traingate.spec import STAGES
 from traingate.tracking.runs import notes, restart_count, restarts, stage_runs
 
 _HEADLINE = (
@@ -65,7 +66,6 @@ def list_runs(
         if r.data.tags.get("traingate.kind") == "stage":
             children.setdefault(r.data.tags.get("mlflow.parentRunId", ""), []).append(r)
     rows = []
-    from traingate.spec import STAGES
 
     order = {s: i for i, s in enumerate(STAGES)}
     for r in runs:

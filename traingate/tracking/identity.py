@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import socket
 import subprocess
@@ -11,7 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import fsspec
+import pynvml
+
 from traingate.settings import code_dir
+from traingate.storage import storage_options
 from traingate.tracking.stamp import git_version, read_stamp
 
 # A run without every one of these (plus the spec params and the spec and environment
@@ -66,7 +71,6 @@ def content_version(root: str | Path, exclude: tuple[str | Path, ...] = ()) -> d
     >>> _ = (d / "train.py").write_text("print(2)"); content_version(d)["sha"] != v["sha"]
     True
     """
-    import os
 
     top = Path(root).resolve()
     skip = {Path(e).resolve() for e in exclude}
@@ -154,9 +158,6 @@ def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
 def hash_file_uri(uri: str) -> str:
     """The content hash of the data at ``uri``: a file's bytes, or a directory's files (relative paths and
     bytes, in path order), so a script's ``data.uri`` may name either."""
-    import fsspec
-
-    from traingate.storage import storage_options
 
     fs, root = fsspec.core.url_to_fs(uri, **storage_options(uri))
     h = hashlib.sha256()
@@ -179,6 +180,7 @@ def hash_file_uri(uri: str) -> str:
 
 
 def environment_snapshot() -> dict[str, Any]:
+    # lazy: torch takes seconds to import; the run records (traingate show, cost) read identity without it
     import torch
 
     snap: dict[str, Any] = {
@@ -200,8 +202,6 @@ def environment_snapshot() -> dict[str, Any]:
 def gpu_inventory() -> list[dict[str, Any]]:
     """GPU model and driver via NVML; an empty list where there is no NVIDIA driver (a normal state)."""
     try:
-        import pynvml
-
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound etc.: no GPU here, not an error
         return []

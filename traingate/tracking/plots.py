@@ -6,9 +6,7 @@ from typing import Any
 
 
 def _figure(title: str) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on training nodes and CI
+    # lazy: matplotlib takes a second to import; only a stage's end draws (its Figure needs no display)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 4), dpi=100)

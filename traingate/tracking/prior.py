@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
+
 from traingate.settings import Settings
 
 PROFILE_KEYS = ("step_time_mean_s", "step_time_p99_s", "startup_s")
@@ -17,7 +19,6 @@ def latest_canary_profile(settings: Settings, experiment: str, recipe: str) -> d
     uri = settings.tracking_uri
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return None
-    from mlflow.tracking import MlflowClient
 
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(experiment)

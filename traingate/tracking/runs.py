@@ -18,13 +18,18 @@ import tempfile
 import time
 from typing import Any
 
+import requests
+import sqlalchemy.exc
 from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.ladder.stage import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
 from traingate.settings import export_s3_endpoint
-from traingate.spec import RunSpec
+from traingate.spec import STAGES, RunSpec
+from traingate.storage import join
+from traingate.tracking import plots
 from traingate.tracking import restarts as restart_record
 from traingate.tracking.identity import REQUIRED_TAGS
 from traingate.tracking.restarts import is_restart
@@ -285,8 +290,6 @@ def _log_eval_outputs(c: MlflowClient, run_id: str, evals: dict[str, Any]) -> No
             continue
         c.log_text(run_id, redact(json.dumps(value, indent=1, default=str)), f"eval/{name}.json")
         if name.startswith("confusion") and isinstance(value, list) and value and isinstance(value[0], list):
-            from traingate.tracking import plots
-
             c.log_figure(run_id, plots.confusion_matrix(value), f"eval/{name}.png")
 
 
@@ -294,8 +297,8 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
     """Checkpoints are referenced by URI, never copied into the artifact store."""
     if not root:
         return
+    # lazy: the checkpoint module imports torch (seconds); `traingate show`, `runs` and `cost` read runs without it
     from traingate.runtime.checkpoint import Checkpointer, step_dir
-    from traingate.storage import join
 
     steps = Checkpointer(root, async_save=False).list_steps()
     index = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}
@@ -305,8 +308,6 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
 
 
 def _log_plots(c: MlflowClient, run_id: str) -> None:
-    from traingate.tracking import plots
-
     run = c.get_run(run_id)
     keys = set(run.data.metrics)
     loss_keys = [k for k in ("train_loss", "val_loss") if k in keys] or sorted(
@@ -339,7 +340,6 @@ def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str,
 
 def stage_runs(c: MlflowClient, pipeline_run_id: str) -> list[Run]:
     """The stage runs of a pipeline run, in ladder order."""
-    from traingate.spec import STAGES
 
     exp = c.get_run(pipeline_run_id).info.experiment_id
     runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{pipeline_run_id}'", max_results=1000)
@@ -411,9 +411,6 @@ def store_unreachable(e: BaseException) -> bool:
     >>> store_unreachable(MlflowException("bad", error_code=INVALID_PARAMETER_VALUE))
     False
     """
-    import requests
-    import sqlalchemy.exc
-    from mlflow.exceptions import MlflowException
 
     if isinstance(e, MlflowException):
         return e.error_code in _UNREACHABLE_CODES

@@ -18,13 +18,16 @@ import math
 import os
 from typing import Any
 
+import psutil
+import pynvml
+import torch
+import torch.distributed as dist
+
 _FIELDS = ("step_time_s", "cpu_percent", "rss_mb", "host_memory_percent", "gpu_util_percent", "gpu_memory_mb")
 
 
 def _nvml_handle(local_rank: int) -> Any:
     try:
-        import pynvml
-
         pynvml.nvmlInit()
         return pynvml.nvmlDeviceGetHandleByIndex(local_rank)
     except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound and friends: no GPU here, not an error
@@ -37,7 +40,6 @@ class SystemSignals:
         self.device = device
         if not enabled:
             return
-        import psutil
 
         self._psutil = psutil
         self._proc = psutil.Process()
@@ -47,8 +49,6 @@ class SystemSignals:
     def _sample(self, step_time_s: float) -> list[float]:
         gpu_util = gpu_mem = math.nan
         if self._gpu is not None:
-            import pynvml
-
             gpu_util = float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu)
             gpu_mem = pynvml.nvmlDeviceGetMemoryInfo(self._gpu).used / 2**20
         return [
@@ -66,9 +66,6 @@ class SystemSignals:
             return {}
         rows = [self._sample(step_time_s)]
         if self.world_size > 1:
-            import torch
-            import torch.distributed as dist
-
             mine = torch.tensor(rows[0], dtype=torch.float64, device=self.device)
             everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
             dist.all_gather(everyone, mine)

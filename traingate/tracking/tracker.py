@@ -19,6 +19,7 @@ its predecessor already logged, so every step is in the metric history exactly o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -27,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from traingate.job import envvars
 from traingate.redact import redact
@@ -90,12 +93,19 @@ def _fail_fast_http() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
-def _transient_errors() -> tuple[type[BaseException], ...]:
-    import requests
-    import sqlalchemy.exc
-    from mlflow.exceptions import MlflowException
+def _mlflow() -> Any:
+    """The mlflow package with its client, entities and exceptions loaded."""
+    # lazy: MLflow takes seconds to import; only rank 0's writer uses it, and imports it in its own thread
+    import mlflow.tracking
 
-    return MlflowException, requests.RequestException, OSError, sqlalchemy.exc.SQLAlchemyError
+    return mlflow
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    # lazy: SQLAlchemy takes 0.5 s to import; MLflow loads it anyway (its SQL stores), after _mlflow()
+    import sqlalchemy.exc
+
+    return _mlflow().exceptions.MlflowException, requests.RequestException, OSError, sqlalchemy.exc.SQLAlchemyError
 
 
 class MlflowTracker(NullTracker):
@@ -128,9 +138,7 @@ class MlflowTracker(NullTracker):
             return self.delivery.client
         if self._client is None:  # only journaling: MLflow is needed only to learn a lost journal's past
             _fail_fast_http()
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(self.tracking_uri)
+            self._client = _mlflow().tracking.MlflowClient(self.tracking_uri)
         return self._client
 
     # ------------------------------------------------------------ the training thread's side
@@ -154,8 +162,6 @@ class MlflowTracker(NullTracker):
         self.journal.append([{"text": artifact_file, "v": redact(text)}])
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
-        import json
-
         self.log_text(json.dumps(data, indent=1, sort_keys=True, default=str), artifact_file)
 
     def start_session(self, resumed_from_step: int, restart_cause: str | None = None) -> None:
@@ -279,10 +285,8 @@ class Delivery:
         MLflow and opening its store (engine, schema check) then overlaps with everything else."""
         with self._client_lock:
             if self._client is None:
-                from mlflow.tracking import MlflowClient
-
                 self._transient = _transient_errors()
-                self._client = MlflowClient(self.tracking_uri)
+                self._client = _mlflow().tracking.MlflowClient(self.tracking_uri)
             return self._client
 
     def _run(self) -> None:
@@ -337,8 +341,7 @@ class Delivery:
                 self.journal.commit(end)
 
     def _send(self, group: list[dict[str, Any]]) -> None:
-        from mlflow.entities import Metric, RunTag
-
+        Metric, RunTag = _mlflow().entities.Metric, _mlflow().entities.RunTag
         if not group:
             return
         first = group[0]
