@@ -2,7 +2,9 @@
 deployment file and the compose file are valid and point at real flows and pools."""
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,17 +43,13 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, *, import_time_only: bool = False) -> set[str]:
-    """Project modules ``name`` imports: anywhere in it, or only while it is being imported
-    (module and class bodies; not function bodies, not ``if TYPE_CHECKING:``)."""
-    import ast
-
+def _imports(name: str, path: Path, *, at_run_time: bool = False) -> set[str]:
+    """Project modules ``name`` imports: anywhere in it, or only those a run imports (function bodies
+    included; not ``if TYPE_CHECKING:``, which only a type checker reads)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if import_time_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return
-        if import_time_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if at_run_time and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             return visit_all(node.orelse)
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
@@ -137,15 +135,81 @@ def test_packages_and_modules_import_each_other_without_cycles():
             if m.split(".")[0] != name.split(".")[0]:
                 packages.setdefault(name.split(".")[0], set()).add(m.split(".")[0])
     assert _cycle(packages) == [], "the packages import each other in a cycle"
-    # Module level: only imports that run while a module is imported can deadlock an import.
+    # Module level, imports inside functions included: a cycle there is one a later edit turns into an
+    # import-time deadlock, and two modules that need each other are one module.
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
-        for m in _imports(name, path, import_time_only=True):
+        for m in _imports(name, path, at_run_time=True):
             parts = m.split(".")  # importing a.b.c imports the packages a and a.b first
             targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in modules)
         graph[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
     assert _cycle(graph) == [], "modules import each other in a cycle at import time"
+
+
+# ------------------------------------------------------------------ layers: imports point down only
+# flows -> tasks -> traingate's packages -> traingate's core. The core is every module at the top of
+# traingate/ (spec, settings, secrets, storage...) and the spec sections its RunSpec is built from, which
+# live with their package (STYLE 4) but import nothing of it.
+SPEC_SECTIONS = ("traingate.sweep.config", "traingate.monitor.rules")
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    if top == "flows":
+        return 4
+    if top == "tasks":
+        return 3
+    is_core = module.count(".") == 1 and not (ROOT / module.replace(".", "/")).is_dir()
+    return 1 if is_core or module in SPEC_SECTIONS else 2
+
+
+def test_imports_point_down_the_layers_only():
+    modules = _modules()
+    assert _layer("traingate.spec") == 1 and _layer("traingate.ladder.gates") == 2 and _layer("tasks.train") == 3
+    up = []
+    for name, path in modules.items():
+        for m in _imports(name, path, at_run_time=True):
+            target = next((c for c in (m, m.rsplit(".", 1)[0]) if c in modules), None)
+            if target is not None and _layer(target) > _layer(name):
+                up.append(f"{name} (layer {_layer(name)}) imports {target} (layer {_layer(target)})")
+    assert sorted(set(up)) == []
+
+
+# ------------------------------------------------------------------ imports inside functions
+MAX_LAZY = 15
+
+
+def _lazy_imports() -> list[tuple[str, int, str]]:
+    """(file, line, reason) of every import inside a function body; reason: its `# lazy:` comment."""
+    out = []
+    for name, path in _modules().items():
+        lines = path.read_text().splitlines()
+
+        def visit(node: ast.AST, in_function: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    continue
+                if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                    above = []
+                    for line in reversed(lines[: child.lineno - 1]):  # the comment lines just above
+                        if not line.strip().startswith("#"):
+                            break
+                        above.insert(0, line.strip())
+                    said = " ".join(above + [lines[child.lineno - 1]])
+                    reason = re.search(r"# lazy: (.+)", said)
+                    out.append((str(path.relative_to(ROOT)), child.lineno, reason.group(1) if reason else ""))
+                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+        visit(ast.parse("\n".join(lines)), False)
+    return sorted(out)
+
+
+def test_imports_inside_functions_are_few_and_each_says_why():
+    lazy = _lazy_imports()
+    assert lazy, "the scan finds none, not even the warm-restart entry's"
+    assert [f"{f}:{n}" for f, n, why in lazy if not why] == [], "an import inside a function needs `# lazy: <reason>`"
+    assert len(lazy) <= MAX_LAZY, "\n".join(f"{f}:{n}: {why}" for f, n, why in lazy)
 
 
 def _deployments():
