@@ -240,6 +240,8 @@ class SlurmCluster:
     def _bring_up(self) -> None:
         t = time.monotonic()
         self._check_traversable(self.base)
+        for d in ("etc", "state", "run", "log", "jobtmp", "pyenv"):   # BASE may hold an earlier cluster's
+            shutil.rmtree(self.base / d, ignore_errors=True)
         for d in ("etc", "munge", "run", "log", "state/ctld", "dev", "home", "shared", "jobtmp"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.base / "jobtmp", 0o1777)
