@@ -75,9 +75,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 BINARIES = ("munged", "mariadbd", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch", "srun",
             "squeue", "sinfo", "sacct", "scontrol", "scancel", "nsenter", "ip", "setpriv", "useradd", "userdel")
@@ -207,7 +207,7 @@ class SlurmCluster:
 
     # ---------------------------------------------------------------- life cycle
     @classmethod
-    def start(cls, base: Path) -> "SlurmCluster":
+    def start(cls, base: Path) -> SlurmCluster:
         """Bring a fresh cluster up under `base` (created if missing); stop() undoes everything."""
         if os.geteuid() != 0:
             raise ClusterError("a Slurm test cluster needs root (network namespaces, OS users, cgroups)")
@@ -231,7 +231,7 @@ class SlurmCluster:
         cluster.timings["start_s"] = time.monotonic() - t0
         return cluster
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self
 
     def __exit__(self, *exc) -> None:
