@@ -264,3 +264,37 @@ def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm):
     assert back.returncode == 0 and back.stdout.strip() == "node n2: idle", back
     bad = cli("drain", "n9", "--reason", "x")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'n9' is not a node" in bad.stderr
+
+
+def test_a_stage_whose_node_is_lost_is_requeued_by_slurm_and_resumes_from_its_checkpoint(slurm, tmp_path):
+    job = _job(tmp_path / "state", "nodelost", _tree(nodes=1, steps=200), "slow@0")
+    t, box, log = _start(job)
+    jid = _slurm_id(job)
+    _wait(lambda: _step(job) >= 25, "the stage past its step-20 checkpoint", log=log)
+    node = _squeue(jid).nodes
+    slurm.kill_node(node, jobs=True)  # the machine is gone: its slurmd and everything the job ran there
+    t.join(400)
+    result = box["result"]
+    assert result.status == Status.COMPLETED and result.metrics["steps"] == 200, log.text()
+    assert result.metrics["slurm_requeues"] >= 1 and result.metrics["resumed_from_step"] >= 20, result.metrics
+    assert _sacct(jid).nodes != node  # Slurm placed the requeued job on the node still up
+
+
+def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpoint(slurm, tmp_path):
+    slurm.set_preempt_mode("CANCEL")
+    job = _job(tmp_path / "state", "cancelmode", _tree(nodes=1, steps=120), "slow@0")
+    t, box, log = _start(job)
+    jid = _slurm_id(job)
+    _wait(lambda: _step(job) >= 15, "the victim at step 15", log=log)
+    urgent = subprocess.run(["sbatch", "--parsable", "--account=vision", "--qos=urgent",
+                             f"--nodelist={_squeue(jid).nodes}", "--gres=gpu:a100:2", "--time=2",
+                             f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2"], capture_output=True, text=True)
+    assert urgent.returncode == 0, urgent.stderr
+    t.join(400)
+    result = box["result"]
+    assert result.status == Status.COMPLETED and result.metrics["steps"] == 120, log.text()
+    assert result.metrics["resumed_from_step"] >= 15, result.metrics  # its emergency checkpoint, not step 10
+    # Killed without requeue: traingate submitted it again (or the batch step's own requeue brought it back).
+    assert result.metrics["slurm_resubmits"] + result.metrics["slurm_requeues"] >= 1, log.text()
+    print(f"\nPreemptMode=CANCEL: Slurm state of the victim {_sacct(jid).state}; "
+          f"resubmits {result.metrics['slurm_resubmits']}, requeues {result.metrics['slurm_requeues']}")
