@@ -204,7 +204,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             result,
             gate,
             spec.budget.max_cost_usd,
-            budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda: _settle(pending)),
+            budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda pending=pending: _settle(pending)),
         )
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
         pending += [

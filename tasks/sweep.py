@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial

@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE

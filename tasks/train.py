@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from mlflow.exceptions import MlflowException
 from prefect import get_client, get_run_logger, task

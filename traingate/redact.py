@@ -26,7 +26,8 @@ import logging
 import os
 import re
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import quote
 
 MASK = "***"

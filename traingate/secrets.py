@@ -9,21 +9,24 @@ its place in the spec becomes a reference. So the flow-run parameters, the resol
 and the stage's job file hold references; the child processes inherit the values.
 
 >>> tree, overrides, env = extract({"data": {"uri": "https://h/d.csv?sig=abc123"}}, ["x.password=pw"], env={})
->>> tree, overrides, env
-({'data': {'uri': 'https://h/d.csv?sig=${env:TRAINGATE_SECRET_1}'}}, ['x.password="${env:TRAINGATE_SECRET_2}"'], {'TRAINGATE_SECRET_1': 'abc123', 'TRAINGATE_SECRET_2': 'pw'})
+>>> tree, overrides, env  # doctest: +NORMALIZE_WHITESPACE
+({'data': {'uri': 'https://h/d.csv?sig=${env:TRAINGATE_SECRET_1}'}}, ['x.password="${env:TRAINGATE_SECRET_2}"'],
+{'TRAINGATE_SECRET_1': 'abc123', 'TRAINGATE_SECRET_2': 'pw'})
 >>> resolve_tree(tree, env=env)
 {'data': {'uri': 'https://h/d.csv?sig=abc123'}}
->>> resolve("s3://b/${env:NOPE}", env={}, field="checkpoint.uri")
+>>> resolve("s3://b/${env:NOPE}", env={}, field="checkpoint.uri")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-traingate.secrets.SecretRefError: checkpoint.uri = 's3://b/${env:NOPE}': environment variable NOPE is not set; export NOPE where this runs (on the worker, for a deployment) or write the value in the spec
+traingate.secrets.SecretRefError: checkpoint.uri = 's3://b/${env:NOPE}': environment variable NOPE is not set;
+export NOPE where this runs (on the worker, for a deployment) or write the value in the spec
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from traingate.redact import REF, map_secrets, redact

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from traingate.redact import redact
 
 if TYPE_CHECKING:
-    from typing import MutableMapping, TextIO
+    from collections.abc import MutableMapping
+    from typing import TextIO
 
 
 STATE_DIR_VAR = "TRAINGATE_STATE_DIR"
@@ -65,7 +67,7 @@ class Settings:
     s3_endpoint_url: str | None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         state = Path(env.get(STATE_DIR_VAR) or ".traingate").expanduser().resolve()
         tracking = env.get(TRACKING_URI_VAR) or f"sqlite:///{state}/mlflow.db"
@@ -83,7 +85,7 @@ class Settings:
             s3_endpoint_url=env.get(S3_ENDPOINT_VAR) or None,
         )
 
-    def ensure(self) -> "Settings":
+    def ensure(self) -> Settings:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -97,10 +99,11 @@ def secret_blocks(text: str | None) -> dict[str, str]:
 
     >>> secret_blocks("AWS_SECRET_ACCESS_KEY=tg-aws-secret, PGPASSWORD=tg-pg")
     {'AWS_SECRET_ACCESS_KEY': 'tg-aws-secret', 'PGPASSWORD': 'tg-pg'}
-    >>> secret_blocks("PGPASSWORD")
+    >>> secret_blocks("PGPASSWORD")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    traingate.settings.LocationError: TRAINGATE_SECRET_BLOCKS = 'PGPASSWORD': entry 'PGPASSWORD' is not VAR=block-name; write e.g. PGPASSWORD=traingate-pgpassword
+    traingate.settings.LocationError: TRAINGATE_SECRET_BLOCKS = 'PGPASSWORD': entry 'PGPASSWORD' is not
+    VAR=block-name; write e.g. PGPASSWORD=traingate-pgpassword
     """
     out: dict[str, str] = {}
     for entry in (e.strip() for e in (text or "").split(",")):
@@ -139,10 +142,12 @@ def pool_locations(pool: str, env: Mapping[str, str] | None = None) -> dict[str,
 
     >>> pool_locations("cpu-local", {"TRAINGATE_STATE_DIR": "/srv/traingate"})
     {'TRAINGATE_STATE_DIR': '/srv/traingate'}
-    >>> pool_locations("cpu-local", {})
+    >>> pool_locations("cpu-local", {})  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    traingate.settings.LocationError: pool cpu-local: TRAINGATE_STATE_DIR is not set: flow runs on the pool would write their state into the directory their code was pulled into; set TRAINGATE_STATE_DIR to an absolute path on the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run the bootstrap
+    traingate.settings.LocationError: pool cpu-local: TRAINGATE_STATE_DIR is not set: flow runs on the pool would
+    write their state into the directory their code was pulled into; set TRAINGATE_STATE_DIR to an absolute path on
+    the pool's nodes (and the TRAINGATE_*_URI locations of shared stores) where you run the bootstrap
     """
     env = os.environ if env is None else env
     state = env.get(STATE_DIR_VAR, "")
@@ -193,7 +198,7 @@ def for_deployment(env: Mapping[str, str] | None = None, cwd: Path | None = None
     return settings
 
 
-def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: "TextIO | None" = None) -> Settings:
+def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: TextIO | None = None) -> Settings:
     """The settings a read-only command uses, after saying on ``out`` (stderr) which tracking store it reads.
 
     A SQLite store that does not exist is refused (MLflow would create an empty one and the command
@@ -227,7 +232,7 @@ def store_to_read(command: str, env: Mapping[str, str] | None = None, *, out: "T
     return settings
 
 
-def export_s3_endpoint(env: "MutableMapping[str, str] | None" = None) -> None:
+def export_s3_endpoint(env: MutableMapping[str, str] | None = None) -> None:
     """Point MLflow's S3 client at ``TRAINGATE_S3_ENDPOINT_URL`` (MinIO, or any non-AWS S3).
 
     MLflow reads only ``MLFLOW_S3_ENDPOINT_URL``; without it an ``s3://`` artifact location would be

@@ -657,7 +657,8 @@ def _check_values(node: Any, path: str = "", depth: int = 0) -> None:
             _check_values(v, _node_path(path, str(i)), depth + 1)
     elif isinstance(node, float) and not math.isfinite(node):
         raise SpecError(
-            f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); give a finite value"
+            f"{here} = {node!r}: not a finite number (inf, nan, or a literal like 1e400 that overflows); "
+            "give a finite value"
         )
     elif isinstance(node, int) and not isinstance(node, bool) and not -(2**63) <= node < 2**63:
         raise SpecError(

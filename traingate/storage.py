@@ -21,7 +21,8 @@ import random
 import secrets
 import stat
 import time
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, TypeVar
 
 import fsspec
 

@@ -11,7 +11,9 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from prefect import get_client
 
@@ -69,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_ladder_here(
-    spec: Any, until: str, settings: Settings, follow: Callable[[Settings], ContextManager[Any]] | None = None
+    spec: Any, until: str, settings: Settings, follow: Callable[[Settings], AbstractContextManager[Any]] | None = None
 ) -> Any:
     """The ladder flow in this process, as `run` and `ci` start it: the state dir made, the process
     guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given.

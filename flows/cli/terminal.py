@@ -19,8 +19,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from traingate.monitor import dashboard
 from traingate.settings import Settings

@@ -36,7 +36,7 @@ from traingate.capacity.jobs import Job, at_risk_s, started
 from traingate.capacity.pools import CapacityError, PoolConfig, PriorityClass, SchedulingConfig
 
 
-class Order(str, enum.Enum):
+class Order(str, enum.Enum):  # noqa: UP042 - str(Order.FIFO) stays 'Order.FIFO'
     FIFO = "fifo"
     PRIORITY = "priority"
     SJF = "sjf"
@@ -56,7 +56,7 @@ class Policy:
         return self.order.value + ("+backfill" if self.backfill else "") + ("+preempt" if self.preempt else "")
 
     @classmethod
-    def parse(cls, text: str) -> "Policy":
+    def parse(cls, text: str) -> Policy:
         """``ORDER[+backfill][+preempt]``, e.g. ``sjf``, ``fifo+backfill``, ``fairshare+backfill+preempt``."""
         head, *mods = text.strip().split("+")
         orders = [o.value for o in Order]
@@ -74,7 +74,7 @@ class Policy:
         return cls(Order(head), backfill="backfill" in mods, preempt="preempt" in mods)
 
     @classmethod
-    def default(cls, scheduling: SchedulingConfig) -> "Policy":
+    def default(cls, scheduling: SchedulingConfig) -> Policy:
         """The policy a pool runs: fair share, with the config's backfill and preemption switches."""
         return cls(Order.FAIRSHARE, backfill=scheduling.backfill, preempt=scheduling.preemption)
 
@@ -89,7 +89,7 @@ class Rules:
     restart_cost_s: float = 0.0  # what a victim pays to resume; part of the work a preemption loses
 
 
-class How(str, enum.Enum):
+class How(str, enum.Enum):  # noqa: UP042 - str(How.X) stays 'How.X'
     IN_ORDER = "in order"
     BACKFILL = "backfill"
     PREEMPTION = "preemption"

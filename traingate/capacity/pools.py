@@ -162,7 +162,7 @@ class CapacityConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _references_resolve(self) -> "CapacityConfig":
+    def _references_resolve(self) -> CapacityConfig:
         seen: dict[int, str] = {}
         for name, pc in sorted(self.priority_classes.items()):
             if pc.priority in seen:

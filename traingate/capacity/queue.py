@@ -82,7 +82,7 @@ class Entry:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Entry":
+    def from_json(cls, d: Mapping[str, Any]) -> Entry:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["nodes"] = tuple(kw.get("nodes") or ())

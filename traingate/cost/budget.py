@@ -14,16 +14,17 @@ left of any budget that applies (:func:`refusals`, used by :func:`traingate.ladd
 ...                   max_run_usd=50.0, now=3600)
 >>> b.scope, b.spent_usd, b.left_usd
 (<Scope.RUN: 'run'>, 10.0, 40.0)
->>> refusals(45.0, "full", [b])
-['estimated cost of full $45 exceeds what is left of the run budget of r1: $40 ($10 of $50 spent); raise budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...) or lower stages.full.max_steps']
+>>> refusals(45.0, "full", [b])  # doctest: +NORMALIZE_WHITESPACE
+['estimated cost of full $45 exceeds what is left of the run budget of r1: $40 ($10 of $50 spent); raise
+budget.max_run_usd (traingate resume RUN_ID --set budget.max_run_usd=...) or lower stages.full.max_steps']
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Mapping, Sequence
 
 from traingate.capacity.pools import Period, TeamBudget
 from traingate.cost.ledger import Attempt, Run, charge
@@ -61,7 +62,7 @@ def period_start(period: Period, now: float) -> float:
     >>> [dt.datetime.fromtimestamp(period_start(p, t), dt.timezone.utc).date().isoformat() for p in Period]
     ['2026-09-17', '2026-09-14', '2026-09-01']
     """
-    d = dt.datetime.fromtimestamp(now, dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    d = dt.datetime.fromtimestamp(now, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if period == Period.WEEK:
         d -= dt.timedelta(days=d.weekday())
     elif period == Period.MONTH:
@@ -126,7 +127,7 @@ def budget_left(
     if tb is not None:
         since = period_start(tb.period, now)
         attempts = [a for r in runs if r.team == team for a in r.attempts]
-        day = dt.datetime.fromtimestamp(since, dt.timezone.utc).date().isoformat()
+        day = dt.datetime.fromtimestamp(since, dt.UTC).date().isoformat()
         out.append(
             BudgetLeft(
                 Scope.TEAM,

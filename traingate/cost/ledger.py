@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from traingate.job.vocab import Cause
 
@@ -90,7 +91,7 @@ class Attempt:
         }
 
     @classmethod
-    def from_record(cls, run_id: str, r: dict[str, Any]) -> "Attempt":
+    def from_record(cls, run_id: str, r: dict[str, Any]) -> Attempt:
         """The reverse of :meth:`to_record`; ``held_s`` and ``usd`` are derived, so not read back."""
         return cls(
             run_id,

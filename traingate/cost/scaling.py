@@ -19,8 +19,8 @@ threshold is the caller's (``min_efficiency``, default 0.75: a sample may cost u
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from traingate.cost.ledger import Run
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from traingate.secrets import resolve
 
@@ -45,7 +46,7 @@ TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
 def job_environment(
-    job: "StageJob", base: Mapping[str, str] | None = None, supervisor_pid: int | None = None
+    job: StageJob, base: Mapping[str, str] | None = None, supervisor_pid: int | None = None
 ) -> dict[str, str]:
     """The environment a stage's processes get (writer)."""
     env = dict(os.environ if base is None else base)
@@ -77,13 +78,13 @@ def job_environment(
     return env
 
 
-def _checkpoint_dir(job: "StageJob") -> str:
+def _checkpoint_dir(job: StageJob) -> str:
     # A script writes plain files into a local directory (it cannot write s3://); a built-in recipe
     # reads its StageJob and sees the checkpoint URI itself.
     return job.checkpoint_dir if job.is_script else job.checkpoint_uri
 
 
-def script_arg_values(job: "StageJob") -> dict[str, str]:
+def script_arg_values(job: StageJob) -> dict[str, str]:
     """What each of :data:`SCRIPT_ARG_VARS` stands for in one launch of a script (the values its
     environment holds; the restart variables are "" and "0" on a first launch)."""
     return {
@@ -121,7 +122,7 @@ class Instruments:
     inject: str = ""  # a fault plan: the job's (drills) arrives here too, through the environment
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str] | None = None) -> "Instruments":
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> Instruments:
         env = os.environ if env is None else env
         return cls(
             fault=env.get(FAULT) or None, record_samples=env.get(RECORD_SAMPLES, "") == "1", inject=env.get(INJECT, "")

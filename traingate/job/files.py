@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from traingate.job.vocab import Status
 from traingate.redact import redact_tree

@@ -150,7 +150,7 @@ class StageJob:
         return sum(r.skip for r in self.rollbacks if r.to_step == resumed_at)
 
     # ---------------------------------------------------------------- attempts
-    def next_attempt(self, cause: Cause | str, fault_ts: float | None, spec: RunSpec | None = None) -> "StageJob":
+    def next_attempt(self, cause: Cause | str, fault_ts: float | None, spec: RunSpec | None = None) -> StageJob:
         """The relaunch after a failure: same job, next attempt, the cause recorded (and a changed
         spec when a restart policy changed it, e.g. OOM halving the micro-batch)."""
         return dataclasses.replace(
@@ -162,7 +162,7 @@ class StageJob:
             launched_at=None,
         )
 
-    def launch(self, now: float, inplace_restarts: int = 0, **changes: Any) -> "StageJob":
+    def launch(self, now: float, inplace_restarts: int = 0, **changes: Any) -> StageJob:
         return dataclasses.replace(self, launched_at=now, inplace_restarts=inplace_restarts, **changes)
 
     # ---------------------------------------------------------------- the file
@@ -173,7 +173,7 @@ class StageJob:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StageJob":
+    def from_dict(cls, d: dict[str, Any]) -> StageJob:
         d = dict(d)
         d["spec"] = parse_spec(d["spec"])
         d["kind"] = JobKind(d["kind"])
@@ -189,7 +189,7 @@ class StageJob:
         return self.job_path
 
     @classmethod
-    def read(cls, path: str | Path) -> "StageJob":
+    def read(cls, path: str | Path) -> StageJob:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 

@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from traingate.spec import RunSpec
 
 
-def stage_world(spec: "RunSpec", stage: str) -> tuple[int, int]:
+def stage_world(spec: RunSpec, stage: str) -> tuple[int, int]:
     """(nodes, processes per node): smoke is one process, canary one node, full the spec's resources.
 
     >>> from traingate.spec import load_spec_text

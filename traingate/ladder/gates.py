@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Sequence
+from collections.abc import Sequence
 
 from traingate.cost.budget import BudgetLeft, refusals
 from traingate.ladder.stage import NEXT_STAGE, GateDecision, StageResult

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from traingate.cost import sizing
 from traingate.cost.ledger import Attempt, attempts_of
@@ -155,7 +156,8 @@ def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageR
             if bad is not None:
                 failed += 1
                 failures.append(
-                    f"{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}"
+                    f"{case.get('name')}: "
+                    f"{(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}"
                 )
             elif case.find("skipped") is not None:
                 skipped += 1

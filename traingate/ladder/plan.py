@@ -63,7 +63,7 @@ def render(rows: list[dict[str, object]], spec: RunSpec) -> str:
         est = r.get("est_cost_usd")
         lines.append(
             f"{r['stage']:<7} {r['processes']:>5} {r['steps']!s:>6} {r['samples']!s:>8} "
-            f"{r['cost_ceiling_usd']:>10.4f} {('%.4f' % est) if est is not None else 'n/a':>9}  "
+            f"{r['cost_ceiling_usd']:>10.4f} {f'{est:.4f}' if est is not None else 'n/a':>9}  "
             f"{r['gate']}"
         )
     return "\n".join(lines)

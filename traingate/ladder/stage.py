@@ -36,7 +36,7 @@ class StageResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StageResult":
+    def from_dict(cls, d: dict[str, Any]) -> StageResult:
         return cls(**d)
 
     def numeric_metrics(self) -> dict[str, float]:

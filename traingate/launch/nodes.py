@@ -27,8 +27,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from traingate.capacity import slurm_cli
 from traingate.runtime import exitcodes

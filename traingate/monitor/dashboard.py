@@ -23,9 +23,10 @@ import math
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from xml.etree import ElementTree
 
 import yaml

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from traingate.job import files
 from traingate.monitor.rules import AlertsSpec, Firing, Rule, Signals, evaluate

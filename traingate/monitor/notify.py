@@ -13,7 +13,8 @@ import logging
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from traingate.redact import redact_tree

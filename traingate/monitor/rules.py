@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar, Literal, Mapping, Sequence
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -100,7 +101,7 @@ class RuleSpec(SpecModel):
     allowed_actions: ClassVar[frozenset[Action]] = _RUN_ACTIONS
 
     @model_validator(mode="after")
-    def _action_fits(self) -> "RuleSpec":
+    def _action_fits(self) -> RuleSpec:
         if self.action not in self.allowed_actions:
             raise ValueError(
                 f"action {self.action.value!r} does not apply to this alert; use one of "

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 

@@ -28,7 +28,7 @@ def recipe_names() -> list[str]:
     return sorted([*_registry(), SCRIPT])
 
 
-def get_recipe(spec: "RunSpec") -> Recipe:
+def get_recipe(spec: RunSpec) -> Recipe:
     """The recipe object for a spec, its params validated (raises SpecError)."""
 
     name = spec.recipe.name

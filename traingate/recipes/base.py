@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -34,7 +35,7 @@ class TensorData:
         out = tuple(t.index_select(0, index) for t in self.tensors)
         return out if device is None else tuple(t.to(device, non_blocking=True) for t in out)
 
-    def head(self, n: int) -> "TensorData":
+    def head(self, n: int) -> TensorData:
         return TensorData(tuple(t[:n] for t in self.tensors))
 
     def content_hash(self) -> str:
@@ -55,7 +56,7 @@ class Recipe:
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
 
-    def __init__(self, spec: "RunSpec"):
+    def __init__(self, spec: RunSpec):
         self.spec = spec
         for key, value in spec.recipe.params.items():
             field = self.Params.model_fields.get(key)

@@ -18,9 +18,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
 
 import fsspec
 
@@ -201,8 +201,9 @@ def unmatched(patterns: list[str], text: str, tail: int = 5) -> str:
     """Why a script stage whose output no metric regex matched fails: traingate saw no training step, so
     nothing it gates on was measured. One line naming the regexes and showing the script's last lines.
 
-    >>> unmatched(["loss=(?P<loss>[0-9.]+)"], "epoch 1 loss: 0.5\\ndone\\n")
-    "no line of the script's output matched recipe.script.metrics 'loss=(?P<loss>[0-9.]+)', so it trained no step traingate can see; fix the regex or what the script prints (last lines: 'epoch 1 loss: 0.5' | 'done')"
+    >>> unmatched(["loss=(?P<loss>[0-9.]+)"], "epoch 1 loss: 0.5\\ndone\\n")  # doctest: +NORMALIZE_WHITESPACE
+    "no line of the script's output matched recipe.script.metrics 'loss=(?P<loss>[0-9.]+)', so it trained no step
+    traingate can see; fix the regex or what the script prints (last lines: 'epoch 1 loss: 0.5' | 'done')"
     """
     last = [line.strip()[:120] for line in text.splitlines() if line.strip()][-tail:]
     shown = " | ".join(repr(line) for line in last) if last else "it printed nothing"

@@ -54,9 +54,10 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import torch
 
@@ -267,7 +268,7 @@ class Checkpointer:
         in_flight: InFlightPolicy = "wait",
         run_id: str | None = None,
         stage: str | None = None,
-        spec: "RunSpec | None" = None,
+        spec: RunSpec | None = None,
     ):
         """``run_id``, ``stage`` and ``spec`` (all three or none): the identity of the run that resumes
         from here. Saves are stamped with it and loads refuse a checkpoint that is not its own."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from traingate.spec import RunSpec
 
 
-def resume_fields(spec: "RunSpec", stage: str) -> dict[str, Any]:
+def resume_fields(spec: RunSpec, stage: str) -> dict[str, Any]:
     """The spec values a checkpoint's state depends on (see the module docstring), by dotted name."""
     limits = getattr(spec.stages, stage)
     o = spec.optim
@@ -83,7 +83,7 @@ class ResumeIdentity:
     fingerprint: str = ""
 
     @classmethod
-    def of(cls, run_id: str, stage: str, spec: "RunSpec") -> "ResumeIdentity":
+    def of(cls, run_id: str, stage: str, spec: RunSpec) -> ResumeIdentity:
         fields = _canonical(resume_fields(spec, stage))
         return cls(run_id, stage, fields, fingerprint_of(fields))
 

@@ -28,9 +28,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import torch
@@ -90,7 +91,7 @@ class Injector:
         self.rank, self.marker_dir = rank, marker_dir
 
     @classmethod
-    def from_plan(cls, plan: str, rank: int, stage_dir: Path) -> "Injector":
+    def from_plan(cls, plan: str, rank: int, stage_dir: Path) -> Injector:
         return cls(parse(plan), rank, stage_dir / "faults")
 
     def _take(self, kinds: tuple[str, ...], step: int, exact: bool) -> Fault | None:

@@ -71,8 +71,8 @@ def lost_rank(words: list[LastWords], world_size: int | None) -> int | None:
     says so; whether a peer noticed the broken collective before torchrun's SIGTERM arrived is a race
     (a loaded machine loses it), so the silent rank decides, not which of the two came first.
 
-    >>> lost_rank([LastWords(0, "preempted", "SIGTERM", 1.0, 75)], 2), lost_rank([LastWords(0, "preempted", "", 1.0, 75),
-    ...     LastWords(1, "preempted", "", 1.0, 75)], 2)
+    >>> lost_rank([LastWords(0, "preempted", "SIGTERM", 1.0, 75)], 2), lost_rank(
+    ...     [LastWords(0, "preempted", "", 1.0, 75), LastWords(1, "preempted", "", 1.0, 75)], 2)
     (1, None)
     """
     if not world_size or not any(normalize(w.cause) == Cause.PREEMPTED for w in words):

@@ -2,7 +2,8 @@
 
 Each rank writes ``heartbeat.rank<r>.json`` ({step, time, pid, start_step, first_step_time,
 phase, restart_count}) after every step, and with phase ``preempting``/``finishing`` when it leaves the loop.
-A run is hung when some rank's step has not advanced for the hang timeout, or when a rank has not written its first heartbeat within the startup timeout
+A run is hung when some rank's step has not advanced for the hang timeout, or when a rank has not written
+its first heartbeat within the startup timeout
 (which also bounds the work after the last step: final checkpoint, evaluation, exit).
 
 >>> hang_timeout(canary_p99_s=0.4, floor_s=60.0)

@@ -29,9 +29,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from traingate.job import envvars, files
 from traingate.job.stagejob import Rollback, StageJob
@@ -333,7 +334,10 @@ def _supervise(
         remaining = max(1.0, deadline - time.monotonic())
         try:
             result = tree.wait(
-                timeout_s=remaining, grace_s=sup.preempt_grace_s, tick=lambda: watch.tick(tree), tick_every_s=TICK_S
+                timeout_s=remaining,
+                grace_s=sup.preempt_grace_s,
+                tick=lambda watch=watch, tree=tree: watch.tick(tree),
+                tick_every_s=TICK_S,
             )
         except BaseException:
             # The supervisor itself is going away (a runner's SIGTERM on cancel, Ctrl-C): the tree lives

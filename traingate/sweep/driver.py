@@ -24,9 +24,10 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -56,7 +57,7 @@ class Tally:
     steps: int
 
     @classmethod
-    def of(cls, study: optuna.Study) -> "Tally":
+    def of(cls, study: optuna.Study) -> Tally:
         trials = study.get_trials(deepcopy=False)
         requeued = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
         finished = [

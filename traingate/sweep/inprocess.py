@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from traingate.runtime.dist import DistInfo
 from traingate.job.stagejob import JobKind, derive
+from traingate.runtime.dist import DistInfo
 from traingate.runtime.train import Trainer
 from traingate.settings import Settings
 from traingate.spec import RunSpec

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.sweep.config import ParamSpec

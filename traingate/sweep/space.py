@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from traingate.recipes import SCRIPT, get_recipe
 from traingate.spec import RecipeSpec, RunSpec, SpecError, apply_overrides, parse_spec
-from traingate.sweep.config import ParamSpec, SweepSpec
+from traingate.sweep.config import ParamSpec
 
 
 def active(chosen: dict[str, Any], when: dict[str, Any] | None) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 PINNED = "3.17.2"
 
 
-def latest_metrics(run: "Run") -> list["Metric"]:
+def latest_metrics(run: Run) -> list[Metric]:
     """Each metric key's latest record *with its step* (``run.data.metrics`` keeps only the values).
 
     A resumed training process needs the step each key reached; the public alternative is one

@@ -139,8 +139,10 @@ def commit_mismatch(commit: str, version: dict[str, str]) -> str | None:
 
     >>> commit_mismatch("0123abc", {"sha": "0123abc" + "0" * 33, "dirty": "false", "source": "git"}) is None
     True
-    >>> commit_mismatch("0123abc", {"sha": "unknown", "dirty": "unknown", "source": "none"})
-    'commit 0123abc was asked for, but the code here is unknown (source: none); the ci deployment checks the commit out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)'
+    >>> unknown = {"sha": "unknown", "dirty": "unknown", "source": "none"}
+    >>> commit_mismatch("0123abc", unknown)  # doctest: +NORMALIZE_WHITESPACE
+    'commit 0123abc was asked for, but the code here is unknown (source: none); the ci deployment checks the commit
+    out in its pull step (TRAINGATE_CI_REPOSITORY on the pool or worker)'
     """
     c = commit.strip().lower()
     if len(c) < 7 or any(ch not in "0123456789abcdef" for ch in c):

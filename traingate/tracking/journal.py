@@ -128,7 +128,7 @@ class Journal:
     def pending_bytes(self) -> int:
         return self.path.stat().st_size - self.delivered_offset()
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,11 +22,10 @@ tell" must never close a live run of a concurrent ladder.
 
 from __future__ import annotations
 
-import os
 import socket
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 from mlflow.tracking import MlflowClient

@@ -37,10 +37,11 @@ def check(sha: str, dirty: str, diff_hash: str) -> dict[str, str]:
 
     >>> check("a" * 40, "false", "")["dirty"]
     'false'
-    >>> check("abc", "false", "")
+    >>> check("abc", "false", "")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    traingate.tracking.stamp.StampError: --sha 'abc' is not a full git commit sha (40 hex digits); pass `git rev-parse HEAD` of the tree you build from
+    traingate.tracking.stamp.StampError: --sha 'abc' is not a full git commit sha (40 hex digits); pass `git
+    rev-parse HEAD` of the tree you build from
     """
     if not _SHA.fullmatch(sha):
         raise StampError(
