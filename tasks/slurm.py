@@ -17,6 +17,7 @@ Called by the launch task (``tasks/train.py``) for a pool with ``engine: slurm``
 - preempted without requeue (``PreemptMode=CANCEL``) or a node lost for good: submitted again, it
   resumes from its checkpoint, within ``supervision.max_restarts``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,12 +44,13 @@ from traingate.supervision.supervisor import canary_p99, read_state
 from traingate.tracking import runs
 
 POLL_S = 1.0
-SETTLE_S = 10.0          # a job seen PREEMPTED/NODE_FAIL in squeue this long without a requeue is final
-SAY_EVERY_S = 30.0       # a pending job's reason is logged when it changes, or this often
+SETTLE_S = 10.0  # a job seen PREEMPTED/NODE_FAIL in squeue this long without a requeue is final
+SAY_EVERY_S = 30.0  # a pending job's reason is logged when it changes, or this often
 
 
-def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callable[[], str | None],
-                 log: Any) -> StageResult:
+def run_on_slurm(
+    job: StageJob, pool: PoolConfig, resume: bool, stopping: Callable[[], str | None], log: Any
+) -> StageResult:
     """Train ``job`` as Slurm batch jobs (one at a time) until it ends; its StageResult."""
     assert pool.slurm is not None, "validated by PoolConfig"
     stage_dir = Path(job.stage_dir)
@@ -64,14 +66,24 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
                 job_id = _submit(job, pool, resume or resubmits > 0 or bool(record.get("jobs")), record, log)
             except slurm.SlurmError as e:  # refused: nothing started, one line says what to change
                 log.error("%s: %s", job.stage, e)
-                return StageResult(stage=job.stage, status=Status.FAILED, metrics={"restarts": resubmits},
-                                   duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
+                return StageResult(
+                    stage=job.stage,
+                    status=Status.FAILED,
+                    metrics={"restarts": resubmits},
+                    duration_s=time.monotonic() - t0,
+                    error=f"{Cause.USER_ERROR}: {e}",
+                )
         try:
             followed = _follow(job, job_id, stopping, log)
         except slurm.NeverStarts as e:
             log.error("%s: %s", job.stage, e)
-            return StageResult(stage=job.stage, status=Status.FAILED, metrics={"slurm_job_id": int(job_id)},
-                               duration_s=time.monotonic() - t0, error=f"{Cause.USER_ERROR}: {e}")
+            return StageResult(
+                stage=job.stage,
+                status=Status.FAILED,
+                metrics={"slurm_job_id": int(job_id)},
+                duration_s=time.monotonic() - t0,
+                error=f"{Cause.USER_ERROR}: {e}",
+            )
         except BaseException:
             # The launch task itself is going away (its runner's SIGTERM): the job must not train on unwatched.
             _stop(job, job_id, None, "the launch task was interrupted", log)
@@ -88,23 +100,39 @@ def run_on_slurm(job: StageJob, pool: PoolConfig, resume: bool, stopping: Callab
             sup = after.sup
             break
         if (why := stopping()) is not None:
-            sup = supervision_of(job, state, acct, status=Status.PREEMPTED, cause=Cause.PREEMPTED,
-                                 error=f"{after.why}; not submitted again: {why}; continue with "
-                                       f"`traingate resume {job.run_id}`")
+            sup = supervision_of(
+                job,
+                state,
+                acct,
+                status=Status.PREEMPTED,
+                cause=Cause.PREEMPTED,
+                error=f"{after.why}; not submitted again: {why}; continue with `traingate resume {job.run_id}`",
+            )
             break
         if resubmits >= job.spec.supervision.max_restarts:
-            sup = supervision_of(job, state, acct, status=Status.FAILED, cause=Cause.WORKER_LOST,
-                                 error=f"{Cause.WORKER_LOST}: {after.why}; but the {resubmits} resubmits of "
-                                       "supervision.max_restarts are spent")
+            sup = supervision_of(
+                job,
+                state,
+                acct,
+                status=Status.FAILED,
+                cause=Cause.WORKER_LOST,
+                error=f"{Cause.WORKER_LOST}: {after.why}; but the {resubmits} resubmits of "
+                "supervision.max_restarts are spent",
+            )
             break
         resubmits += 1
         job_id = None
     assert sup is not None
     result = outcomes.from_supervision(job, sup, held_s or (time.monotonic() - t0))
-    result.metrics.update(slurm_job_id=int(job_id), slurm_requeues=requeues, slurm_resubmits=resubmits,
-                          queue_wait_s=round(waited_s, 3))
-    result.details["slurm"] = {"jobs": [j["id"] for j in record["jobs"]], "state": acct.state,
-                               "nodes": acct.nodes, "partition": pool.slurm.partition}
+    result.metrics.update(
+        slurm_job_id=int(job_id), slurm_requeues=requeues, slurm_resubmits=resubmits, queue_wait_s=round(waited_s, 3)
+    )
+    result.details["slurm"] = {
+        "jobs": [j["id"] for j in record["jobs"]],
+        "state": acct.state,
+        "nodes": acct.nodes,
+        "partition": pool.slurm.partition,
+    }
     if sup.error:
         log.error("%s: %s", job.stage, sup.error)
     return result
@@ -137,8 +165,14 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
     max_time = _retrying(lambda: slurm_cli.partition_max_time(pool.slurm.partition), log)
     limit = slurm.time_limit_s(job, canary_p99(stage_dir), done, max_time)
     files.write_json(stage_dir / slurm.JOB_FILE, job.to_dict())
-    cmd = slurm.sbatch_command(job, pool.slurm, python=sys.executable, time_limit_s=limit,
-                               grace_s=job.spec.supervision.preempt_grace_s, resume=resume)
+    cmd = slurm.sbatch_command(
+        job,
+        pool.slurm,
+        python=sys.executable,
+        time_limit_s=limit,
+        grace_s=job.spec.supervision.preempt_grace_s,
+        resume=resume,
+    )
     # sbatch is not idempotent: an unanswering controller may still have queued the job, so a retry
     # looks for it by name first.
     while True:
@@ -148,17 +182,29 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
         except Unreachable as e:
             log.warning("%s: sbatch: %s; retrying", job.stage, e)
             time.sleep(2.0)
-            mine = [q for q in _retrying(lambda: slurm.queued_jobs(slurm_cli.squeue()), log)
-                    if q.name == slurm.job_name(job) and slurm.ending(q.state) is None
-                    and q.job_id not in {j["id"] for j in record["jobs"]}]
+            mine = [
+                q
+                for q in _retrying(lambda: slurm.queued_jobs(slurm_cli.squeue()), log)
+                if q.name == slurm.job_name(job)
+                and slurm.ending(q.state) is None
+                and q.job_id not in {j["id"] for j in record["jobs"]}
+            ]
             if mine:
                 jid = mine[-1].job_id
                 break
     record["jobs"].append({"id": jid, "submitted": time.time(), "resume": resume, "time_limit_s": limit})
     files.write_json(stage_dir / slurm.RECORD_FILE, record)
-    log.info("%s: submitted Slurm job %s (partition %s, %d node(s) x %s, account %s, QOS %s, --time %d min)",
-             job.stage, jid, pool.slurm.partition, job.nodes, slurm.gres(pool.slurm, job.procs_per_node), job.team,
-             job.priority, max(1, round(limit / 60)))
+    log.info(
+        "%s: submitted Slurm job %s (partition %s, %d node(s) x %s, account %s, QOS %s, --time %d min)",
+        job.stage,
+        jid,
+        pool.slurm.partition,
+        job.nodes,
+        slurm.gres(pool.slurm, job.procs_per_node),
+        job.team,
+        job.priority,
+        max(1, round(limit / 60)),
+    )
     _tag(job, jid, log)
     return jid
 
@@ -191,9 +237,9 @@ def _retrying(call: Callable[[], Any], log: Any) -> Any:
 
 @dataclass
 class _Followed:
-    stopped: bool = False        # traingate stopped it (a cancelled flow run)
-    launched: bool = False       # its batch step started at least once
-    requeues: int = 0            # how often Slurm put it back in the queue
+    stopped: bool = False  # traingate stopped it (a cancelled flow run)
+    launched: bool = False  # its batch step started at least once
+    requeues: int = 0  # how often Slurm put it back in the queue
     first_start: float | None = None
 
 
@@ -217,8 +263,10 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
         if q.pending and q.reason in slurm.NEVER_STARTS and not f.stopped:
             (Path(job.stage_dir) / slurm.STOP_FILE).write_text(f"{q.reason}\n")
             _retrying(lambda: slurm_cli.cancel(jid), log)
-            raise slurm.NeverStarts(f"Slurm job {jid} can never start ({q.reason}): it asks for "
-                                   f"{slurm.NEVER_STARTS[q.reason]}; cancelled it")
+            raise slurm.NeverStarts(
+                f"Slurm job {jid} can never start ({q.reason}): it asks for "
+                f"{slurm.NEVER_STARTS[q.reason]}; cancelled it"
+            )
         end = slurm.ending(q.state)
         if end is not None and q.state not in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
             f.launched = f.launched or _ran(jid, log)
@@ -252,8 +300,9 @@ def _stop(job: StageJob, jid: str, q: slurm.QueuedJob | None, why: str, log: Any
     if q is None:
         q = _retrying(lambda: slurm.queued_job(slurm_cli.squeue(), jid), log)
     running = q is not None and q.state in ("RUNNING", "COMPLETING")
-    log.info("%s: %s: %s Slurm job %s", job.stage, why, "SIGTERM to the batch step of" if running else "cancelling",
-             jid)
+    log.info(
+        "%s: %s: %s Slurm job %s", job.stage, why, "SIGTERM to the batch step of" if running else "cancelling", jid
+    )
     try:
         _retrying(lambda: slurm_cli.cancel(jid, "TERM" if running else None), log)
     except slurm.SlurmError as e:  # it ended meanwhile
@@ -268,7 +317,8 @@ def _final(jid: str, log: Any) -> slurm.AccountedJob:
         if a is not None and slurm.ending(a.state) is not None:
             return a
         if time.monotonic() > end:
-            raise slurm.SlurmError(f"Slurm job {jid} left the queue but sacct shows it {a.state if a else 'nowhere'} "
-                                   "after 60 s; check slurmdbd (sacctmgr show cluster)")
+            raise slurm.SlurmError(
+                f"Slurm job {jid} left the queue but sacct shows it {a.state if a else 'nowhere'} "
+                "after 60 s; check slurmdbd (sacctmgr show cluster)"
+            )
         time.sleep(0.5)
-

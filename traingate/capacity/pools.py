@@ -40,8 +40,11 @@ class SlurmPool(_Section):
     Slurm CLI (``SLURM_CONF`` in its environment); accounts are teams, QOS are priority classes."""
 
     partition: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the Slurm partition of the pool's nodes")
-    gres_type: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-                                  description="GPU gres type (gpu:<type>:<n>); null: any GPU type (gpu:<n>)")
+    gres_type: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="GPU gres type (gpu:<type>:<n>); null: any GPU type (gpu:<n>)",
+    )
     sbatch_args: list[str] = Field(default_factory=list, description="extra sbatch options, e.g. ['--constraint=ib']")
 
     @field_validator("sbatch_args")
@@ -76,8 +79,10 @@ class PoolConfig(_Section):
         if self.engine == Engine.SLURM and self.slurm is None:
             raise ValueError("engine: slurm needs a `slurm:` section ({partition: NAME, gres_type: TYPE}); add it")
         if self.engine != Engine.SLURM and self.slurm is not None:
-            raise ValueError(f"a `slurm:` section on an engine: {self.engine} pool does nothing; "
-                             "set engine: slurm or remove the section")
+            raise ValueError(
+                f"a `slurm:` section on an engine: {self.engine} pool does nothing; "
+                "set engine: slurm or remove the section"
+            )
         return self
 
     @property
@@ -181,9 +186,11 @@ class CapacityConfig(_Section):
                 if pool not in self.pools:
                     raise ValueError(f"quotas.{team}.{pool}: {pool!r} is not a pool; use one of {sorted(self.pools)}")
                 if self.pools[pool].engine == Engine.SLURM:
-                    raise ValueError(f"quotas.{team}.{pool}: {pool!r} is a Slurm pool, whose quotas are its accounts' "
-                                     f"limits; remove the entry and set sacctmgr modify account {team} set "
-                                     f"GrpTRES=gres/gpu={cap}")
+                    raise ValueError(
+                        f"quotas.{team}.{pool}: {pool!r} is a Slurm pool, whose quotas are its accounts' "
+                        f"limits; remove the entry and set sacctmgr modify account {team} set "
+                        f"GrpTRES=gres/gpu={cap}"
+                    )
                 if cap < 1:
                     raise ValueError(
                         f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "

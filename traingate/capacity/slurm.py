@@ -22,6 +22,7 @@ here); sacct lists a job about a second after it ends.
 >>> ending("NODE_FAIL"), ending("RUNNING")
 (<Ending.NODE_LOST: 'node_lost'>, None)
 """
+
 from __future__ import annotations
 
 import json
@@ -38,13 +39,13 @@ from traingate.job.stagejob import StageJob
 from traingate.spec import SpecError
 
 BATCH_MODULE = "traingate.capacity.slurm_batch"
-JOB_FILE = "slurm_job.json"      # the StageJob the batch step runs (the submitter writes it; job.json is per launch)
-RECORD_FILE = "slurm.json"       # the stage's Slurm job id(s): who submitted what, when
-STOP_FILE = "slurm_stop"         # written before traingate itself signals its job: a stop, not a preemption
-OUTPUT = "slurm-%j.out"          # the batch step's own output, in the stage directory
+JOB_FILE = "slurm_job.json"  # the StageJob the batch step runs (the submitter writes it; job.json is per launch)
+RECORD_FILE = "slurm.json"  # the stage's Slurm job id(s): who submitted what, when
+STOP_FILE = "slurm_stop"  # written before traingate itself signals its job: a stop, not a preemption
+OUTPUT = "slurm-%j.out"  # the batch step's own output, in the stage directory
 SIGNALLED = "Slurm signalled the batch step"  # the supervisor's stop reason after --signal/scancel
-TIME_MARGIN = 1.5                # the canary's step time x remaining steps x this, plus START_S
-START_S = 300.0                  # start-up, checkpoint loads, the emergency checkpoint
+TIME_MARGIN = 1.5  # the canary's step time x remaining steps x this, plus START_S
+START_S = 300.0  # start-up, checkpoint loads, the emergency checkpoint
 
 
 class SlurmError(SpecError):
@@ -61,9 +62,17 @@ class NeverStarts(SlurmError):
 
 # What the CLI says when slurmctld (or slurmdbd, for sacct) does not answer: worth a retry. In JSON mode
 # squeue/sinfo exit 0 after ~MessageTimeout with {"errors": [{"error": "Unable to contact slurm controller..."}]}.
-UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
-               "connection refused", "slurm_persist_conn_open", "unable to connect to database",
-               "communication connection failure", "slurmctld is not responding", "failed while looking for jobs")
+UNREACHABLE = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "zero bytes were transmitted",
+    "connection refused",
+    "slurm_persist_conn_open",
+    "unable to connect to database",
+    "communication connection failure",
+    "slurmctld is not responding",
+    "failed while looking for jobs",
+)
 
 
 def unreachable(text: str) -> bool:
@@ -72,28 +81,54 @@ def unreachable(text: str) -> bool:
 
 class Ending(StrEnum):
     """How a Slurm job ended for good (sacct's final state)."""
-    COMPLETED = "completed"      # the batch step exited 0: the supervisor's verdict is in supervisor.json
-    FAILED = "failed"            # the batch step exited non-zero
-    CANCELLED = "cancelled"      # scancel (an admin, or traingate stopping it)
-    PREEMPTED = "preempted"      # killed by a higher QOS without requeue (PreemptMode=CANCEL)
-    NODE_LOST = "node_lost"      # NODE_FAIL / BOOT_FAIL and not requeued
-    TIMEOUT = "timeout"          # its --time ran out
-    OOM = "oom"                  # the cgroup's memory limit
+
+    COMPLETED = "completed"  # the batch step exited 0: the supervisor's verdict is in supervisor.json
+    FAILED = "failed"  # the batch step exited non-zero
+    CANCELLED = "cancelled"  # scancel (an admin, or traingate stopping it)
+    PREEMPTED = "preempted"  # killed by a higher QOS without requeue (PreemptMode=CANCEL)
+    NODE_LOST = "node_lost"  # NODE_FAIL / BOOT_FAIL and not requeued
+    TIMEOUT = "timeout"  # its --time ran out
+    OOM = "oom"  # the cgroup's memory limit
 
 
-_ENDINGS = {"COMPLETED": Ending.COMPLETED, "FAILED": Ending.FAILED, "CANCELLED": Ending.CANCELLED,
-            "PREEMPTED": Ending.PREEMPTED, "NODE_FAIL": Ending.NODE_LOST, "BOOT_FAIL": Ending.NODE_LOST,
-            "TIMEOUT": Ending.TIMEOUT, "DEADLINE": Ending.TIMEOUT, "OUT_OF_MEMORY": Ending.OOM}
+_ENDINGS = {
+    "COMPLETED": Ending.COMPLETED,
+    "FAILED": Ending.FAILED,
+    "CANCELLED": Ending.CANCELLED,
+    "PREEMPTED": Ending.PREEMPTED,
+    "NODE_FAIL": Ending.NODE_LOST,
+    "BOOT_FAIL": Ending.NODE_LOST,
+    "TIMEOUT": Ending.TIMEOUT,
+    "DEADLINE": Ending.TIMEOUT,
+    "OUT_OF_MEMORY": Ending.OOM,
+}
 # Pending reasons that never clear by waiting: the job asks for more than its partition allows.
-NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition has (lower resources.nodes)",
-                "PartitionTimeLimit": "a --time over the partition's MaxTime (lower the stage's max_steps)",
-                "BadConstraints": "a node configuration the partition does not have (check the pool's sbatch_args)",
-                "QOSMaxWallDurationPerJobLimit": "a --time over the QOS's MaxWall (use another priority class)",
-                "AssocMaxWallDurationPerJobLimit": "a --time over the account's MaxWall",
-                "QOSMaxGRESPerJob": "more GPUs than the QOS allows one job (fewer nodes or processes per node)",
-                "AssocMaxGRESPerJob": "more GPUs than the account allows one job (fewer nodes or processes per node)"}
-LIVE = frozenset({"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
-                  "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+NEVER_STARTS = {
+    "PartitionNodeLimit": "more nodes than the partition has (lower resources.nodes)",
+    "PartitionTimeLimit": "a --time over the partition's MaxTime (lower the stage's max_steps)",
+    "BadConstraints": "a node configuration the partition does not have (check the pool's sbatch_args)",
+    "QOSMaxWallDurationPerJobLimit": "a --time over the QOS's MaxWall (use another priority class)",
+    "AssocMaxWallDurationPerJobLimit": "a --time over the account's MaxWall",
+    "QOSMaxGRESPerJob": "more GPUs than the QOS allows one job (fewer nodes or processes per node)",
+    "AssocMaxGRESPerJob": "more GPUs than the account allows one job (fewer nodes or processes per node)",
+}
+LIVE = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
 
 
 def ending(state: str) -> Ending | None:
@@ -121,8 +156,9 @@ def job_name(job: StageJob) -> str:
     return f"tg-{job.run_id}-{job.stage}"
 
 
-def sbatch_command(job: StageJob, pool: SlurmPool, *, python: str, time_limit_s: float, grace_s: float,
-                   resume: bool = False) -> list[str]:
+def sbatch_command(
+    job: StageJob, pool: SlurmPool, *, python: str, time_limit_s: float, grace_s: float, resume: bool = False
+) -> list[str]:
     """The sbatch command of one attempt of ``job``: its batch step is ``python -m slurm_batch --job FILE``.
 
     >>> from traingate.spec import load_spec_text
@@ -142,14 +178,26 @@ def sbatch_command(job: StageJob, pool: SlurmPool, *, python: str, time_limit_s:
     """
     stage_dir = Path(job.stage_dir)
     batch = [python, "-m", BATCH_MODULE, "--job", str(stage_dir / JOB_FILE), *(["--resume"] if resume else [])]
-    return ["sbatch", "--parsable", f"--partition={pool.partition}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
-            f"--gres={gres(pool, job.procs_per_node)}", f"--account={job.team}", f"--qos={job.priority}",
-            f"--time={max(1, math.ceil(time_limit_s / 60))}", "--requeue", f"--signal=B:TERM@{max(1, round(grace_s))}",
-            f"--job-name={job_name(job)}", f"--output={stage_dir / OUTPUT}", "--open-mode=append",  # every allocation's
-            f"--chdir={stage_dir}",
-            *pool.sbatch_args,
-            # exec: the batch shell IS the python process, so --signal=B:TERM reaches the supervisor itself.
-            "--wrap=exec " + shlex.join(batch)]
+    return [
+        "sbatch",
+        "--parsable",
+        f"--partition={pool.partition}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--gres={gres(pool, job.procs_per_node)}",
+        f"--account={job.team}",
+        f"--qos={job.priority}",
+        f"--time={max(1, math.ceil(time_limit_s / 60))}",
+        "--requeue",
+        f"--signal=B:TERM@{max(1, round(grace_s))}",
+        f"--job-name={job_name(job)}",
+        f"--output={stage_dir / OUTPUT}",
+        "--open-mode=append",  # every allocation's
+        f"--chdir={stage_dir}",
+        *pool.sbatch_args,
+        # exec: the batch shell IS the python process, so --signal=B:TERM reaches the supervisor itself.
+        "--wrap=exec " + shlex.join(batch),
+    ]
 
 
 def time_limit_s(job: StageJob, step_s: float | None, done_steps: int, max_time_s: int | None) -> float:
@@ -171,10 +219,12 @@ def time_limit_s(job: StageJob, step_s: float | None, done_steps: int, max_time_
         return min(job.timeout_s, max_time_s) if max_time_s is not None else job.timeout_s
     need = step_s * left * TIME_MARGIN + START_S
     if max_time_s is not None and need > max_time_s:
-        raise SlurmError(f"{job.stage} needs about {need:.0f} s (canary step time {step_s:g} s x {left} steps left x "
-                         f"{TIME_MARGIN:g} + {START_S:.0f} s start-up) but partition MaxTime is {max_time_s} s; lower "
-                         f"stages.{job.stage}.max_steps, use a partition with a longer MaxTime, or ask the admin to "
-                         "raise it")
+        raise SlurmError(
+            f"{job.stage} needs about {need:.0f} s (canary step time {step_s:g} s x {left} steps left x "
+            f"{TIME_MARGIN:g} + {START_S:.0f} s start-up) but partition MaxTime is {max_time_s} s; lower "
+            f"stages.{job.stage}.max_steps, use a partition with a longer MaxTime, or ask the admin to "
+            "raise it"
+        )
     return min(need, job.timeout_s)
 
 
@@ -202,29 +252,41 @@ def partition_max_time(show_partition: str) -> int | None:
 
 def refusal(stderr: str, job: StageJob, pool: SlurmPool) -> str:
     """sbatch's refusal as one line: what Slurm said, which of the job's values it is about, and the fix."""
-    said = " ".join(line.removeprefix("sbatch: error: ").strip() for line in stderr.strip().splitlines()
-                    if line.strip()) or "no reason given"
+    said = (
+        " ".join(line.removeprefix("sbatch: error: ").strip() for line in stderr.strip().splitlines() if line.strip())
+        or "no reason given"
+    )
     low = said.lower()
     if "invalid account" in low:
-        fix = (f"account {job.team!r} (identity.team) is not associated with this user on partition "
-               f"{pool.partition!r}; ask the Slurm admin: sacctmgr add user $USER account={job.team}, or run as a "
-               "member of that team")
+        fix = (
+            f"account {job.team!r} (identity.team) is not associated with this user on partition "
+            f"{pool.partition!r}; ask the Slurm admin: sacctmgr add user $USER account={job.team}, or run as a "
+            "member of that team"
+        )
     elif "invalid qos" in low:
-        fix = (f"QOS {job.priority!r} (resources.priority) is not granted to account {job.team!r}; use a priority "
-               f"class the account may use, or ask the Slurm admin: sacctmgr modify user $USER set qos+={job.priority}")
+        fix = (
+            f"QOS {job.priority!r} (resources.priority) is not granted to account {job.team!r}; use a priority "
+            f"class the account may use, or ask the Slurm admin: sacctmgr modify user $USER set qos+={job.priority}"
+        )
     elif "invalid partition" in low:
         fix = f"partition {pool.partition!r} (the pool's slurm.partition) does not exist; fix the pools config"
     elif "gres" in low or "generic resource" in low:
-        fix = (f"--gres={gres(pool, job.procs_per_node)} is not available on partition {pool.partition!r}; fix the "
-               "pool's slurm.gres_type or lower resources.procs_per_node")
+        fix = (
+            f"--gres={gres(pool, job.procs_per_node)} is not available on partition {pool.partition!r}; fix the "
+            "pool's slurm.gres_type or lower resources.procs_per_node"
+        )
     elif "node configuration is not available" in low or "node count specification invalid" in low:
-        fix = (f"{job.nodes} node(s) with {gres(pool, job.procs_per_node)} do not exist in partition "
-               f"{pool.partition!r}; lower resources.nodes / resources.procs_per_node or use a larger pool")
+        fix = (
+            f"{job.nodes} node(s) with {gres(pool, job.procs_per_node)} do not exist in partition "
+            f"{pool.partition!r}; lower resources.nodes / resources.procs_per_node or use a larger pool"
+        )
     elif "time limit" in low:
         fix = f"--time is over partition {pool.partition!r}'s MaxTime or the QOS's; lower stages.{job.stage}.max_steps"
     elif "qos" in low or "accounting" in low or "association" in low:
-        fix = (f"account {job.team!r} with QOS {job.priority!r} is over a limit of its association or QOS; ask the "
-               "Slurm admin (sacctmgr show assoc / show qos) or use another priority class")
+        fix = (
+            f"account {job.team!r} with QOS {job.priority!r} is over a limit of its association or QOS; ask the "
+            "Slurm admin (sacctmgr show assoc / show qos) or use another priority class"
+        )
     else:
         fix = "see the Slurm admin; `sbatch --test-only` with the same options shows the same refusal"
     return f"sbatch refused {job.stage} of run {job.run_id}: {said}; {fix}"
@@ -239,19 +301,20 @@ def parse_job_id(stdout: str) -> str:
 @dataclass(frozen=True)
 class QueuedJob:
     """One job as squeue shows it."""
+
     job_id: str
     name: str
-    state: str                   # PENDING, RUNNING, COMPLETING, ...
-    reason: str                  # why it pends (Priority, Resources, AssocGrpGRES, QOS...), "None" when running
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    reason: str  # why it pends (Priority, Resources, AssocGrpGRES, QOS...), "None" when running
     account: str
     qos: str
     partition: str
     user: str
-    nodes: str                   # the node list ("n[1-2]"), empty while pending
+    nodes: str  # the node list ("n[1-2]"), empty while pending
     node_count: int
-    start_time: int | None       # epoch s: when it started, or Slurm's estimate while pending (None: unknown)
+    start_time: int | None  # epoch s: when it started, or Slurm's estimate while pending (None: unknown)
     submit_time: int | None
-    restarts: int                # how many times it was requeued
+    restarts: int  # how many times it was requeued
     time_limit_s: int | None
 
     @property
@@ -262,11 +325,12 @@ class QueuedJob:
 @dataclass(frozen=True)
 class NodeView:
     """One node as sinfo shows it."""
+
     name: str
     addr: str
-    state: str                   # idle, mixed, allocated, down, drained, draining...
-    reason: str                  # an admin's or traingate's drain reason
-    gres: str                    # "gpu:a100:2"
+    state: str  # idle, mixed, allocated, down, drained, draining...
+    reason: str  # an admin's or traingate's drain reason
+    gres: str  # "gpu:a100:2"
     gres_used: str
     partitions: tuple[str, ...]
 
@@ -274,6 +338,7 @@ class NodeView:
 @dataclass(frozen=True)
 class AccountedJob:
     """One job as sacct shows it (the allocation, not its steps)."""
+
     job_id: str
     state: str
     reason: str
@@ -293,8 +358,12 @@ def _load(text: str, what: str) -> dict[str, Any]:
         raise SlurmError(f"{what} --json printed no JSON ({e}); is the Slurm client 22.05 or newer?") from None
     errors = [e for e in data.get("errors") or [] if e]
     if errors:
-        said = "; ".join(" ".join(str(v) for k, v in e.items() if k in ("description", "error", "source"))
-                         if isinstance(e, dict) else str(e) for e in errors)
+        said = "; ".join(
+            " ".join(str(v) for k, v in e.items() if k in ("description", "error", "source"))
+            if isinstance(e, dict)
+            else str(e)
+            for e in errors
+        )
         raise (Unreachable if unreachable(said) else SlurmError)(f"{what}: {said}")
     return data
 
@@ -312,13 +381,24 @@ def queued_jobs(text: str) -> list[QueuedJob]:
     for j in _load(text, "squeue").get("jobs") or []:
         start = _num(j.get("start_time"))
         tl = _num(j.get("time_limit"))
-        out.append(QueuedJob(
-            job_id=str(j["job_id"]), name=j.get("name") or "", state=_state_word(j.get("job_state")),
-            reason=str(j.get("state_reason") or "None"), account=j.get("account") or "", qos=j.get("qos") or "",
-            partition=j.get("partition") or "", user=j.get("user_name") or str(j.get("user_id", "")),
-            nodes=j.get("nodes") or "", node_count=_num(j.get("node_count")) or 0,
-            start_time=start or None, submit_time=_num(j.get("submit_time")),
-            restarts=_num(j.get("restart_cnt")) or 0, time_limit_s=tl * 60 if tl is not None else None))
+        out.append(
+            QueuedJob(
+                job_id=str(j["job_id"]),
+                name=j.get("name") or "",
+                state=_state_word(j.get("job_state")),
+                reason=str(j.get("state_reason") or "None"),
+                account=j.get("account") or "",
+                qos=j.get("qos") or "",
+                partition=j.get("partition") or "",
+                user=j.get("user_name") or str(j.get("user_id", "")),
+                nodes=j.get("nodes") or "",
+                node_count=_num(j.get("node_count")) or 0,
+                start_time=start or None,
+                submit_time=_num(j.get("submit_time")),
+                restarts=_num(j.get("restart_cnt")) or 0,
+                time_limit_s=tl * 60 if tl is not None else None,
+            )
+        )
     return out
 
 
@@ -337,9 +417,17 @@ def nodes(text: str, partition: str | None = None) -> list[NodeView]:
         flags = [str(f).lower() for f in n.get("state_flags") or []]
         if "drain" in flags:
             state = "drained" if state in ("idle", "down") else "draining"
-        out.append(NodeView(name=n.get("name") or n.get("hostname"), addr=n.get("address") or "",
-                            state=state, reason=n.get("reason") or "", gres=n.get("gres") or "",
-                            gres_used=n.get("gres_used") or "", partitions=parts))
+        out.append(
+            NodeView(
+                name=n.get("name") or n.get("hostname"),
+                addr=n.get("address") or "",
+                state=state,
+                reason=n.get("reason") or "",
+                gres=n.get("gres") or "",
+                gres_used=n.get("gres_used") or "",
+                partitions=parts,
+            )
+        )
     return out
 
 
@@ -353,11 +441,18 @@ def accounted_job(text: str, job_id: str) -> AccountedJob | None:
     ec = j.get("exit_code") or {}
     sig = (ec.get("signal") or {}).get("signal_id") if isinstance(ec.get("signal"), dict) else None
     t = j.get("time") or {}
-    return AccountedJob(job_id=str(j["job_id"]), state=_state_word(state.get("current")),
-                        reason=str(state.get("reason") or ""), exit_code=_num(ec.get("return_code")),
-                        signal=_num(sig), start=_num(t.get("start")) or None, end=_num(t.get("end")) or None,
-                        elapsed_s=_num(t.get("elapsed")), nodes=j.get("nodes") or "",
-                        restarts=_num(j.get("restart_cnt")) or 0)
+    return AccountedJob(
+        job_id=str(j["job_id"]),
+        state=_state_word(state.get("current")),
+        reason=str(state.get("reason") or ""),
+        exit_code=_num(ec.get("return_code")),
+        signal=_num(sig),
+        start=_num(t.get("start")) or None,
+        end=_num(t.get("end")) or None,
+        elapsed_s=_num(t.get("elapsed")),
+        nodes=j.get("nodes") or "",
+        restarts=_num(j.get("restart_cnt")) or 0,
+    )
 
 
 def node_addresses(show_node: str) -> dict[str, str]:
@@ -375,8 +470,11 @@ def describe_pending(j: QueuedJob, now: float) -> str:
     """Why a pending job waits, in Slurm's words, and Slurm's start estimate."""
     when = ""
     if j.start_time:
-        when = f", Slurm's estimate: start in {max(0, j.start_time - now):.0f} s" if j.start_time > now else \
-            ", Slurm's estimate: start now"
+        when = (
+            f", Slurm's estimate: start in {max(0, j.start_time - now):.0f} s"
+            if j.start_time > now
+            else ", Slurm's estimate: start now"
+        )
     return f"Slurm job {j.job_id} pending ({j.reason}){when}"
 
 
@@ -396,12 +494,16 @@ def queue_lines(pool_name: str, pool: SlurmPool, jobs: list[QueuedJob], now: flo
     pending = sorted((j for j in mine if j.pending), key=lambda j: (j.start_time or float("inf"), j.submit_time or 0))
     out = [f"pool {pool_name} (Slurm partition {pool.partition}): {len(running)} running, {len(pending)} pending"]
     for j in running:
-        out.append(f"  {j.state.lower():<8} {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.nodes:>11}  "
-                   f"for {now - (j.start_time or now):6.0f} s")
+        out.append(
+            f"  {j.state.lower():<8} {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.nodes:>11}  "
+            f"for {now - (j.start_time or now):6.0f} s"
+        )
     for j in pending:
         est = "unknown" if not j.start_time else ("now" if j.start_time <= now else f"in {j.start_time - now:.0f} s")
-        out.append(f"  pending  {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.node_count:>3} node(s)  "
-                   f"waited {now - (j.submit_time or now):6.0f} s  start {est} ({j.reason})")
+        out.append(
+            f"  pending  {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.node_count:>3} node(s)  "
+            f"waited {now - (j.submit_time or now):6.0f} s  start {est} ({j.reason})"
+        )
     return out
 
 
@@ -417,6 +519,8 @@ def node_lines(pool_name: str, pool: SlurmPool, views: list[NodeView]) -> list[s
     out = [f"pool {pool_name} (Slurm partition {pool.partition}): {len(views)} node(s), {len(usable)} usable"]
     for v in views:
         used = v.gres_used.split("(")[0]
-        out.append(f"  {v.name:<8} {v.addr:<15} {v.state:<10} {v.gres:<12} used {used:<10}"
-                   + (f"  reason: {v.reason}" if v.reason else ""))
+        out.append(
+            f"  {v.name:<8} {v.addr:<15} {v.state:<10} {v.gres:<12} used {used:<10}"
+            + (f"  reason: {v.reason}" if v.reason else "")
+        )
     return out

@@ -15,6 +15,7 @@ checkpoint, in the same traingate run and the same MLflow run. A SIGTERM after t
 
 Its verdict is the supervisor's, in the stage directory (supervisor.json), for the submitter to read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ def allocated(job: StageJob, nodelist: str) -> StageJob:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m traingate.capacity.slurm_batch",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m traingate.capacity.slurm_batch", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--job", required=True, help="the stage's slurm_job.json")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted supervision of the stage")
     args = parser.parse_args(argv)
@@ -65,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(sig: int, _frame: object) -> None:
         # Slurm may deliver the preemption signal twice: the first one counts.
         if not _signalled:
-            request_stop(f"{SIGNALLED} ({signal.Signals(sig).name}, job {os.environ.get('SLURM_JOB_ID')}): "
-                         "preempted, or cancelled")
+            request_stop(
+                f"{SIGNALLED} ({signal.Signals(sig).name}, job {os.environ.get('SLURM_JOB_ID')}): "
+                "preempted, or cancelled"
+            )
         _signalled.append(sig)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -74,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     stage_dir = Path(job.stage_dir)
-    _say(f"job {job_id} on {os.environ.get('SLURM_JOB_NODELIST')}: {job.stage} of run {job.run_id}"
-         + (f", allocation {restarts + 1} (requeued {restarts}x)" if restarts else ""))
+    _say(
+        f"job {job_id} on {os.environ.get('SLURM_JOB_NODELIST')}: {job.stage} of run {job.run_id}"
+        + (f", allocation {restarts + 1} (requeued {restarts}x)" if restarts else "")
+    )
     try:
         job = allocated(job, os.environ.get("SLURM_JOB_NODELIST", ""))
     except SlurmError as e:

@@ -5,14 +5,17 @@ The controller is the one ``SLURM_CONF`` in the environment names. A controller 
 other failure raises :class:`SlurmError` with what the command printed. Parsing is
 :mod:`traingate.capacity.slurm`.
 """
+
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
 from traingate.capacity import slurm
 from traingate.capacity.slurm import SlurmError, Unreachable, unreachable
+from traingate.settings import NODES_VAR
 
 TIMEOUT_S = 30.0
 
@@ -20,11 +23,13 @@ TIMEOUT_S = 30.0
 def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> str:
     """Run one Slurm command; its stdout, or :class:`Unreachable` / :class:`SlurmError` with its words."""
     try:
-        out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout_s,
-                             env=dict(env) if env is not None else None)
+        out = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout_s, env=dict(env) if env is not None else None
+        )
     except FileNotFoundError:
-        raise SlurmError(f"{args[0]}: not found; install the Slurm client (slurm-client) on this host and put it "
-                         "on PATH") from None
+        raise SlurmError(
+            f"{args[0]}: not found; install the Slurm client (slurm-client) on this host and put it on PATH"
+        ) from None
     except subprocess.TimeoutExpired:
         raise Unreachable(f"{' '.join(args[:2])}: no answer in {timeout_s:.0f} s") from None
     if out.returncode != 0:
@@ -97,8 +102,16 @@ def step_prefix(node: str) -> tuple[str, ...]:
     them); ``--kill-on-bad-exit``: the step ends with its agent; ``--export=ALL``: the agent gets the
     stage's environment (launch_nodes adds the per-node part).
     """
-    return ("srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--kill-on-bad-exit=1",
-            "--export=ALL", "--quiet")
+    return (
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--quiet",
+    )
 
 
 def interface_of(node: str, addr: str) -> str | None:
@@ -109,3 +122,20 @@ def interface_of(node: str, addr: str) -> str | None:
         if "inet" in fields and fields[fields.index("inet") + 1].split("/")[0] == addr:
             return fields[1].rstrip(":")
     return None
+
+
+def node_of_rank(rank: int | None, procs_per_node: int, env: Mapping[str, str]) -> str | None:
+    """The Slurm node a rank of this allocation runs on (None outside a Slurm job).
+
+    Several nodes: c10d numbers the nodes in the order of their addresses (traingate.launch.nodes), node i
+    holding ranks i*procs_per_node ...; one node: the batch step's own.
+    """
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    listed = env.get(NODES_VAR, "")
+    if listed.startswith("slurm:") and rank is not None:
+        names = listed.removeprefix("slurm:").split(",")
+        addrs = node_addresses()
+        ordered = sorted(names, key=lambda n: ipaddress.ip_address(addrs.get(n, "0.0.0.0")))
+        return ordered[min(rank // max(1, procs_per_node), len(ordered) - 1)]
+    return env.get("SLURMD_NODENAME") or None

@@ -5,6 +5,7 @@ One pure decision, :func:`after_end`: report the supervisor's verdict, or submit
 checkpoint (a job preempted without requeue, a node lost after Slurm gave up requeueing it), or report
 what Slurm did when the supervisor could not (cancelled, timed out, the batch step crashed).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -22,9 +23,9 @@ _ATTEMPT_FIELDS = {f.name for f in fields(Attempt)}
 
 @dataclass(frozen=True)
 class AfterEnd:
-    sup: Supervision | None      # what to report (None: resubmit)
+    sup: Supervision | None  # what to report (None: resubmit)
     resubmit: bool
-    why: str                     # one line for the log
+    why: str  # one line for the log
 
 
 def _tail(stage_dir: Path, job_id: str) -> list[str]:
@@ -36,23 +37,35 @@ def _tail(stage_dir: Path, job_id: str) -> list[str]:
     return lines[-TAIL_LINES:]
 
 
-def supervision_of(job: StageJob, state: files.SupervisorState | None, acct: AccountedJob, *,
-                   status: Status | None = None, cause: Cause | None = None, error: str | None = None) -> Supervision:
+def supervision_of(
+    job: StageJob,
+    state: files.SupervisorState | None,
+    acct: AccountedJob,
+    *,
+    status: Status | None = None,
+    cause: Cause | None = None,
+    error: str | None = None,
+) -> Supervision:
     """The batch step's supervision as the local engine's launch task would have it (attempts, verdict,
     last log lines); ``status``/``cause``/``error`` override the verdict where Slurm's ending decides."""
     final = (state.final if state else None) or {}
     recorded = state.attempts if state else []
     attempts = [Attempt(**{k: v for k, v in a.items() if k in _ATTEMPT_FIELDS}) for a in recorded]
-    proc = ProcResult(returncode=acct.exit_code if acct.exit_code is not None else -(acct.signal or 0),
-                      duration_s=float(acct.elapsed_s or 0), tail=_tail(Path(job.stage_dir), acct.job_id))
+    proc = ProcResult(
+        returncode=acct.exit_code if acct.exit_code is not None else -(acct.signal or 0),
+        duration_s=float(acct.elapsed_s or 0),
+        tail=_tail(Path(job.stage_dir), acct.job_id),
+    )
     st = status or (Status(final["status"]) if final.get("status") else Status.FAILED)
     c = cause if status is not None else (Cause(final["cause"]) if final.get("cause") else None)
-    return Supervision(st, c, error if status is not None else final.get("error"), attempts, proc,
-                       final.get("stop_reason"), job)
+    return Supervision(
+        st, c, error if status is not None else final.get("error"), attempts, proc, final.get("stop_reason"), job
+    )
 
 
-def after_end(job: StageJob, acct: AccountedJob, state: files.SupervisorState | None, stopped_by_us: bool,
-              launched: bool) -> AfterEnd:
+def after_end(
+    job: StageJob, acct: AccountedJob, state: files.SupervisorState | None, stopped_by_us: bool, launched: bool
+) -> AfterEnd:
     """What a final Slurm ending means. ``stopped_by_us``: traingate signalled or cancelled the job (a flow
     run cancelled); ``launched``: the batch step started in this job (else it never left the queue)."""
     end = _ending(acct)
@@ -62,39 +75,92 @@ def after_end(job: StageJob, acct: AccountedJob, state: files.SupervisorState | 
     if end == Ending.CANCELLED:
         who = "traingate (the flow run was cancelled)" if stopped_by_us else "scancel outside traingate (an admin)"
         if not launched:
-            return AfterEnd(supervision_of(job, None, acct, status=Status.PREEMPTED, cause=Cause.PREEMPTED,
-                                           error=f"Slurm job {jid} cancelled by {who} before it started; {resume}"),
-                            False, f"cancelled by {who} while pending")
+            return AfterEnd(
+                supervision_of(
+                    job,
+                    None,
+                    acct,
+                    status=Status.PREEMPTED,
+                    cause=Cause.PREEMPTED,
+                    error=f"Slurm job {jid} cancelled by {who} before it started; {resume}",
+                ),
+                False,
+                f"cancelled by {who} while pending",
+            )
         written = "written" if final == Status.PREEMPTED else "not confirmed"
-        return AfterEnd(supervision_of(job, state, acct, status=Status.PREEMPTED, cause=Cause.PREEMPTED,
-                                       error=f"Slurm job {jid} cancelled by {who}; emergency checkpoint {written}; "
-                                             f"{resume}"), False, f"cancelled by {who}")
+        return AfterEnd(
+            supervision_of(
+                job,
+                state,
+                acct,
+                status=Status.PREEMPTED,
+                cause=Cause.PREEMPTED,
+                error=f"Slurm job {jid} cancelled by {who}; emergency checkpoint {written}; {resume}",
+            ),
+            False,
+            f"cancelled by {who}",
+        )
     signalled = final == Status.PREEMPTED and str((state.final or {}).get("stop_reason") or "").startswith(SIGNALLED)
     if end == Ending.PREEMPTED or (signalled and launched and not stopped_by_us):
         # PreemptMode=CANCEL (or a requeue that did not happen): the checkpoint is on disk; submit again.
         # A stage an alert paused stays paused: its stop reason is the alert's, not Slurm's signal.
-        return AfterEnd(None, True, f"Slurm job {jid} preempted without requeue ({acct.state}): submitting the stage "
-                                    "again, it resumes from its checkpoint")
+        return AfterEnd(
+            None,
+            True,
+            f"Slurm job {jid} preempted without requeue ({acct.state}): submitting the stage "
+            "again, it resumes from its checkpoint",
+        )
     if end == Ending.NODE_LOST:
-        return AfterEnd(None, True, f"Slurm job {jid} lost a node ({acct.state}) and was not requeued: submitting "
-                                    "the stage again, it resumes from its checkpoint")
+        return AfterEnd(
+            None,
+            True,
+            f"Slurm job {jid} lost a node ({acct.state}) and was not requeued: submitting "
+            "the stage again, it resumes from its checkpoint",
+        )
     if end == Ending.TIMEOUT:
-        return AfterEnd(supervision_of(job, state, acct, status=Status.FAILED, cause=Cause.TIMEOUT,
-                                       error=f"{Cause.TIMEOUT}: Slurm job {jid} reached its --time limit "
-                                             f"({acct.state}); the canary's estimate was too low or the stage "
-                                             f"slowed down; raise stages.{job.stage}.timeout_s or {resume}"),
-                        False, "time limit")
+        return AfterEnd(
+            supervision_of(
+                job,
+                state,
+                acct,
+                status=Status.FAILED,
+                cause=Cause.TIMEOUT,
+                error=f"{Cause.TIMEOUT}: Slurm job {jid} reached its --time limit "
+                f"({acct.state}); the canary's estimate was too low or the stage "
+                f"slowed down; raise stages.{job.stage}.timeout_s or {resume}",
+            ),
+            False,
+            "time limit",
+        )
     if end == Ending.OOM:
-        return AfterEnd(supervision_of(job, state, acct, status=Status.FAILED, cause=Cause.OOM,
-                                       error=f"{Cause.OOM}: Slurm job {jid} exceeded its memory allocation"),
-                        False, "out of memory")
+        return AfterEnd(
+            supervision_of(
+                job,
+                state,
+                acct,
+                status=Status.FAILED,
+                cause=Cause.OOM,
+                error=f"{Cause.OOM}: Slurm job {jid} exceeded its memory allocation",
+            ),
+            False,
+            "out of memory",
+        )
     if final is not None:
         return AfterEnd(supervision_of(job, state, acct), False, f"supervisor verdict: {final}")
-    return AfterEnd(supervision_of(job, state, acct, status=Status.FAILED, cause=Cause.USER_ERROR,
-                                   error=f"{Cause.USER_ERROR}: Slurm job {jid} ended {acct.state} (exit code "
-                                         f"{acct.exit_code}) without a supervisor verdict; see "
-                                         f"{Path(job.stage_dir) / f'slurm-{jid}.out'}"),
-                    False, "no verdict")
+    return AfterEnd(
+        supervision_of(
+            job,
+            state,
+            acct,
+            status=Status.FAILED,
+            cause=Cause.USER_ERROR,
+            error=f"{Cause.USER_ERROR}: Slurm job {jid} ended {acct.state} (exit code "
+            f"{acct.exit_code}) without a supervisor verdict; see "
+            f"{Path(job.stage_dir) / f'slurm-{jid}.out'}",
+        ),
+        False,
+        "no verdict",
+    )
 
 
 def _ending(acct: AccountedJob) -> Ending:

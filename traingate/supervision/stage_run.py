@@ -3,6 +3,7 @@
 The local engine calls it in the launch task; the Slurm engine in the job's batch step
 (:mod:`traingate.capacity.slurm_batch`). Same function, so a stage trains the same way on both.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,13 @@ from traingate.ladder import outcomes
 from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 
-def train(job: StageJob, hooks: Hooks, previous: files.SupervisorState | None, info: Callable[[str], None],
-          before: list[Supervision]) -> Supervision:
+def train(
+    job: StageJob,
+    hooks: Hooks,
+    previous: files.SupervisorState | None,
+    info: Callable[[str], None],
+    before: list[Supervision],
+) -> Supervision:
     """Supervise ``job`` to its end; ``previous``: an interrupted supervision of it to resume.
 
     A fresh smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint,
