@@ -94,7 +94,9 @@ def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> R
     states = {s: read_supervisor_state(run_dir / s) for s in STAGES if s != "unit"}
     ids = {s: st.job["mlflow_run_id"] for s, st in states.items() if st is not None and st.job.get("mlflow_run_id")}
     if stage is None:
-        done = {"unit"} if (run_dir / "unit" / "junit.xml").exists() else set()
+        # The ladder goes past unit only on a passed unit gate: a later stage that started says so too (a
+        # script with no recipe.script.tests passes unit without a junit.xml).
+        done = {"unit"} if (run_dir / "unit" / "junit.xml").exists() or any(states.values()) else set()
         done |= {s for s, st in states.items() if st is not None and st.final_status == Status.COMPLETED}
         stage = next((s for s in STAGES if s not in done), None)
         if stage is None:  # every stage ran; the orchestrator may have died before promoting and closing
