@@ -212,6 +212,15 @@ def test_imports_inside_functions_are_few_and_each_says_why():
     assert len(lazy) <= MAX_LAZY, "\n".join(f"{f}:{n}: {why}" for f, n, why in lazy)
 
 
+# ------------------------------------------------------------------ lint and format
+def test_ruff_finds_nothing_in_traingate_flows_and_tasks():
+    ruff = str(Path(PYTHON).parent / "ruff")  # pyproject.toml's [tool.ruff]: rules E, F, I, B, UP; 120 columns
+    for command in (["check"], ["format", "--check"]):
+        p = subprocess.run([ruff, *command, "--no-cache", "traingate", "flows", "tasks"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"ruff {' '.join(command)}:\n{p.stdout[-6000:]}{p.stderr[-2000:]}"
+
+
 def _deployments():
     return yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
 
