@@ -298,3 +298,22 @@ def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpo
     assert result.metrics["slurm_resubmits"] + result.metrics["slurm_requeues"] >= 1, log.text()
     print(f"\nPreemptMode=CANCEL: Slurm state of the victim {_sacct(jid).state}; "
           f"resubmits {result.metrics['slurm_resubmits']}, requeues {result.metrics['slurm_requeues']}")
+
+
+def test_a_straggler_alert_on_a_slurm_pool_drains_its_node_and_pauses_the_stage(slurm, tmp_path):
+    tree = _tree(nodes=1, steps=200)
+    tree["alerts"] = {"straggler": {"window": 20}}
+    job = _job(tmp_path / "state", "straggler", tree, "slow@0:1")  # rank 1 sleeps before every step
+    t, box, log = _start(job)
+    jid = _slurm_id(job)
+    _wait(lambda: (q := _squeue(jid)) is not None and q.state == "RUNNING", "the stage running", log=log)
+    node = _squeue(jid).nodes
+    t.join(300)
+    result = box["result"]
+    assert result.status == Status.PREEMPTED and "paused by alert straggler" in result.error, log.text()
+    assert result.metrics["slurm_resubmits"] == 0  # a pause is not a preemption: nothing submitted again
+    view = {v.name: v for v in tslurm.nodes(subprocess.run(["sinfo", "--json"], capture_output=True,
+                                                           text=True).stdout)}
+    assert view[node].state in ("drained", "draining") and view[node].reason == "traingate:straggler", view[node]
+    alert = json.loads((Path(job.stage_dir) / "alerts.jsonl").read_text().splitlines()[0])
+    assert f"Slurm node {node} drained (reason traingate:straggler)" in alert["outcome"], alert

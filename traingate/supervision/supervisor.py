@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traingate.capacity import slurm_cli
+from traingate.capacity.slurm import SlurmError
 from traingate.job import envvars, files
 from traingate.job.stagejob import Rollback, StageJob
 from traingate.job.vocab import Cause, Status, status_for
@@ -614,6 +616,18 @@ class _Watch:
                     f"rolling back to step {to} (checkpoint), skipping {self.rollback.skip} batches, "
                     f"learning rate x{rb.lr_scale:g}"
                 )
+        elif action == Action.QUARANTINE and (node := slurm_cli.node_of_rank(
+                f.values.get("rank"), self.job.procs_per_node, os.environ)) is not None:
+            # On a Slurm pool the engine keeps the host out of every later job: drain it.
+            _quarantine(self.job, node, f)
+            try:
+                slurm_cli.set_node_state(node, "drain", f"traingate:{f.rule}")
+                drained = f"Slurm node {node} drained (reason traingate:{f.rule})"
+            except SlurmError as e:
+                drained = f"Slurm node {node} NOT drained ({e})"
+            action = Action.PAUSE
+            outcome = (f"{drained}, quarantine.json; paused: resume with `traingate resume {self.job.run_id}`, "
+                       "Slurm places it on other nodes")
         elif action == Action.QUARANTINE:
             # One host per stage here: leaving it out of the next launch leaves nothing to launch on.
             host = socket.gethostname()
