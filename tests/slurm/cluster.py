@@ -380,10 +380,18 @@ class SlurmCluster:
             self._kill_netns_processes(node.netns)
 
     def start_node(self, name: str) -> None:
-        """Start the node's slurmd again and wait until the controller hears from it."""
+        """Start the node's slurmd again and wait until it has registered with the controller."""
         node = self.node(name)
+        before = self._slurmd_start_time(node.name)
+        time.sleep(max(0.0, before + 1.1 - time.time()))   # the registered start time counts whole seconds
         self._start_slurmd(node)
-        _wait(lambda: "*" not in self._node_states().get(node.name, "*"), 60, f"{node.name} to respond")
+        _wait(lambda: self._slurmd_start_time(node.name) > before
+              and "*" not in self._node_states().get(node.name, "*"), 60, f"{node.name}'s slurmd to register")
+
+    def _slurmd_start_time(self, name: str) -> int:
+        r = subprocess.run(["sinfo", "--json"], capture_output=True, text=True, env=self._client_env())
+        return next((n["slurmd_start_time"] for n in json.loads(r.stdout or "{}").get("nodes", [])
+                     if n["name"] == name), 0)
 
     def set_grp_gpus(self, account: str, n: int | None) -> None:
         """Cap the GPUs all running jobs of `account` may hold together (None: no cap); waits until slurmctld has it."""
