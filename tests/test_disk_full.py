@@ -11,11 +11,13 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
+from tgtest import PYTHON
 from traingate.job.stagejob import derive
+from traingate.ladder.preflight import MIN_FREE_BYTES
 from traingate.job.vocab import Cause
 from traingate.settings import Settings
 from traingate.spec import load_spec
@@ -73,6 +75,7 @@ def test_a_full_checkpoint_store_stops_the_stage_at_once_with_one_line_naming_it
     assert sup.cause == Cause.DISK_FULL, sup.error
     assert len(sup.attempts) == 1  # not retried: a full disk stays full
     _one_line_disk_full(sup.error, small_disk)
+    assert sup.error.rstrip().endswith("then continue with `traingate resume diskfull`"), sup.error  # resumable
     assert sum("Traceback" in line for line in lines) <= 2, "\n".join(lines)[-3000:]
     # The checkpointer's own line (rank 0's last words): the space this checkpoint needs and what is free.
     words = [w for w in sup.attempts[0].last_words if w["rank"] == 0]
@@ -94,3 +97,82 @@ def test_a_full_state_directory_stops_the_stage_at_once_with_one_line_naming_it(
     assert len(sup.attempts) == 1
     _one_line_disk_full(sup.error, small_disk)
     assert sum("Traceback" in line for line in lines) <= 2, "\n".join(lines)[-3000:]
+
+
+# ---------------------------------------------------------------- too little room to start
+
+@pytest.fixture
+def tmpfs(tmp_path) -> Iterator[Callable[[int], Path]]:
+    """make(free_mib): a fresh 100 MiB tmpfs with ``free_mib`` MiB left free."""
+    mounts: list[Path] = []
+
+    def make(free_mib: int) -> Path:
+        mnt = tmp_path / f"disk-{len(mounts)}"
+        mnt.mkdir()
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100m", "tmpfs", str(mnt)], capture_output=True,
+                           text=True)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {p.stderr.strip()}")
+        mounts.append(mnt)
+        st = os.statvfs(mnt)
+        (mnt / "ballast").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - free_mib * 2**20))
+        return mnt
+
+    yield make
+    for mnt in mounts:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _refused_for_room(err: str, field: str, free_mib: int) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    line = lines[0]
+    assert line.startswith("traingate: invalid spec: ") and field in line, line
+    free = float(re.search(r"only ([\d.]+) MiB free", line).group(1))
+    assert abs(free - free_mib) < 1.0 and f"at least {MIN_FREE_BYTES >> 20} MiB" in line, line
+    assert "free space there or choose a location on a larger disk" in line, line
+    return line
+
+
+@pytest.mark.parametrize("free_mib", [3, 8, 32])
+def test_a_state_dir_with_too_little_room_is_refused_in_one_line_before_anything_starts(
+        free_mib, tiny_spec, tmpfs, monkeypatch, capsys):
+    from flows.cli import main
+
+    disk = tmpfs(free_mib)
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(disk / "state"))
+    rc = main(["run", str(tiny_spec()), "--dry-run"])
+    _refused_for_room(capsys.readouterr().err, "TRAINGATE_STATE_DIR", free_mib)
+    assert rc == 2 and sorted(p.name for p in disk.iterdir()) == ["ballast"]
+
+
+@pytest.mark.parametrize("free_mib", [3, 32])
+def test_a_checkpoint_store_with_too_little_room_is_refused_in_one_line(free_mib, tiny_spec, tmpfs, state_dir,
+                                                                       capsys):
+    from flows.cli import main
+
+    disk = tmpfs(free_mib)
+    rc = main(["run", str(tiny_spec()), "--dry-run", "--set", f"checkpoint.uri={(disk / 'ckpt').as_uri()}"])
+    _refused_for_room(capsys.readouterr().err, "checkpoint.uri", free_mib)
+    assert rc == 2 and not state_dir.exists()
+
+
+def test_a_state_dir_with_room_above_the_floor_passes_the_preflight(tiny_spec, tmpfs, monkeypatch, capsys):
+    from flows.cli import main
+
+    disk = tmpfs((MIN_FREE_BYTES >> 20) + 8)
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(disk / "state"))
+    assert main(["run", str(tiny_spec()), "--dry-run"]) == 0, capsys.readouterr().err
+
+
+def test_traingate_run_with_3_mib_free_prints_one_line_and_starts_no_server(tiny_spec, tmpfs, tmp_path):
+    """What a user saw: Prefect's temporary server failing on its own database, 1,583 lines, 21 tracebacks."""
+    disk = tmpfs(3)
+    env = {**os.environ, "TRAINGATE_STATE_DIR": str(disk / "state")}
+    env.pop("PREFECT_HOME", None)  # the CLI's own default: inside the state dir, on the small disk
+    env.pop("PREFECT_API_URL", None)
+    p = subprocess.run([str(Path(PYTHON).parent / "traingate"), "run", str(tiny_spec())], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    _refused_for_room(p.stderr, "TRAINGATE_STATE_DIR", 3)
+    assert sorted(q.name for q in disk.iterdir()) == ["ballast"]  # no state dir, no Prefect database

@@ -15,11 +15,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from prefect import get_client
-
 from flows.cli.terminal import follow_run
 from flows.cli.validate import _load
-from flows.pipeline import ladder, summary_of
 from traingate.ladder.plan import plan, render
 from traingate.redact import redact
 from traingate.secrets import protect_spec
@@ -78,6 +75,9 @@ def run_ladder_here(
 
     Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
     """
+    # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
+    from flows.pipeline import ladder
+
     settings.ensure()
     guard_this_process(spec.supervision.preempt_grace_s)
     try:
@@ -146,6 +146,9 @@ def _start_prefect_server_shielded() -> None:
     stays blocked across fork and exec, so the server never sees it; it still stops with this process
     (SIGTERM at exit, the guardian if this process is killed).
     """
+    # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
+    from prefect import get_client
+
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with get_client(sync_client=True):  # starts the temporary server here, in this thread, if one is used
@@ -155,4 +158,7 @@ def _start_prefect_server_shielded() -> None:
 
 
 def _summary(state: Any) -> dict[str, Any] | None:
+    # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
+    from flows.pipeline import summary_of
+
     return summary_of(state)

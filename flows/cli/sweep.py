@@ -6,7 +6,6 @@ import argparse
 import os
 
 from flows.cli.run import guard_this_process
-from flows.sweep import sweep
 from traingate.redact import redact
 from traingate.secrets import protect_spec
 from traingate.settings import Settings
@@ -22,6 +21,9 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env().ensure()
 
     guard_this_process(spec.supervision.preempt_grace_s)
+
+    # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
+    from flows.sweep import sweep
 
     state = sweep(spec, args.promote, return_state=True)
     data = state.result(raise_on_failure=False)

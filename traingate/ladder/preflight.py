@@ -404,6 +404,11 @@ def preflight(spec: RunSpec, settings: Settings) -> None:
 
 def _preflight(spec: RunSpec, settings: Settings) -> None:
     _creatable("TRAINGATE_STATE_DIR", str(settings.state_dir), settings.state_dir)
+    _has_room("TRAINGATE_STATE_DIR", str(settings.state_dir), settings.state_dir)
+    home = os.environ.get("PREFECT_HOME")
+    if home and not os.environ.get("PREFECT_API_URL"):  # the temporary server keeps its database there
+        _creatable("PREFECT_HOME", home, Path(home))
+        _has_room("PREFECT_HOME", home, Path(home))
     if spec.checkpoint.uri:
         _store_writable("checkpoint.uri", spec.checkpoint.uri, settings)
     else:
@@ -448,12 +453,33 @@ def _creatable(field: str, shown: str, path: Path) -> None:
         raise SpecError(f"{field} = {shown!r}: {what} by this user; fix the permissions or choose another location")
 
 
+# The smallest ladder run (digits up to smoke) leaves 7.1 MiB in its state dir: Prefect's database 5.4,
+# MLflow's 1.1, checkpoints and logs. With less free, a run started and broke part way in whichever
+# database filled the disk first (3 MiB free: 1,583 lines and 21 tracebacks of Prefect's server).
+MIN_FREE_BYTES = 64 << 20
+
+
+def _has_room(field: str, shown: str, path: Path) -> None:
+    """The filesystem ``path`` is (or will be created) on has MIN_FREE_BYTES free."""
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    free = shutil.disk_usage(here).free
+    if free < MIN_FREE_BYTES:
+        raise SpecError(
+            f"{field} = {shown!r}: only {free / 2**20:.1f} MiB free on the filesystem of {str(here)!r}; a run "
+            f"needs at least {MIN_FREE_BYTES >> 20} MiB there (Prefect's and MLflow's databases, logs, "
+            "checkpoints): free space there or choose a location on a larger disk"
+        )
+
+
 def _store_writable(field: str, uri: str, settings: Settings) -> None:
     shown = redact(uri)
     real = _resolved(field, uri)
     scheme = _scheme(real)
     if scheme == "file":
         _creatable(field, shown, Path(urlsplit(real).path))
+        _has_room(field, shown, Path(urlsplit(real).path))
     elif scheme == "s3":
         _s3_probe(field, shown, real, settings, key_needed=False)
     else:
@@ -566,8 +592,9 @@ def _database_reachable(field: str, uri: str, tracking: bool) -> None:
                 raise SpecError(f"{field} = {shown!r}: {str(db)!r} is not a file; point it at a SQLite database file")
             if not os.access(db, os.R_OK | os.W_OK):
                 raise SpecError(f"{field} = {shown!r}: {str(db)!r} is not writable by this user; fix its permissions")
-            return
-        _creatable(field, shown, db.parent)
+        else:
+            _creatable(field, shown, db.parent)
+        _has_room(field, shown, db.parent)
     elif scheme in ("http", "https") and tracking:
         _http_health(field, shown, real)
     elif scheme in ("postgresql", "postgres", "mysql"):
