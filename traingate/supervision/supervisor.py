@@ -966,7 +966,7 @@ def disk_full_detail(job: StageJob) -> str:
     needs = f"needs about {need / 2**20:.1f} MiB more (one checkpoint)" if need else "needs at least 1.0 MiB more"
     return (
         f"no space left on device in {name} at {where}: {free / 2**20:.1f} MiB free, {needs}; "
-        "free space there or point it at a larger disk"
+        f"free space there or point it at a larger disk, then continue with `traingate resume {job.run_id}`"
     )
 
 
