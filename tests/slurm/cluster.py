@@ -53,11 +53,12 @@ The cluster, as tests see it:
   `eth0` in every node namespace).
 
 Measured here (2 cores shared with other busy sessions, load average ~10):
-- cold start, accounts/QOS/users included: 6.8-7.6 s (slurmdbd's tables ~0.6 s with MariaDB's
+- cold start, accounts/QOS/users included: 6.5-8 s (slurmdbd's tables ~0.6 s with MariaDB's
   datadir on /dev/shm, 3.5 s on disk; 4 sacctmgr sessions ~4.5 s; slurmctld ~1.3 s);
-- teardown 1.6-2.3 s;
-- RSS ~95 MiB in all: mariadbd 54-58, slurmctld 8-11 (+ slurmscriptd 2.5), slurmdbd 9,
-  slurmd 7.3 per node, munged 4.
+- teardown 1.6-2.8 s;
+- RSS ~90-97 MiB in all: mariadbd 54-58, slurmctld 8-11 (+ slurmscriptd 2.5), slurmdbd 9,
+  slurmd 7.3 per node, munged 4;
+- tests/slurm/test_cluster.py: 46-61 s (the 2-node torchrun job alone 14-24 s, once 37 s).
 """
 from __future__ import annotations
 
