@@ -50,7 +50,8 @@ def retrain(spec: RunSpec) -> State:
     state = ladder(spec, "full", return_state=True)
     if not state.is_completed():  # a gate refused, or the run stopped: no alias is touched
         return same_end(state)
-    summary: dict[str, Any] = state.result()
+    summary = state.result()
+    assert isinstance(summary, dict), "a completed ladder returns its summary"
     model, full = summary.get("model") or {}, summary["stages"]["full"]
     if not model.get("version"):
         message = (

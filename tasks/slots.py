@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 from prefect.client.orchestration import get_client
@@ -318,11 +319,11 @@ class GangSlots:
                 self._publish(client, state=WAITING, started_s=None, nodes=(), attempt=self.entry.attempt + 1)
             else:
                 if self.preempted_by is None and self.held_s > 0:  # a whole run: what the next of its kind predicts
-                    hist = history(client, self.entry.pool)
-                    mean, n = hist.get(self.kind_key, (0.0, 0))
+                    runs = history(client, self.entry.pool)
+                    mean, n = runs.get(self.kind_key, (0.0, 0))
                     n = min(n, HISTORY_N - 1)  # a running mean over about the last HISTORY_N runs
-                    hist[self.kind_key] = ((mean * n + self.held_s) / (n + 1), n + 1)
-                    put_variable(client, HISTORY_PREFIX + self.entry.pool, {k: list(v) for k, v in hist.items()})
+                    runs[self.kind_key] = ((mean * n + self.held_s) / (n + 1), n + 1)
+                    put_variable(client, HISTORY_PREFIX + self.entry.pool, {k: list(v) for k, v in runs.items()})
                 delete_variable(client, self.name)
                 delete_variable(client, PREEMPT_PREFIX + key(self.entry.job_id))
         self.preempted_by_last, self.preempted_by = self.preempted_by, None
@@ -355,7 +356,7 @@ class GangSlots:
                 if self.lease is None:
                     return
                 if time.monotonic() - last_renew >= LEASE_S / 4:
-                    client.renew_concurrency_lease(self.lease, LEASE_S)
+                    client.renew_concurrency_lease(UUID(self.lease), LEASE_S)
                     last_renew = time.monotonic()
                 beats = files.read_heartbeats(self.stage_dir)
                 step = beats[0].step if 0 in beats else None

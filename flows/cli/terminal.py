@@ -173,7 +173,7 @@ def _console_handlers() -> list[tuple[logging.Logger, logging.Handler]]:
     loggers = [logging.getLogger()] + [
         lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]
-    out = []
+    out: list[tuple[logging.Logger, logging.Handler]] = []
     for lg in loggers:
         for h in lg.handlers:
             if isinstance(h, logging.StreamHandler) and _to_terminal(h.stream):
@@ -265,9 +265,9 @@ def follow_run(settings: Settings, out: IO[str] | None = None) -> Iterator[Follo
         yield follower
     finally:
         follower.stop()
-        for lg, h, stand_in in swapped:
-            lg.removeHandler(stand_in)
-            lg.addHandler(h)
+        for lg, handler, added in swapped:
+            lg.removeHandler(added)
+            lg.addHandler(handler)
         if tty:
             if progress_before is None:
                 os.environ.pop(progress_var, None)

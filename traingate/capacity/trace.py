@@ -31,6 +31,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -195,14 +196,14 @@ class TraceParams:
     seed: int = 0
 
 
-def generate(params: TraceParams = TraceParams()) -> list[dict[str, object]]:
+def generate(params: TraceParams = TraceParams()) -> list[dict[str, Any]]:
     """Trace rows (``job_id,submit_s,duration_s,gpus,team,priority``; no estimates: the simulator
     must predict from history). Deterministic for a given ``params``. Urgent jobs are small:
     large (pretraining-like) jobs are production or research."""
     return [{k: v for k, v in row.items() if k in REQUIRED + OPTIONAL} for row in generate_jobs(params)]
 
 
-def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
+def generate_jobs(params: TraceParams) -> list[dict[str, Any]]:
     """:func:`generate`'s rows plus how each was drawn: ``large`` and ``template`` (the index of
     the recurring job it repeats, or None)."""
     rng = np.random.default_rng(params.seed)
@@ -220,7 +221,7 @@ def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
         idx = rng.choice(len(vals), size=size, p=w / w.sum())
         return [vals[i] for i in np.atleast_1d(idx)]
 
-    def draw(large: bool) -> dict[str, object]:
+    def draw(large: bool) -> dict[str, Any]:
         if large:
             cls = pick((("production", 0.5), ("research", 0.5)))[0]
             gpus = pick(large_sizes)[0]
@@ -236,7 +237,7 @@ def generate_jobs(params: TraceParams) -> list[dict[str, object]]:
     large[rng.choice(n, size=n_large, replace=False)] = True
     n_tl = max(1, round(params.templates * params.large_fraction * 3))  # a few recurring pretraining jobs
     templates = [draw(True) for _ in range(n_tl)] + [draw(False) for _ in range(params.templates - n_tl)]
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for k in range(n):
         if rng.random() < params.recurring_fraction:
             ti = int(rng.integers(n_tl)) if large[k] else n_tl + int(rng.integers(params.templates - n_tl))

@@ -114,7 +114,7 @@ def _ranked(stage_dir: Path, prefix: str) -> Iterator[tuple[int, dict[str, Any]]
     for p in stage_dir.glob(f"{prefix}.rank*.json"):
         m = _RANK.search(p.name)
         data = read_json(p) if m else None
-        if isinstance(data, dict):
+        if m is not None and isinstance(data, dict):
             yield int(m.group(1)), {**data, "rank": int(m.group(1))}
 
 

@@ -179,8 +179,8 @@ def crown(
         "traingate.retrain.champion_version": champion.version if champion else "",
         "traingate.retrain.challenger_version": str(version),
     }
-    for k, v in tags.items():
-        c.set_tag(stage_run_id, k, v)
+    for k, text in tags.items():
+        c.set_tag(stage_run_id, k, text)
     c.set_model_version_tag(name, str(version), "traingate.champion_decision", f"{verdict}: {decision.reason}"[:5000])
     return {
         "name": name,

@@ -61,6 +61,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    mask: torch.Tensor  # a buffer (register_buffer): moves with the module, not a parameter
+
     def __init__(self, p: CharGPTParams, vocab_size: int):
         super().__init__()
         self.block_size = p.block_size
@@ -83,6 +85,7 @@ class GPT(nn.Module):
 class CharGPT(Recipe):
     name = "char-gpt"
     Params = CharGPTParams
+    params: CharGPTParams
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -45,6 +45,7 @@ class DigitsNet(nn.Module):
 class DigitsCNN(Recipe):
     name = "digits-cnn"
     Params = DigitsParams
+    params: DigitsParams
 
     def data_uri(self) -> str:
         return self.spec.data.uri or BUILTIN_URI

@@ -396,7 +396,8 @@ def publish(local_dir: str | Path, pattern: str | None, uri: str) -> list[Script
                 if store.is_local:  # a local copy does not make its parents; S3 has none to make
                     fs.makedirs(str(PurePosixPath(root) / c.path).rsplit("/", 1)[0], exist_ok=True)
                 store.put_file(str(Path(local_dir) / c.path), c.path)
-    index = {"checkpoints": [asdict(c) for c in entries], "newest": newest(entries).path if entries else None}
+    last = newest(entries)
+    index = {"checkpoints": [asdict(c) for c in entries], "newest": last.path if last is not None else None}
     store.write_bytes(INDEX, json.dumps(index, indent=1).encode())
     if not local:
         for gone in set(before) - {c.path for c in entries}:

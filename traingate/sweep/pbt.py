@@ -68,6 +68,7 @@ def perturb(
             continue
         if p.type == "categorical":
             if rng.random() < RESAMPLE_P:
+                assert p.choices is not None, "a categorical parameter has choices (ParamSpec validates it)"
                 out[name] = rng.choice(p.choices)
             continue
         v = min(max(value * rng.choice(factors), p.low), p.high)
@@ -90,7 +91,7 @@ def plan_generation(
     if n < 1:
         return []
     sign = -1.0 if direction == "maximize" else 1.0
-    order = sorted(scored, key=lambda m: sign * m.score)
+    order = sorted(scored, key=lambda m: sign * (m.score if m.score is not None else math.nan))
     top, bottom = order[:n], order[-n:]
     plans = []
     for m in bottom:

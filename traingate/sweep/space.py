@@ -33,12 +33,23 @@ def active(chosen: dict[str, Any], when: dict[str, Any] | None) -> bool:
     return True
 
 
+def _choices(p: ParamSpec) -> list[Any]:
+    assert p.choices is not None, "a categorical parameter has choices (ParamSpec validates it)"
+    return p.choices
+
+
+def _bounds(p: ParamSpec) -> tuple[float, float]:
+    assert p.low is not None and p.high is not None, "a range has low and high (ParamSpec validates it)"
+    return p.low, p.high
+
+
 def distribution(p: ParamSpec) -> optuna.distributions.BaseDistribution:
     if p.type == "categorical":
-        return optuna.distributions.CategoricalDistribution(p.choices)
+        return optuna.distributions.CategoricalDistribution(_choices(p))
+    low, high = _bounds(p)
     if p.type == "int":
-        return optuna.distributions.IntDistribution(int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
-    return optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+        return optuna.distributions.IntDistribution(int(low), int(high), log=p.log, step=int(p.step or 1))
+    return optuna.distributions.FloatDistribution(low, high, log=p.log, step=p.step)
 
 
 def suggest(trial: optuna.Trial, space: dict[str, ParamSpec]) -> dict[str, Any]:
@@ -48,11 +59,13 @@ def suggest(trial: optuna.Trial, space: dict[str, ParamSpec]) -> dict[str, Any]:
         if not active(chosen, p.when):
             continue
         if p.type == "categorical":
-            chosen[name] = trial.suggest_categorical(name, p.choices)
-        elif p.type == "int":
-            chosen[name] = trial.suggest_int(name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+            chosen[name] = trial.suggest_categorical(name, _choices(p))
+            continue
+        low, high = _bounds(p)
+        if p.type == "int":
+            chosen[name] = trial.suggest_int(name, int(low), int(high), step=int(p.step or 1), log=p.log)
         else:
-            chosen[name] = trial.suggest_float(name, p.low, p.high, step=p.step, log=p.log)
+            chosen[name] = trial.suggest_float(name, low, high, step=p.step, log=p.log)
     return chosen
 
 
@@ -61,13 +74,15 @@ def grid(space: dict[str, ParamSpec]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for name, p in space.items():
         if p.type == "categorical":
-            out[name] = list(p.choices)
-        elif p.type == "int":
-            out[name] = list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+            out[name] = list(_choices(p))
+            continue
+        low, high = _bounds(p)
+        if p.type == "int":
+            out[name] = list(range(int(low), int(high) + 1, int(p.step or 1)))
         else:
             assert p.step is not None, "validated by SweepSpec"
-            n = int(round((p.high - p.low) / p.step))
-            out[name] = [float(v) for v in np.round(p.low + p.step * np.arange(n + 1), 12)]
+            n = int(round((high - low) / p.step))
+            out[name] = [float(v) for v in np.round(low + p.step * np.arange(n + 1), 12)]
     return out
 
 
@@ -192,7 +207,7 @@ def check_space(base: RunSpec) -> None:
             raise SpecError(
                 f"sweep.space.{name}: {what} cannot set {name}, which takes {_type_name(annotation)}; use {want}"
             )
-        values = p.choices if p.type == "categorical" else [p.low, p.high]
+        values = _choices(p) if p.type == "categorical" else list(_bounds(p))
         for v in values:
             v = int(v) if p.type == "int" else v
             try:

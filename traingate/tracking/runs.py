@@ -383,11 +383,11 @@ def restarts(run: Run) -> list[dict[str, str]]:
     recorded = restart_record.from_tags(tags)
     if recorded is not None:
         return recorded[1]
-    recorded = []
+    listed: list[dict[str, str]] = []
     for i in range(1, int(tags.get("traingate.restarts", "0")) + 1):
         p = f"traingate.restart.{i}."
-        recorded.append({k[len(p) :]: v for k, v in tags.items() if k.startswith(p)})
-    counted = [r for r in recorded if is_restart(r.get("cause"))]
+        listed.append({k[len(p) :]: v for k, v in tags.items() if k.startswith(p)})
+    counted = [r for r in listed if is_restart(r.get("cause"))]
     return [{"n": str(n), **r} for n, r in enumerate(counted, 1)]
 
 
