@@ -7,10 +7,12 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -100,7 +102,7 @@ if not any(isinstance(f, _OutcomeNotFault) for f in logging.getLogger("prefect.f
 
 def stopped(state: State, summary: dict[str, Any]) -> State:
     """``state`` (Failed or Cancelled) carrying ``summary`` as a :class:`RunStopped`."""
-    state.data = RunStopped(state.message or state.name, summary)
+    state.data = RunStopped(state.message or state.name or "", summary)
     return state
 
 
@@ -191,7 +193,9 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     pending: list[PrefectFuture] = []
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
-        stage_run = (point.mlflow_run_ids.get(stage) if resuming else None) or open_stage_run(run_id, stage)
+        stage_run = (point.mlflow_run_ids.get(stage) if point is not None and resuming else None) or open_stage_run(
+            run_id, stage
+        )
         if stage == "unit":
             result = run_unit_tests.with_options(task_run_name=stage)(
                 spec, str(run_dir / "spec.yaml"), str(run_dir / stage)
@@ -204,7 +208,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             result,
             gate,
             spec.budget.max_cost_usd,
-            budgets=budgets_at_gate(spec, run_id, run_dir, result, lambda pending=pending: _settle(pending)),
+            budgets=budgets_at_gate(spec, run_id, run_dir, result, functools.partial(_settle, pending)),
         )
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
         pending += [
@@ -280,7 +284,7 @@ def load_secret_blocks() -> list[str]:
         if os.environ.get(var):
             continue
         try:
-            os.environ[var] = Secret.load(block).get()
+            os.environ[var] = cast(Secret, Secret.load(block)).get()  # load() from sync code: the block
         except ValueError as e:  # Prefect: "Unable to find block document named ..."
             raise LocationError(
                 f"{SECRET_BLOCKS_VAR}: Secret block {block!r} (for ${var}) cannot be loaded ({e}); "
@@ -329,7 +333,7 @@ def _close_stale_runs(settings: Settings) -> None:
 
         def state_of(flow_run_id: str) -> str | None:
             try:
-                state = client.read_flow_run(flow_run_id).state
+                state = client.read_flow_run(UUID(flow_run_id)).state
             except ObjectNotFound:  # another Prefect server's run: judged by its pid alone
                 return None
             return state.type.value if state is not None else None
@@ -376,7 +380,7 @@ def same_end(state: State) -> State:
     if state.is_completed():
         return Completed(message=state.message, data=state.result())
     data = state.result(raise_on_failure=False)
-    end = Cancelled(message=state.message) if state.is_cancelled() else Failed(message=state.message)
+    end: State = Cancelled(message=state.message) if state.is_cancelled() else Failed(message=state.message)
     if isinstance(data, BaseException):  # a RunStopped, or what the wrapped flow raised
         end.data = data
         return end

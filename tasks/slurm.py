@@ -162,7 +162,8 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
     if resume:
         steps = Checkpointer(job.checkpoint_uri, async_save=False).list_steps()
         done = steps[-1] if steps else 0
-    max_time = _retrying(lambda: slurm_cli.partition_max_time(pool.slurm.partition), log)
+    partition = pool.slurm.partition
+    max_time = _retrying(lambda: slurm_cli.partition_max_time(partition), log)
     limit = slurm.time_limit_s(job, canary_p99(stage_dir), done, max_time)
     files.write_json(stage_dir / slurm.JOB_FILE, job.to_dict())
     cmd = slurm.sbatch_command(

@@ -39,7 +39,7 @@ from traingate.sweep.report import Reporter, TrialOutcome, objective_values
 from traingate.sweep.study import open_study, trial_key
 from traingate.tracking import runs
 
-_MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=[1, 5, 15])
+_MLFLOW: dict[str, Any] = dict(cache_policy=NONE, retries=3, retry_delay_seconds=[1, 5, 15])
 LEASE_S = 300.0  # Prefect renews the lease while a trial runs; a dead holder's slots come back after this
 
 

@@ -31,7 +31,7 @@ from traingate.tracking import journal, runs
 from traingate.tracking.identity import environment_snapshot, run_code_version
 
 _DELAYS_S = [1, 5, 15]
-_MLFLOW = dict(cache_policy=NONE, retries=3, retry_delay_seconds=_DELAYS_S)
+_MLFLOW: dict[str, Any] = dict(cache_policy=NONE, retries=3, retry_delay_seconds=_DELAYS_S)
 _journal_lock = threading.Lock()  # recording tasks run in threads beside each other; a journal has one writer
 
 

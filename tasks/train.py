@@ -109,7 +109,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
             log.warning(
                 "%s preempted at a checkpoint by %s (%s): back in the queue, resumes when slots are free",
                 job.stage,
-                gang.preempted_by_last or "a higher priority class",
+                (gang.preempted_by_last if gang is not None else None) or "a higher priority class",
                 sup.error,
             )
             _emit("traingate.run.preempted", job, {"reason": sup.stop_reason, "error": sup.error})

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
@@ -66,7 +67,7 @@ def _local(args: argparse.Namespace) -> int:
     summary = _summary(state) or {}
     passed = state.is_completed()
     verdict = "PASSED" if passed else "FAILED"
-    message = redact(state.message or state.name)
+    message = redact(state.message or state.name or "")
     print(f"ci {args.spec} up to {until}: {verdict}: {message}")
     for stage, info in summary.get("stages", {}).items():
         print(
@@ -109,6 +110,7 @@ def _deployment(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    assert isinstance(run, FlowRun), "run_deployment called from synchronous code returns the flow run"
     state = run.state
     if state is None or not state.is_final():
         print(
@@ -117,7 +119,7 @@ def _deployment(args: argparse.Namespace) -> int:
         )
         return 1
     verdict = "PASSED" if state.is_completed() else state.type.value
-    message = redact(state.message or state.name)
+    message = redact(state.message or state.name or "")
     print(f"ci {args.commit}: {verdict}: {message}")
     print(f"  prefect flow run: {run.name} ({run.id})")
     _write_summary(args, f"traingate ci: commit {args.commit} ({args.deployment})", verdict, message, {})

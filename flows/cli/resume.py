@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
         state = ladder(
             None,
             args.until,
-            ResumeFrom(run_id=args.run_id, stage=point.stage, overrides=args.overrides),
+            ResumeFrom.model_validate({"run_id": args.run_id, "stage": point.stage, "overrides": args.overrides}),
             return_state=True,
         )
     except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint

@@ -100,7 +100,8 @@ def after_end(
             False,
             f"cancelled by {who}",
         )
-    signalled = final == Status.PREEMPTED and str((state.final or {}).get("stop_reason") or "").startswith(SIGNALLED)
+    last = (state.final if state is not None else None) or {}
+    signalled = final == Status.PREEMPTED and str(last.get("stop_reason") or "").startswith(SIGNALLED)
     if end == Ending.PREEMPTED or (signalled and launched and not stopped_by_us):
         # PreemptMode=CANCEL (or a requeue that did not happen): the checkpoint is on disk; submit again.
         # A stage an alert paused stays paused: its stop reason is the alert's, not Slurm's signal.

@@ -51,7 +51,7 @@ def _estimated_by_previous(job: StageJob) -> float | None:
     prev = next((p for p, n in NEXT.items() if n == job.stage), None)
     data = files.read_result(Path(job.stage_dir).parent / prev) if prev and prev != "unit" else None
     profile = (data.metrics.get("profile") if data else None) or {}
-    if not profile.get("step_time_mean_s"):
+    if prev is None or not profile.get("step_time_mean_s"):
         return None
     return _estimate_next(job.spec, prev, job.price_per_slot_hour, profile).get("next_stage_cost_usd")
 

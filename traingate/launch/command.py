@@ -15,7 +15,8 @@ def stage_command(job: StageJob, python: str, zygote_socket: str | None = None) 
     (no new agent, no re-import of the launcher), counted against the supervisor's budget.
     A job on several nodes is the same agent on each of them (:mod:`traingate.launch.nodes`).
     """
-    if job.nodes > 1 and (not job.is_script or job.spec.recipe.script.launcher == "torchrun"):
+    script = job.spec.recipe.script
+    if job.nodes > 1 and (script is None or script.launcher == "torchrun"):
         return _on_every_node(job, python, _agent_command(job, python, zygote_socket))
     return _agent_command(job, python, zygote_socket)
 

@@ -126,7 +126,7 @@ def score(c: MlflowClient, spec: RunSpec, checkpoint_uri: str, champion: Champio
     mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model loading needs it
     if hasattr(recipe, "vocab"):
         theirs = get_recipe(_champion_spec(c, champion))
-        if theirs.vocab() != recipe.vocab():
+        if theirs.vocab() != recipe.vocab():  # type: ignore[attr-defined]  # hasattr(recipe, 'vocab') above
             raise SpecError(
                 f"data.uri = {spec.data.uri!r}: its vocabulary ({len(recipe.vocab())} symbols) differs from "
                 f"the one champion v{champion.version} was trained on ({len(theirs.vocab())}), so it cannot "

@@ -101,6 +101,7 @@ def register_candidate(
         assert checkpoint_uri is not None
         version = _register_script_checkpoint(c, name, stage_run_id, checkpoint_uri)
     if version is None:
+        assert checkpoint_uri is not None, "a run without one was refused above"
         model_uri = logged_model_uri(c, stage_run_id) or _log_final_model(c, spec, stage_run_id, checkpoint_uri)
         mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global
         version = mlflow.register_model(model_uri, name, tags=_version_tags(c, stage_run_id))

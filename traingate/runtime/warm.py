@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         kind, value = _REC.unpack(record)
         if kind == b"P":
             pid.append(value)
-            for sig in pending:
-                relay(sig, None)
+            for waiting in pending:
+                relay(waiting, None)
         elif kind == b"X":
             return value
         elif kind == b"S":
@@ -173,7 +173,7 @@ def serve(path: str) -> int:
     children: dict[int, tuple[socket.socket, int | None]] = {}  # pid -> (its entry's connection, its agent)
     stopping = False
     while not stopping and os.getppid() == supervisor:
-        ready, _, _ = select.select([listener, _wake[0]], [], [], 0.1)
+        ready, _, _ = select.select([listener.fileno(), _wake[0]], [], [], 0.1)
         if _wake[0] in ready:
             while True:
                 try:
@@ -181,7 +181,7 @@ def serve(path: str) -> int:
                         break
                 except BlockingIOError:
                     break
-        if listener in ready:
+        if listener.fileno() in ready:
             conn, _ = listener.accept()
             child = _fork_worker(conn, listener, children)
             if child is None:
@@ -199,9 +199,9 @@ def serve(path: str) -> int:
     if stopping:
         # The stage is over: whatever is left was abandoned by its entry; do not leave it behind.
         # (On the supervisor's death the workers stay: they checkpoint and exit on their own.)
-        for child in children:
+        for child_pid in children:
             with _suppress_gone():
-                os.kill(child, signal.SIGKILL)
+                os.kill(child_pid, signal.SIGKILL)
         while children:
             _reap(children, block=True)
     listener.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import random
@@ -338,7 +339,7 @@ def _supervise(
             result = tree.wait(
                 timeout_s=remaining,
                 grace_s=sup.preempt_grace_s,
-                tick=lambda watch=watch, tree=tree: watch.tick(tree),
+                tick=functools.partial(watch.tick, tree),
                 tick_every_s=TICK_S,
             )
         except BaseException:
@@ -616,8 +617,10 @@ class _Watch:
                     f"rolling back to step {to} (checkpoint), skipping {self.rollback.skip} batches, "
                     f"learning rate x{rb.lr_scale:g}"
                 )
-        elif action == Action.QUARANTINE and (node := slurm_cli.node_of_rank(
-                f.values.get("rank"), self.job.procs_per_node, os.environ)) is not None:
+        elif (
+            action == Action.QUARANTINE
+            and (node := slurm_cli.node_of_rank(f.values.get("rank"), self.job.procs_per_node, os.environ)) is not None
+        ):
             # On a Slurm pool the engine keeps the host out of every later job: drain it.
             _quarantine(self.job, node, f)
             try:
@@ -626,8 +629,10 @@ class _Watch:
             except SlurmError as e:
                 drained = f"Slurm node {node} NOT drained ({e})"
             action = Action.PAUSE
-            outcome = (f"{drained}, quarantine.json; paused: resume with `traingate resume {self.job.run_id}`, "
-                       "Slurm places it on other nodes")
+            outcome = (
+                f"{drained}, quarantine.json; paused: resume with `traingate resume {self.job.run_id}`, "
+                "Slurm places it on other nodes"
+            )
         elif action == Action.QUARANTINE:
             # One host per stage here: leaving it out of the next launch leaves nothing to launch on.
             host = socket.gethostname()

@@ -236,5 +236,5 @@ class SweepSpec(_M):
         return self
 
     @property
-    def directions(self) -> list[str]:
+    def directions(self) -> list[Literal["minimize", "maximize"]]:
         return [o.direction for o in self.objectives]

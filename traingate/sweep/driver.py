@@ -142,7 +142,8 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
 def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
     """Record the trial's heartbeat in the storage until the block ends (no-op without RDB heartbeats)."""
     storage = compat_optuna.storage(study)  # optuna's heartbeat API lives on the storage
-    if not hasattr(storage, "record_heartbeat") or not storage.get_heartbeat_interval():
+    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()  # RDB storages only
+    if not hasattr(storage, "record_heartbeat") or not interval:
         yield
         return
     done = threading.Event()
@@ -166,7 +167,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
         outcome: TrialOutcome = fut.result()
     except Exception as e:  # noqa: BLE001 - the trial is recorded as FAIL with the error; the sweep goes on
         log.error("trial %d raised %s: %s", trial.number, type(e).__name__, e)
-        outcome = TrialOutcome("failed", error=f"{type(e).__name__}: {e}", end_ts=time.time())
+        outcome = TrialOutcome(Status.FAILED, error=f"{type(e).__name__}: {e}", end_ts=time.time())
     trial.set_user_attr("outcome", outcome.to_dict())  # one write: every storage commit costs an fsync
     if outcome.state == Status.COMPLETED:
         values = outcome.values or []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 from optuna.visualization import matplotlib as ovm
@@ -42,7 +43,7 @@ def save_plots(study: optuna.Study, out_dir: Path) -> list[Path]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         for name, make in plots.items():
-            ax = make()
+            ax: Any = make()  # an Axes, or an array of them
             fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
             p = out_dir / f"{name}.png"
             fig.savefig(p, dpi=90, bbox_inches="tight")

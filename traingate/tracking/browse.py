@@ -72,7 +72,9 @@ def list_runs(
         t = r.data.tags
         if t.get("traingate.kind") != "pipeline" or (team and t.get("traingate.team") != team):
             continue
-        stages = sorted(children.get(r.info.run_id, []), key=lambda s: order.get(s.data.tags.get("traingate.stage", ""), 9))
+        stages = sorted(
+            children.get(r.info.run_id, []), key=lambda s: order.get(s.data.tags.get("traingate.stage", ""), 9)
+        )
         rows.append(
             {
                 "run_id": r.info.run_id,

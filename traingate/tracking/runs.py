@@ -301,7 +301,7 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
     from traingate.runtime.checkpoint import Checkpointer, step_dir
 
     steps = Checkpointer(root, async_save=False).list_steps()
-    index = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}
+    index: dict[str, Any] = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}
     c.log_text(run_id, json.dumps(index, indent=1), "checkpoints/index.json")
     if steps:
         c.set_tag(run_id, "traingate.checkpoint.latest_uri", index["steps"][str(steps[-1])])
@@ -310,13 +310,13 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
 def _log_plots(c: MlflowClient, run_id: str) -> None:
     run = c.get_run(run_id)
     keys = set(run.data.metrics)
-    loss_keys = [k for k in ("train_loss", "val_loss") if k in keys] or sorted(
+    loss_keys: list[str] = [k for k in ("train_loss", "val_loss") if k in keys] or sorted(
         k for k in keys if "loss" in k and not k.startswith(("stage.", "profile_", "first_", "final_"))
     )
     if loss_keys:
         series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in loss_keys}
         c.log_figure(run_id, plots.curves(series, "loss", "loss curve"), "plots/loss_curve.png")
-    rate_keys = [k for k in ("samples_per_s", "tokens_per_s") if k in keys]
+    rate_keys: list[str] = [k for k in ("samples_per_s", "tokens_per_s") if k in keys]
     if rate_keys:
         series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in rate_keys}
         c.log_figure(run_id, plots.curves(series, "per second", "throughput"), "plots/throughput.png")
