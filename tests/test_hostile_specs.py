@@ -425,6 +425,8 @@ CASES = [
          env={"TRAINGATE_TRACKING_URI": "sqlite:///<TMP>/${env:TG_HOSTILE_UNSET}.db"}),
     case("env-unset-in-checkpoint-setting", "TRAINGATE_CHECKPOINT_URI", "TG_HOSTILE_UNSET",
          env={"TRAINGATE_CHECKPOINT_URI": "file:///tmp/${env:TG_HOSTILE_UNSET}"}),
+    case("env-ref-in-state-dir", "TRAINGATE_STATE_DIR", "TG_HOSTILE_UNSET",
+         env={"TRAINGATE_STATE_DIR": "<TMP>/${env:TG_HOSTILE_UNSET}/state"}),
     # -- paths: the root, kernel trees, unwritable places and missing parents
     case("path-state-dir-root", "TRAINGATE_STATE_DIR", "/", env={"TRAINGATE_STATE_DIR": "/"}),
     case("path-state-dir-proc", "TRAINGATE_STATE_DIR", "/proc/traingate", env={"TRAINGATE_STATE_DIR": "/proc/traingate"}),

@@ -40,7 +40,7 @@ from traingate.job.world import stage_world
 from traingate.places import KINDS, check_local_data, place_problem, special_kind
 from traingate.recipes import SCRIPT, get_recipe
 from traingate.recipes.script import check_args, check_glob
-from traingate.redact import redact
+from traingate.redact import REF, redact
 from traingate.secrets import check_refs, resolve
 from traingate.settings import Settings
 from traingate.spec import STAGES, TRAINING_STAGES, RunSpec, SpecError
@@ -403,6 +403,11 @@ def preflight(spec: RunSpec, settings: Settings) -> None:
 
 
 def _preflight(spec: RunSpec, settings: Settings) -> None:
+    if REF.search(str(settings.state_dir)):  # a plain path: a reference there would be a directory's name
+        raise SpecError(
+            f"TRAINGATE_STATE_DIR = {str(settings.state_dir)!r}: ${{env:NAME}} references are resolved in URIs, "
+            "not in the state directory; write the path itself"
+        )
     _creatable("TRAINGATE_STATE_DIR", str(settings.state_dir), settings.state_dir)
     _has_room("TRAINGATE_STATE_DIR", str(settings.state_dir), settings.state_dir)
     home = os.environ.get("PREFECT_HOME")
