@@ -84,3 +84,12 @@ def test_a_spike_before_any_checkpoint_pauses_the_stage_and_says_so_instead_of_s
     alert = files.read_alerts(Path(job.stage_dir))[0]
     assert alert.rule == "loss-spike" and alert.outcome.startswith("paused: no checkpoint before step 14")
     assert Checkpointer(job.checkpoint_uri, async_save=False).list_steps() == []  # nothing of the bad state saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_default_loss_spike_rule_raises_nothing_on_a_clean_run(tiny_spec, state_dir, tmp_path, seed):
+    sup, job, _ = _run(tiny_spec, tmp_path, None, "stages.full.max_steps=200", f"optim.seed={seed}", name=f"s{seed}")
+    assert sup.status == Status.COMPLETED, sup.error
+    assert [a.cause for a in sup.attempts] == [None]
+    assert [a.rule for a in files.read_alerts(Path(job.stage_dir)) if a.rule == "loss-spike"] == []

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from traingate.job.files import StepMetrics
 from traingate.monitor.rules import Action, AlertsSpec, spike_of
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,12 @@ class SpikeGuard:
         self.history: deque[float] = deque(maxlen=self.spec.window)
         self.quiet = 0  # points left before another firing counts: the supervisor raises one per window
         self.pin_before, self.flush, self.stopping = pin_before, flush, stopping
+
+    def seed(self, earlier: list[StepMetrics], upto: int) -> None:
+        """A relaunch resumed at step ``upto``: the baseline is the losses rank 0 wrote up to there (the
+        newest line per step: a rolled-back attempt's later steps are not part of the run), not nothing."""
+        by_step = {m.step: m.loss for m in earlier if m.step <= upto}
+        self.history.extend(v for _, v in sorted(by_step.items()) if math.isfinite(v))
 
     def observe(self, step: int, loss: float) -> bool:
         """Test the loss of ``step``; True when it was a spike and rank 0 held for the supervisor."""

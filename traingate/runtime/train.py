@@ -346,6 +346,8 @@ class Trainer:
     def run(self) -> Outcome:
         out = Outcome()
         out.resumed_from_step = self.resume()
+        if self.spike_guard is not None and out.resumed_from_step:
+            self.spike_guard.seed(files.read_metrics(self.out_dir), out.resumed_from_step)
         self._apply_rollbacks()
         self.timeline["loaded"] = time.time()
         self.tracker.start_session(out.resumed_from_step, self._restart_cause())
