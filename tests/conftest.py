@@ -42,6 +42,19 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api(prefect_harness) -> dict[str, str]:
+    """The environment a CLI subprocess needs to record its flow runs on the session's Prefect server.
+
+    Without PREFECT_API_URL `traingate run` (resume, sweep, ci) starts a temporary server of its own,
+    ~15 s per call on 2 shared cores. Tests whose subject is that temporary server (its start, its
+    shield against a terminal's Ctrl-C) do not take this fixture.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": PREFECT_API_URL.value()}
+
+
 
 
 

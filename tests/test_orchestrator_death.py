@@ -1,9 +1,9 @@
 """The orchestrator dies: the `traingate run` CLI is SIGKILLed (or a rank is) at seeded-random moments.
 
-Real everything: the CLI subprocess with its temporary Prefect server, MLflow on SQLite, torchrun
-trees of 2 gloo ranks. Afterwards no process of the run outlives the grace period, `traingate
-resume` finishes the pipeline (parent run closed, model registered) and no MLflow run is left
-RUNNING; the killed flow run is Crashed.
+Real everything: the CLI subprocess on the session's Prefect server (a server outlives the CLI, as in
+production), MLflow on SQLite, torchrun trees of 2 gloo ranks. Afterwards no process of the run
+outlives the grace period, `traingate resume` finishes the pipeline (parent run closed, model
+registered) and no MLflow run is left RUNNING; the killed flow run is Crashed.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -33,20 +32,21 @@ SLOW = {"TRAINGATE_INJECT": "slow@0:0"}
 
 
 class Cli:
-    """`traingate run` (or resume) in a subprocess with its own state dir and Prefect home."""
+    """`traingate run` (or resume) in a subprocess with its own state dir and Prefect home, on the Prefect
+    server that ``prefect_api`` names."""
 
-    def __init__(self, tmp: Path, env_extra: dict[str, str] | None = None):
+    def __init__(self, tmp: Path, prefect_api: dict[str, str], env_extra: dict[str, str] | None = None):
         self.tmp = tmp
         self.state = tmp / "state"
         self.env = {**os.environ, "TRAINGATE_STATE_DIR": str(self.state), "PREFECT_HOME": str(tmp / "prefect"),
-                    "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+                    "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **prefect_api, **(env_extra or {})}
         self.proc: subprocess.Popen | None = None
         self.out = tmp / "run.out"
         self.family: set[int] = set()
 
     def start(self, *args: str) -> subprocess.Popen:
         # Its own session: SIGKILL hits the CLI alone (as `kill -9 PID` would), and the test can
-        # clean up what the CLI itself started (its temporary Prefect server) afterwards.
+        # clean up whatever the CLI itself started afterwards.
         self.proc = subprocess.Popen([PYTHON, "-m", "flows.cli", *args], cwd=ROOT, env=self.env,
                                      stdout=open(self.out, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         return self.proc
@@ -64,7 +64,7 @@ class Cli:
         return self.out.read_text() if self.out.exists() else ""
 
     def cleanup(self) -> None:
-        """Stop whatever the CLI left behind (its temporary Prefect server dies with it only when it exits)."""
+        """Stop whatever the CLI left behind in its session."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
@@ -127,10 +127,12 @@ def _heartbeat_pids(run_dir: Path) -> set[int]:
     return pids
 
 
-def _flow_run_state(prefect_home: Path, flow_run_id: str) -> str | None:
-    with sqlite3.connect(prefect_home / "prefect.db") as db:
-        row = db.execute("SELECT state_type FROM flow_run WHERE id = ?", (flow_run_id,)).fetchone()
-    return row[0] if row else None
+def _flow_run_state(flow_run_id: str) -> str:
+    """The flow run's state type as the session's Prefect server (``prefect_api``'s) holds it."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as c:
+        return c.read_flow_run(flow_run_id).state.type.value
 
 
 def _mlflow(cli: Cli) -> MlflowClient:
@@ -175,12 +177,12 @@ def _kill_cli_and_check(cli: Cli, stage: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("stage", ["smoke", "canary", "full"])
-def test_sigkill_of_the_cli_mid_stage_leaves_no_process_and_resume_completes_the_pipeline(tiny_spec, tmp_path,
-                                                                                           stage):
+def test_sigkill_of_the_cli_mid_stage_leaves_no_process_and_resume_completes_the_pipeline(prefect_api, tiny_spec,
+                                                                                           tmp_path, stage):
     rng = random.Random(f"orchestrator-death-{stage}")
     steps = {"smoke": 9, "canary": 30, "full": 30}[stage]  # smoke's part 1 stops at step 10
     kill_at = rng.randint(2, steps - 4)
-    cli = Cli(tmp_path, SLOW)
+    cli = Cli(tmp_path, prefect_api, SLOW)
     try:
         cli.start("run", str(tiny_spec()), *LONGER)
         _wait(_at_step(cli, stage, kill_at), 300, f"{stage} to reach step {kill_at}", cli)
@@ -188,17 +190,17 @@ def test_sigkill_of_the_cli_mid_stage_leaves_no_process_and_resume_completes_the
     finally:
         cli.cleanup()
     _assert_resumed_to_the_end(cli, run_id)
-    assert _flow_run_state(tmp_path / "prefect", flow_run_id) == "CRASHED"
+    assert _flow_run_state(flow_run_id) == "CRASHED"
     stage_run = _mlflow(cli).search_runs(
         [_mlflow(cli).get_run(run_id).info.experiment_id],
         f"tags.`traingate.run_id` = '{run_id}' and tags.`traingate.stage` = '{stage}'")[0]
     assert stage_run.data.tags["orchestrator.crash_cause"].startswith("orchestrator_lost: orchestrator pid ")
 
 
-def test_sigkill_of_a_rank_mid_canary_is_a_restart_and_the_ladder_completes(tiny_spec, tmp_path):
+def test_sigkill_of_a_rank_mid_canary_is_a_restart_and_the_ladder_completes(prefect_api, tiny_spec, tmp_path):
     rng = random.Random("rank-death")
     kill_at = rng.randint(3, 20)
-    cli = Cli(tmp_path, SLOW)
+    cli = Cli(tmp_path, prefect_api, SLOW)
     try:
         cli.start("run", str(tiny_spec()), *LONGER)
         beat = _wait(lambda: (d := cli.run_dir()) and _at_step(cli, "canary", kill_at)() and _beat(d / "canary", 1),
@@ -213,10 +215,10 @@ def test_sigkill_of_a_rank_mid_canary_is_a_restart_and_the_ladder_completes(tiny
     assert attempts[0]["cause"] == "worker_lost" and attempts[-1]["cause"] is None
 
 
-def test_ctrl_c_of_the_cli_preempts_at_a_checkpoint_and_prints_the_resume_command(tiny_spec, tmp_path):
+def test_ctrl_c_of_the_cli_preempts_at_a_checkpoint_and_prints_the_resume_command(prefect_api, tiny_spec, tmp_path):
     rng = random.Random("ctrl-c")
     kill_at = rng.randint(3, 25)
-    cli = Cli(tmp_path, SLOW)
+    cli = Cli(tmp_path, prefect_api, SLOW)
     try:
         cli.start("run", str(tiny_spec()), *LONGER)
         _wait(_at_step(cli, "full", kill_at), 300, f"full to reach step {kill_at}", cli)
@@ -237,7 +239,7 @@ def test_ctrl_c_of_the_cli_preempts_at_a_checkpoint_and_prints_the_resume_comman
     latest = ckpt.find_latest()
     assert latest is not None and latest >= kill_at and ckpt.manifest(latest)["emergency"] is True
     flow_run_id = json.loads((cli.run_dir() / "orchestrator.json").read_text())["flow_run_id"]
-    assert _flow_run_state(tmp_path / "prefect", flow_run_id) == "CANCELLED"
+    assert _flow_run_state(flow_run_id) == "CANCELLED"
     assert not _processes_of(run_id, _heartbeat_pids(cli.run_dir()))
 
 

@@ -160,13 +160,13 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
         assert state.message == "promotion to smoke rejected by ana: wait for the data fix"
 
 
-def test_cli_run_prints_the_failing_rule_and_exits_1(tiny_spec, tmp_path):
+def test_cli_run_prints_the_failing_rule_and_exits_1(prefect_api, tiny_spec, tmp_path):
     env_dir = tmp_path / "cli-state"
     p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--set", "optim.lr=0",
                         "--until", "canary"],
                        capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "TRAINGATE_STATE_DIR": str(env_dir),
-                            "PREFECT_HOME": str(tmp_path / "prefect")})
+                            "PREFECT_HOME": str(tmp_path / "prefect"), **prefect_api})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert "pipeline STOPPED: gate after canary: FAILED: loss_decrease_fraction = " in p.stdout
     assert "traingate run / MLflow parent run:" in p.stdout and "prefect flow run:" in p.stdout

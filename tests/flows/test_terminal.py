@@ -23,9 +23,10 @@ from test_watch import ANSI, Terminal  # noqa: E402 - the pseudo-terminal driver
 
 
 @pytest.mark.slow
-def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_lines_off_it(tiny_spec, tmp_path):
+def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_lines_off_it(prefect_api, tiny_spec,
+                                                                                             tmp_path):
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "TRAINGATE_INJECT": "slow@0", "PREFECT_LOGGING_LEVEL": "INFO"}
+           "TRAINGATE_INJECT": "slow@0", "PREFECT_LOGGING_LEVEL": "INFO", **prefect_api}
     term = Terminal([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--until", "smoke",
                      "--set", "stages.smoke.max_steps=60", "--set", "resources.procs_per_node=1"], env)
     try:

@@ -1,7 +1,7 @@
 """A run's budget through the real CLI: `traingate run` pauses when the run crosses
 `budget.max_run_usd` mid-stage; `traingate resume RUN --set budget.max_run_usd=...` finishes it.
 
-Real everything: the CLI subprocess with its temporary Prefect server, MLflow on SQLite, torchrun."""
+Real everything: the CLI subprocess on the session's Prefect server, MLflow on SQLite, torchrun."""
 from __future__ import annotations
 
 import os
@@ -15,9 +15,9 @@ from traingate.job import files
 pytestmark = pytest.mark.slow
 
 
-def test_a_run_paused_by_its_budget_resumes_to_the_end_once_the_budget_is_raised(tiny_spec, tmp_path):
+def test_a_run_paused_by_its_budget_resumes_to_the_end_once_the_budget_is_raised(prefect_api, tiny_spec, tmp_path):
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0"}
+           "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0", **prefect_api}
     # $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 40 steps take 4 s of training.
     args = ["--until", "smoke", "--set", "stages.smoke.max_steps=40", "--set", "resources.procs_per_node=1",
             "--set", "pools.cpu-local.price_per_gpu_hour=100", "--set", "budget.max_run_usd=0.15"]

@@ -98,7 +98,7 @@ SMOKE_STEPS = 160
 
 
 @pytest.fixture(scope="module")
-def live_run(tmp_path_factory):
+def live_run(prefect_api, tmp_path_factory):
     """`traingate run --until smoke` (stdout a file, as in CI), each step slowed by 0.1 s so the
     smoke stage lives ~20 s; yields once its first metrics are written."""
     import yaml
@@ -112,7 +112,7 @@ def live_run(tmp_path_factory):
     tree["resources"]["procs_per_node"] = 1
     spec.write_text(yaml.safe_dump(tree))
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp / "state"), "PREFECT_HOME": str(tmp / "prefect"),
-           "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0"}
+           "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0", **prefect_api}
     out = tmp / "run.out"
     cli = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(spec), "--until", "smoke"], cwd=ROOT, env=env,
                            stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,7 +1,7 @@
 """The tracking store is lost mid-ladder: the ladder still completes and says how to deliver what the store missed.
 
 Real everything: a `mlflow server` subprocess on a loopback port as the tracking store, the
-`traingate run` CLI with its temporary Prefect server, torchrun trees of 2 gloo ranks. The server
+`traingate run` CLI on the session's Prefect server, torchrun trees of 2 gloo ranks. The server
 is stopped during canary at a seeded step and started again after the ladder; `traingate replay`
 then delivers the journals, and the stage runs hold every metric step exactly once.
 """
@@ -44,13 +44,13 @@ def _journal_steps(journal: Path) -> dict[str, list[int]]:
     return steps
 
 
-def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_delivers_every_record(tiny_spec,
-                                                                                                  tmp_path):
+def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_delivers_every_record(
+        prefect_api, tiny_spec, tmp_path):
     server = MlflowServer(tmp_path / "mlflow-server")
     server.start()
     state = tmp_path / "state"
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(state), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "TRAINGATE_TRACKING_URI": server.uri, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "TRAINGATE_TRACKING_URI": server.uri, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **prefect_api,
            # A refused connection fails at once (the tasks retry on their own), and a stage's process
            # leaves its backlog in the journal after 2 s instead of the default 120 s.
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "TRAINGATE_TRACKING_DRAIN_S": "2"}
