@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test-deps demo test bench clean
+.PHONY: setup test-deps demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,9 +31,17 @@ test-deps:
 	  for s in slurmctld slurmd slurmdbd munge mariadb; do service $$s stop >/dev/null 2>&1 || true; done; \
 	fi
 
+# Two pytest-xdist workers; a test file stays on one worker, so a module's shared ladder or server
+# starts once. Most slow tests wait on servers and paced training steps, so two share 2 cores well.
+XDIST := -n 2 --dist loadfile
+
 ## make test: the whole suite, slow end-to-end tests included
 test: setup test-deps
-	$(PY) -m pytest -ra --durations=40
+	$(PY) -m pytest $(XDIST) -ra --durations=40
+
+## make test-fast: the inner loop: everything but the slow tests (servers, torchrun, ladders)
+test-fast: setup
+	$(PY) -m pytest $(XDIST) -m "not slow" -ra --durations=20
 
 ## make bench: benchmarks; their tables go into docs/benchmarks.md
 bench: setup
