@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from traingate.job import envvars
+from traingate.job.vocab import Status
 from traingate.redact import redact
 from traingate.secrets import resolve
 from traingate.tracking.compat_mlflow import latest_metrics
@@ -188,7 +189,11 @@ class MlflowTracker(NullTracker):
         metrics: dict[str, float] = {}
         if n > 1:
             cause = str(restart_cause or (h.ended["end"] if h.ended else "unknown"))
-            lost = round(max(0.0, now - self._reached_ms(resumed_from_step)) / 1000, 3)
+            # A process that ended paused or preempted at its emergency checkpoint left on purpose: the
+            # wait until someone resumed it is not lost, only the work after the step resumed from.
+            paused = h.ended is not None and h.ended.get("end") == Status.PREEMPTED and h.ended.get("t")
+            until = int(h.ended["t"]) if paused else now
+            lost = round(max(0.0, until - self._reached_ms(resumed_from_step)) / 1000, 3)
             total_lost = round(sum(s.get("time_lost_s", 0.0) for s in h.sessions) + lost, 3)
             session.update(cause=cause, time_lost_s=lost)
             r = n - 1
