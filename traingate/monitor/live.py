@@ -134,10 +134,10 @@ class StageMonitor:
     def spent_usd(self, held_s: float) -> float:
         return self.spent_before + held_s * self.usd_per_s
 
-    def poll(self, now: float, held_s: float, restart_times: Iterable[float] = ()) -> list[Firing]:
-        """The alerts that are new at ``now`` (at most every ``alerts.every_s``; [] in between).
-        ``held_s``: seconds this stage has held its slots (training, restarts and backoff)."""
-        if not self.spec.enabled or now < self.next_eval:
+    def poll(self, now: float, held_s: float, restart_times: Iterable[float] = (), force: bool = False) -> list[Firing]:
+        """The alerts that are new at ``now`` (at most every ``alerts.every_s``, or at once with ``force``;
+        [] in between). ``held_s``: seconds this stage has held its slots (training, restarts and backoff)."""
+        if not self.spec.enabled or (now < self.next_eval and not force):
             return []
         self.next_eval = now + self.spec.every_s
         self._read()

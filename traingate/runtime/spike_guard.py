@@ -6,9 +6,10 @@ retention may prune the last checkpoint before it. So rank 0 applies the same te
 (:func:`traingate.monitor.rules.spike_of`, the same ``alerts.loss_spike`` spec) to each step's loss as it
 happens. When it fires and its action acts on the training state (roll back, pause, stop), rank 0 pins
 the newest checkpoint before the spike against retention (the roll-back's target), flushes
-metrics.jsonl and holds: it waits, and its peers with it at their next collective, until the supervisor
-acts (SIGKILL for a roll-back, SIGTERM for a pause or stop) or, when none comes within ``hold_s``, goes
-on. The decision stays the supervisor's; rank 0 only keeps it from coming late.
+metrics.jsonl and holds (heartbeat phase ``holding``, which makes the supervisor evaluate at its next
+tick): it waits, and its peers with it at their next collective, until the supervisor acts (SIGKILL for
+a roll-back, SIGTERM for a pause or stop) or, when none comes within ``HOLD_S``, goes on. The decision
+stays the supervisor's; rank 0 only keeps it from coming late.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from traingate.monitor.rules import Action, AlertsSpec, spike_of
 log = logging.getLogger(__name__)
 
 _ACTS_ON_STATE = frozenset({Action.ROLLBACK, Action.PAUSE, Action.STOP})
+HOLD_S = 5.0
 
 
 class SpikeGuard:
@@ -37,8 +39,9 @@ class SpikeGuard:
     ):
         self.spec = alerts.loss_spike
         self.armed = alerts.enabled and self.spec.enabled and self.spec.action in _ACTS_ON_STATE
-        # The supervisor evaluates every ``every_s`` after reading the flushed lines within a tick.
-        self.hold_s = 3 * alerts.every_s + 2.0
+        # The supervisor evaluates at its next tick (0.2 s) when rank 0 holds; the limit is for a supervisor
+        # that does not agree (its rule already raised this event) or is slow to read the flushed lines.
+        self.hold_s = HOLD_S
         self.history: deque[float] = deque(maxlen=self.spec.window)
         self.quiet = 0  # points left before another firing counts: the supervisor raises one per window
         self.pin_before, self.flush, self.stopping = pin_before, flush, stopping

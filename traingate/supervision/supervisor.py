@@ -532,7 +532,9 @@ class _Watch:
             self.monitor.observe(beats, now)
             restarts = [a.ended_at for a in self.attempts[:-1] if a.ended_at and a.cause != Cause.ROLLBACK]
             stop = False
-            for firing in self.monitor.poll(now, now - self.started, restarts):
+            # Rank 0 holding at a spike it saw itself (runtime.spike_guard) waits for this decision: now.
+            holding = 0 in beats and beats[0].phase == "holding"
+            for firing in self.monitor.poll(now, now - self.started, restarts, force=holding):
                 if self.rollback is not None or self.alert_stop is not None:
                     # One action at a time: a spike usually trips the gradient-norm rule at the same step.
                     self._record_alert(
