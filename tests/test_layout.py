@@ -6,6 +6,7 @@ import ast
 import inspect
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -219,6 +220,14 @@ def test_ruff_finds_nothing_in_traingate_flows_and_tasks():
         p = subprocess.run([ruff, *command, "--no-cache", "traingate", "flows", "tasks"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, f"ruff {' '.join(command)}:\n{p.stdout[-6000:]}{p.stderr[-2000:]}"
+
+
+def test_mypy_finds_nothing_in_traingate_flows_and_tasks():
+    # pyproject.toml's [tool.mypy]. Its cache lives in the system's temp dir: cold, a run takes 30 s of CPU.
+    cache = Path(tempfile.gettempdir()) / "traingate-mypy-cache"
+    p = subprocess.run([PYTHON, "-m", "mypy", "--cache-dir", str(cache), "traingate", "flows", "tasks"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
 
 
 def _deployments():

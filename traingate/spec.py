@@ -406,7 +406,8 @@ class RunSpec(_Section):
         return self.resources.nodes * self.resources.procs_per_node
 
     def gate(self, stage: str) -> GateSpec:
-        return self.gates.get(stage) or default_gate(stage, script=self.recipe.name == "script")
+        given = next((g for s, g in self.gates.items() if s == stage), None)
+        return given or default_gate(stage, script=self.recipe.name == "script")
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -460,7 +461,7 @@ class _DepthLimitedLoader(yaml.SafeLoader):
         self._where = where
         self._path = [prefix] if prefix else []
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if parent is None:
             return super().compose_node(parent, index)
         part = index.value if isinstance(index, yaml.ScalarNode) else "<key>" if index is None else str(index)

@@ -35,6 +35,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 from prefect.workers.process import ProcessWorker
 from prefect_docker.worker import DockerWorker
+from pydantic import SecretStr
 
 from tasks import slots
 from traingate.capacity import slurm, slurm_cli
@@ -94,6 +95,7 @@ def _nodes(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     for name, pool in shown.items():
         if pool.engine == Engine.SLURM:
+            assert pool.slurm is not None, "a Slurm pool has its slurm section (the config validates it)"
             out += slurm.node_lines(name, pool.slurm, [v for v in views if pool.slurm.partition in v.partitions])
         else:
             out.append(
@@ -125,7 +127,7 @@ def store_secret_blocks(env: Mapping[str, str] | None = None) -> list[str]:
         )
     changes = []
     for var, block in wanted.items():
-        Secret(value=env[var]).save(block, overwrite=True)
+        Secret(value=SecretStr(env[var])).save(block, overwrite=True)
         changes.append(f"stored secret block {block} (from ${var})")
     return changes
 

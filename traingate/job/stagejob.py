@@ -37,7 +37,7 @@ from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
 from traingate.redact import redact
 from traingate.settings import TRACKING_URI_VAR, Settings
-from traingate.spec import RunSpec, parse_spec
+from traingate.spec import RunSpec, ScriptRecipe, parse_spec
 from traingate.storage import join
 
 
@@ -115,6 +115,12 @@ class StageJob:
     @property
     def is_script(self) -> bool:
         return self.spec.recipe.name == "script"
+
+    @property
+    def script(self) -> ScriptRecipe:
+        """A script job's recipe.script (the spec has one whenever recipe.name is script)."""
+        assert self.spec.recipe.script is not None, f"{self.stage}: not a script job"
+        return self.spec.recipe.script
 
     @property
     def checkpoint_dir(self) -> str:

@@ -126,10 +126,11 @@ def score(c: MlflowClient, spec: RunSpec, checkpoint_uri: str, champion: Champio
     mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model loading needs it
     if hasattr(recipe, "vocab"):
         theirs = get_recipe(_champion_spec(c, champion))
-        if theirs.vocab() != recipe.vocab():  # type: ignore[attr-defined]  # hasattr(recipe, 'vocab') above
+        ours_v, theirs_v = recipe.vocab(), theirs.vocab()  # type: ignore[attr-defined]  # hasattr(recipe, "vocab")
+        if theirs_v != ours_v:
             raise SpecError(
-                f"data.uri = {spec.data.uri!r}: its vocabulary ({len(recipe.vocab())} symbols) differs from "
-                f"the one champion v{champion.version} was trained on ({len(theirs.vocab())}), so it cannot "
+                f"data.uri = {spec.data.uri!r}: its vocabulary ({len(ours_v)} symbols) differs from "
+                f"the one champion v{champion.version} was trained on ({len(theirs_v)}), so it cannot "
                 "score the champion; move @champion by hand once the new model is judged"
             )
     model = mlflow.pytorch.load_model(f"models:/{champion.name}/{champion.version}")

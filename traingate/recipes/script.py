@@ -57,7 +57,8 @@ def build_command(
     """
     s = spec.recipe.script
     assert s is not None
-    cmd = [*s.command, *s.stage_args.get(stage, []), *(s.resume_args if resume else [])]
+    extra = next((a for k, a in s.stage_args.items() if k == stage), [])
+    cmd = [*s.command, *extra, *(s.resume_args if resume else [])]
     if values is not None:
         cmd = expand(cmd, values, "recipe.script.command")
     if s.launcher == "torchrun":

@@ -280,7 +280,11 @@ class Checkpointer:
                 "Checkpointer: run_id, stage and spec go together (the identity a resume is checked "
                 "against); pass all three or none"
             )
-        self.expect = ResumeIdentity.of(run_id, stage, spec) if all(given) else None
+        self.expect = (
+            ResumeIdentity.of(run_id, stage, spec)
+            if run_id is not None and stage is not None and spec is not None
+            else None
+        )
         self.storage = Storage(root_uri)
         self.retention = retention
         self.async_save = async_save
@@ -423,7 +427,7 @@ class Checkpointer:
         w = _HashingWriter(f)
         self._fault("tensor_write", step)
         try:
-            torch.save(obj, w)
+            torch.save(obj, w)  # type: ignore[arg-type]  # any object with write() is a file to torch.save
         except RuntimeError:
             if w.error is not None:
                 raise w.error from None
@@ -553,7 +557,7 @@ class Checkpointer:
         except FileNotFoundError:
             return None
         except RefusedPath as e:
-            raise self._refused(step, e.strerror, "Remove it; a checkpoint holds plain files only") from None
+            raise self._refused(step, e.strerror or str(e), "Remove it; a checkpoint holds plain files only") from None
         try:
             m = json.loads(raw)
         except ValueError:
@@ -661,7 +665,9 @@ class Checkpointer:
             except FileNotFoundError:
                 raise CheckpointError(f"{step_dir(step)}/{fname} is listed in the manifest but missing") from None
             except RefusedPath as e:
-                raise self._refused(step, e.strerror, "A checkpoint holds plain files only; remove it") from None
+                raise self._refused(
+                    step, e.strerror or str(e), "A checkpoint holds plain files only; remove it"
+                ) from None
             if not isinstance(info, dict) or hashlib.sha256(data).hexdigest() != info.get("sha256"):
                 raise CheckpointError(
                     f"{step_dir(step)}/{fname} fails its sha256 check (corrupt or tampered); it is not loaded"

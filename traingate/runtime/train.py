@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -118,7 +118,8 @@ class Trainer:
         self.step = 0
         self._recent_losses: list[float] = []  # since the last save: the checkpoint's train_loss (keep_best)
         self.injector = inject.Injector.from_plan(instruments.inject, d.rank, self.out_dir)  # drills and tests only
-        self._start_step, self._first_step_time = 0, None
+        self._start_step = 0
+        self._first_step_time: float | None = None
         self._last_dt: float | None = None
         self._busy: deque[list[float]] = deque(maxlen=16)  # [step, busy s]: the straggler rule's input
         self._iter_start = time.perf_counter()
@@ -225,6 +226,7 @@ class Trainer:
         if self.d.world_size > 1:
             dist.broadcast_object_list(payload, src=0)
         state = payload[0]
+        assert state is not None, "rank 0 found the checkpoint it broadcast"
         self.module.load_state_dict(state["model"])
         ts = state["train_state"]
         self.opt.load_state_dict(ts["optimizer"])
@@ -265,7 +267,7 @@ class Trainer:
         total = torch.zeros((), device=self.d.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            ctx = self.model.no_sync() if (self.d.world_size > 1 and not last) else contextlib.nullcontext()
+            ctx = cast(DDP, self.model).no_sync() if (self.d.world_size > 1 and not last) else contextlib.nullcontext()
             with ctx:
                 loss = self.recipe.loss(self.model, batch) / self.accum
                 if last:  # the backward of the last micro-batch waits for every rank's gradients
@@ -400,7 +402,7 @@ class Trainer:
                 self.tracker.log_metrics(
                     {
                         "train_loss": loss,
-                        "lr": self.sched.get_last_lr()[0],
+                        "lr": float(self.sched.get_last_lr()[0]),
                         "grad_norm": gnorm,
                         "step_time_s": dt,
                         "samples_per_s": global_batch / dt,
@@ -417,7 +419,7 @@ class Trainer:
                         time.time(),
                         loss,
                         gnorm,
-                        self.sched.get_last_lr()[0],
+                        float(self.sched.get_last_lr()[0]),
                         dt,
                         self.profile.last_data_wait,
                         self.job.attempt,
@@ -493,9 +495,9 @@ class Trainer:
             self.model.eval()
             evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
             self.model.train()
-            for k, v in evals.items():
-                if isinstance(v, (int, float)):
-                    m[k] = float(v)
+            for name, value in evals.items():
+                if isinstance(value, (int, float)):
+                    m[name] = float(value)
             m["eval"] = {k: v for k, v in evals.items() if not isinstance(v, (int, float))}
         prof = self.profile.summary(self.sampler.global_batch, self.recipe.tokens_per_sample())
         m["profile"] = prof
@@ -523,6 +525,16 @@ class Trainer:
                 self.metrics_out.close()
 
 
+def _rank_tagger(rank: str) -> Callable[[logging.LogRecord], bool]:
+    """A log filter that tags every record with this process's rank (the log format shows it)."""
+
+    def tag(record: logging.LogRecord) -> bool:
+        record.__dict__["rank"] = rank
+        return True
+
+    return tag
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m traingate.runtime.train")
     p.add_argument("--job", default=None, help=f"the attempt's job.json (default: ${envvars.JOB})")
@@ -533,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [rank %(rank)s] %(message)s")
     rank = os.environ.get("RANK", "0")
     for h in logging.getLogger().handlers:
-        h.addFilter(lambda r: setattr(r, "rank", rank) or True)
+        h.addFilter(_rank_tagger(rank))
         h.addFilter(RedactingFilter())
     # The optimizer's first step imports TorchDynamo (~1.3 s, torch's own doing). Started now, that import
     # overlaps the job read, the rendezvous and the checkpoint read (which wait on I/O) instead of

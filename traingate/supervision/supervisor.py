@@ -225,8 +225,8 @@ def supervise(
     try:
         return _supervise(job, hooks, python, seed, resumed, zygote.socket if zygote else None)
     finally:
-        if zygote is not None and (why := zygote.stop()) is not None:
-            (hooks or Hooks()).info(f"{job.stage}: warm restarts were off (workers started cold): {why}")
+        if zygote is not None and (off := zygote.stop()) is not None:
+            (hooks or Hooks()).info(f"{job.stage}: warm restarts were off (workers started cold): {off}")
         if delivery is not None:
             # Everything the stage logged is in MLflow before its result is read; what an outage kept
             # back stays in the journal for the next process of the stage or `traingate replay`.
@@ -324,13 +324,9 @@ def _supervise(
         attempts.append(attempt)
         record.write(attempts)  # before the launch: a supervisor killed from here on leaves this attempt open
         hooks.info(f"{stage}: launch {len(attempts)}: {' '.join(cmd)}")
-        cwd = job.spec.recipe.script.workdir if job.is_script else stage_dir
+        cwd = job.script.workdir if job.is_script else stage_dir
         # A script writes no heartbeat: its output is its progress (hang detection, the step it reached).
-        progress = (
-            script_recipe.OutputProgress(job.spec.recipe.script.metrics, stage_dir, job.attempt)
-            if job.is_script
-            else None
-        )
+        progress = script_recipe.OutputProgress(job.script.metrics, stage_dir, job.attempt) if job.is_script else None
         on_line = progress.hook(hooks.on_line) if progress is not None else hooks.on_line
         tree = proc.ProcessTree(cmd, env, cwd, stage_dir / files.STDOUT, on_line, TAIL_LINES)
         watch = _Watch(job, hang_s, attempts, budget, hooks, record, monitor, started, progress)
@@ -385,7 +381,7 @@ def _supervise(
         if not verdict.completed and (verdict.cause == Cause.DISK_FULL or _disk_full(result.log_error)):
             verdict = causes.Classification(Cause.DISK_FULL, False, disk_full_detail(job))
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
-        attempt.detail = watch.hang if verdict.cause == Cause.HANG else verdict.detail
+        attempt.detail = watch.hang if verdict.cause == Cause.HANG and watch.hang else verdict.detail
         record.write(attempts)
         unpublished = _publish_script_checkpoints(job, hooks) if job.is_script else None
 
@@ -429,6 +425,7 @@ def _supervise(
             spec = parse_spec(apply_overrides(job.spec.to_dict(), overrides))
             hooks.info(f"{stage}: OOM policy: micro-batch {b}, gradient accumulation {a} (same global batch)")
         attempt.backoff_s = delay
+        assert verdict.cause is not None, "a retried attempt has a cause"
         watch.restarted(attempt, verdict.cause, len(earlier) + len(attempts), delay, overrides)
         record.write(attempts)
         budget.charge(cost)
@@ -621,7 +618,8 @@ class _Watch:
                 )
         elif (
             action == Action.QUARANTINE
-            and (node := slurm_cli.node_of_rank(f.values.get("rank"), self.job.procs_per_node, os.environ)) is not None
+            and (node := slurm_cli.node_of_rank(_whole(f.values.get("rank")), self.job.procs_per_node, os.environ))
+            is not None
         ):
             # On a Slurm pool the engine keeps the host out of every later job: drain it.
             _quarantine(self.job, node, f)
@@ -750,7 +748,7 @@ class _Watch:
         self, attempt: Attempt, cause: Cause, number: int, delay: float, overrides: list[str], inplace: bool = False
     ) -> None:
         if self.job.is_script:
-            s = self.job.spec.recipe.script
+            s = self.job.script
             resume_step = script_recipe.latest_step(self.job.checkpoint_dir, s.checkpoints) if s.resume_args else None
             # It resumes from a checkpoint whose name holds no step: from where is unknown, and so are the steps lost.
             unknown = (
@@ -823,12 +821,17 @@ class _Watch:
         return self._act(stale_checkpoint(why, beat.step, alerts.checkpoint_stale), tree)
 
 
+def _whole(value: float | None) -> int | None:
+    """A firing's rank value (signals are floats) as the rank it is."""
+    return None if value is None else int(value)
+
+
 def _script_resumes(job: StageJob, hooks: Hooks) -> bool:
     """Whether this launch of a script appends its resume_args, decided from what is on disk and never
     from the attempt records (a supervisor killed mid-launch leaves its attempt unfinished): the script's
     declared checkpoint is there. Its checkpoint dir is made first; on a host without the local copy the
     set published at a remote checkpoint URI is brought back first."""
-    s = job.spec.recipe.script
+    s = job.script
     Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     if not s.resume_args:
         if script_recipe.has_checkpoint(job.checkpoint_dir, s.checkpoints):
@@ -853,7 +856,7 @@ def _resume_step(job: StageJob) -> int | None:
     """The checkpoint step this launch starts from: the newest on disk (a script's: by its file name, and
     only when its resume_args are appended). Recorded with the attempt before it launches."""
     if job.is_script:
-        s = job.spec.recipe.script
+        s = job.script
         return script_recipe.latest_step(job.checkpoint_dir, s.checkpoints) if job.script_resume else None
     return _latest_checkpoint(job.checkpoint_uri)[0]
 
@@ -887,7 +890,7 @@ def _publish_script_checkpoints(job: StageJob, hooks: Hooks) -> str | None:
     """Index (and upload, to a remote URI) what the script declared it writes; after every launch, so a
     restart on another host finds them. Returns why it failed, for a storage error, else None."""
 
-    s = job.spec.recipe.script
+    s = job.script
     if s.checkpoints is None:
         return None
     try:

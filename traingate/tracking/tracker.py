@@ -192,7 +192,7 @@ class MlflowTracker(NullTracker):
             # A process that ended paused or preempted at its emergency checkpoint left on purpose: the
             # wait until someone resumed it is not lost, only the work after the step resumed from.
             paused = h.ended is not None and h.ended.get("end") == Status.PREEMPTED and h.ended.get("t")
-            until = int(h.ended["t"]) if paused else now
+            until = int(h.ended["t"]) if paused and h.ended is not None else now
             lost = round(max(0.0, until - self._reached_ms(resumed_from_step)) / 1000, 3)
             total_lost = round(sum(s.get("time_lost_s", 0.0) for s in h.sessions) + lost, 3)
             session.update(cause=cause, time_lost_s=lost)
