@@ -50,7 +50,6 @@ import logging
 import mmap
 import os
 import pickle
-import re
 import shutil
 import tempfile
 import time
@@ -61,36 +60,24 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import torch
 
+from traingate.runtime.catalog import (
+    _STEP_DIR,
+    MANIFEST,
+    CheckpointCatalog,
+    CheckpointError,
+    CheckpointRefused,
+    step_dir,
+)
 from traingate.runtime.fingerprint import ResumeIdentity
-from traingate.storage import RefusedPath, Storage, atomic_file, is_temporary, is_transient
+from traingate.storage import atomic_file, is_temporary, is_transient
 
 if TYPE_CHECKING:
     from traingate.spec import RunSpec
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
 STAGING_PREFIX = ".ckpt-staging-"
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
 ASIDE = "aside"  # checkpoints a roll-back went back from (Checkpointer.set_aside_after)
-# What a manifest may name: a file of its own directory. No separators, no leading dot (so no
-# '..'), which also keeps out the temporary names of files being written.
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 InFlightPolicy = Literal["wait", "skip"]
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or is not valid to load."""
-
-
-class CheckpointRefused(CheckpointError, ValueError):
-    """A checkpoint that is unsafe or not this run's to load. Never fallen back past silently.
-
-    A ValueError too: retrying cannot help, so the runtime exits as a user error (not retried).
-    """
-
-
-def step_dir(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -255,7 +242,7 @@ class _HashingWriter:
         self.f.flush()
 
 
-class Checkpointer:
+class Checkpointer(CheckpointCatalog):
     """Save/find/load step-numbered checkpoints under one root URI (see module docstring)."""
 
     def __init__(
@@ -285,7 +272,7 @@ class Checkpointer:
             if run_id is not None and stage is not None and spec is not None
             else None
         )
-        self.storage = Storage(root_uri)
+        super().__init__(root_uri)
         self.retention = retention
         self.async_save = async_save
         self.in_flight = in_flight
@@ -539,53 +526,7 @@ class Checkpointer:
             if s not in keep and s < newest:
                 self.storage.rm(entry)
 
-    # ------------------------------------------------------------------ find / load
-    def _refused(self, step: int, reason: str, fix: str) -> CheckpointRefused:
-        return CheckpointRefused(f"checkpoint {self.storage.uri(step_dir(step))} refused: {reason}. {fix}")
-
-    def _link_refused(self, step: int) -> CheckpointRefused:
-        target = os.readlink(self.storage._path(step_dir(step)))
-        return self._refused(
-            step, f"it is a symbolic link to {target}", "A checkpoint is a plain directory; remove the link"
-        )
-
-    def _manifest(self, step: int) -> dict[str, Any] | None:
-        if self.storage.is_link(step_dir(step)):
-            raise self._link_refused(step)
-        try:
-            raw = self.storage.read_bytes(f"{step_dir(step)}/{MANIFEST}")
-        except FileNotFoundError:
-            return None
-        except RefusedPath as e:
-            raise self._refused(step, e.strerror or str(e), "Remove it; a checkpoint holds plain files only") from None
-        try:
-            m = json.loads(raw)
-        except ValueError:
-            return None
-        return m if isinstance(m, dict) and m.get("step") == step and isinstance(m.get("files"), dict) else None
-
-    def _complete(self, strict: bool = True) -> dict[int, dict[str, Any]]:
-        """step -> manifest of every step directory with a valid manifest.
-
-        ``strict``: a link in place of a step directory or a manifest raises CheckpointRefused;
-        otherwise (retention, which must not fail a save over it) it is passed over.
-        """
-        out = {}
-        for entry in self.storage.listdir():
-            m = _STEP_DIR.match(entry)
-            if not m:
-                continue
-            step = int(m.group(1))
-            try:
-                manifest = self._manifest(step)
-            except CheckpointRefused:
-                if strict:
-                    raise
-                continue
-            if manifest is not None:
-                out[step] = manifest
-        return out
-
+    # ------------------------------------------------------------------ load (finding: CheckpointCatalog)
     def pin_latest_before(self, step: int) -> int | None:
         """Keep the newest complete checkpoint before ``step`` whatever the retention policy says, for as
         long as this Checkpointer lives (the last good state before an alert window). Returns its step."""
@@ -623,57 +564,6 @@ class Checkpointer:
     def set_aside_steps(self) -> list[int]:
         """Steps a roll-back set aside that no save has passed yet."""
         return sorted(int(m.group(1)) for e in self.storage.listdir(ASIDE) if (m := _STEP_DIR.match(e)))
-
-    def list_steps(self) -> list[int]:
-        """Steps with a readable manifest, ascending (contents not yet verified)."""
-        return sorted(self._complete())
-
-    def find_latest(self, verify: bool = True) -> int | None:
-        """Newest step whose manifest is complete (and, with verify, whose checksums match)."""
-        for step in reversed(self.list_steps()):
-            if not verify:
-                return step
-            try:
-                self._verified_bytes(step)
-                return step
-            except CheckpointRefused:
-                raise
-            except CheckpointError as e:
-                log.warning("checkpoint %s skipped: %s", step_dir(step), e)
-        return None
-
-    def manifest(self, step: int) -> dict[str, Any]:
-        m = self._manifest(step)
-        if m is None:
-            raise CheckpointError(f"{self.storage.uri(step_dir(step))} has no valid manifest; it is not a checkpoint")
-        return m
-
-    def _verified_bytes(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
-        """(manifest, file name -> bytes): names checked, no link followed, every checksum matching."""
-        m = self.manifest(step)
-        for fname in m["files"]:
-            if not _PLAIN_NAME.match(fname) or fname == MANIFEST:
-                raise self._refused(
-                    step,
-                    f"its manifest lists {fname!r}, not a plain file of {step_dir(step)}",
-                    "A manifest may name only files of its own directory; find out who wrote it",
-                )
-        out = {}
-        for fname, info in m["files"].items():
-            try:
-                data = self.storage.read_bytes(f"{step_dir(step)}/{fname}")
-            except FileNotFoundError:
-                raise CheckpointError(f"{step_dir(step)}/{fname} is listed in the manifest but missing") from None
-            except RefusedPath as e:
-                raise self._refused(
-                    step, e.strerror or str(e), "A checkpoint holds plain files only; remove it"
-                ) from None
-            if not isinstance(info, dict) or hashlib.sha256(data).hexdigest() != info.get("sha256"):
-                raise CheckpointError(
-                    f"{step_dir(step)}/{fname} fails its sha256 check (corrupt or tampered); it is not loaded"
-                )
-            out[fname] = data
-        return m, out
 
     def _load_checked(self, step: int, manifest: dict[str, Any], blobs: dict[str, bytes]) -> dict[str, Any]:
         state = {}

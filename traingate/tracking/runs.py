@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from traingate.ladder.stage import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
+from traingate.runtime.catalog import CheckpointCatalog, step_dir
 from traingate.settings import export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
@@ -297,10 +298,7 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
     """Checkpoints are referenced by URI, never copied into the artifact store."""
     if not root:
         return
-    # lazy: the checkpoint module imports torch (seconds); `traingate show`, `runs` and `cost` read runs without it
-    from traingate.runtime.checkpoint import Checkpointer, step_dir
-
-    steps = Checkpointer(root, async_save=False).list_steps()
+    steps = CheckpointCatalog(root).list_steps()
     index: dict[str, Any] = {"root": redact(root), "steps": {str(s): redact(join(root, step_dir(s))) for s in steps}}
     c.log_text(run_id, json.dumps(index, indent=1), "checkpoints/index.json")
     if steps:
