@@ -52,3 +52,21 @@ def test_a_killed_worker_and_a_preemption_are_told_apart_beside_busy_cpu_hogs(su
     run = supervised(fault)
     assert run.sup.status == "completed", run.sup.error
     assert run.causes == [cause, None], [(a.cause, a.detail) for a in run.sup.attempts]
+
+
+def test_a_drill_charges_a_fault_to_the_launch_that_trained_over_its_step_not_to_the_clocks_window():
+    from types import SimpleNamespace
+
+    from traingate.supervision.drill import records
+    from traingate.supervision.supervisor import Attempt
+
+    # As recorded on a loaded box: torchrun's relaunched group was stamped (process start) 0.14 s before
+    # the marker the killed rank 1 wrote just before its SIGKILL at step 23.
+    attempts = [
+        Attempt(0, 601.17, 611.96, cause=Cause.COLLECTIVE_TIMEOUT, start_steps={0: 8}, end_step=21),
+        Attempt(1, 614.63, 623.92, cause=Cause.WORKER_LOST, start_steps={0: 20}, end_step=23),
+        Attempt(2, 623.92, 636.97, cause=Cause.PREEMPTED, start_steps={0: 20}, end_step=29, first_step_time=630.0),
+    ]
+    fired = [{"fault": "kill@23:1", "kind": "kill", "step": 23, "rank": 1, "time": 624.06}]
+    [rec] = records(SimpleNamespace(attempts=attempts), fired)
+    assert rec.classified_as == Cause.WORKER_LOST and rec.steps_lost == 3

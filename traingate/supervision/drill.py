@@ -184,9 +184,18 @@ def records(sup: Supervision, fired: list[dict[str, Any]]) -> list[FaultRecord]:
         if m["fault"] in seen:
             continue  # a fault on every rank fires once per rank: report it once
         seen.add(m["fault"])
+        # The launch it ended is the first that trained over the step it fired at (a fault fires once): the
+        # steps are the ranks' own record. Clocks are not: a relaunched group's process start (read from the
+        # kernel) can be stamped a little before the marker the killed rank wrote just before it died.
+        step = int(m["step"])
         ended: Attempt | None = next(
-            (a for a in sup.attempts if a.launched_at <= m["time"] <= (a.ended_at or float("inf"))), None
-        )
+            (
+                a
+                for a in sup.attempts
+                if a.start_step is not None and a.end_step is not None and a.start_step <= step <= a.end_step
+            ),
+            None,
+        ) or next((a for a in sup.attempts if a.launched_at <= m["time"] <= (a.ended_at or float("inf"))), None)
         nxt = sup.attempts[ended.number + 1] if ended is not None and ended.number + 1 < len(sup.attempts) else None
         recovery = nxt.first_step_time - m["time"] if nxt is not None and nxt.first_step_time else None
         lost = None
