@@ -262,7 +262,10 @@ def default_gate(stage: str, script: bool) -> GateSpec:
         + ([] if script else [r(metric="max_grad_norm", op="<=", value=1e3)]),
         "full": [finite],
     }
-    return GateSpec(rules=table[stage])
+    # A script's steps are what its output showed (recipe.script.metrics): none seen, nothing was trained
+    # that any other rule could judge, and nonfinite_steps == 0 would hold vacuously.
+    extra = [r(metric="steps", op=">=", value=1)] if script and stage in TRAINING_STAGES else []
+    return GateSpec(rules=extra + table[stage])
 
 
 class CheckpointSpec(_Section):

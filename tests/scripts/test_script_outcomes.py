@@ -22,7 +22,7 @@ print("training done", flush=True)
 """
 
 
-def _run(tmp_path: Path, metrics: list[str]):
+def _run(tmp_path: Path, metrics: list[str], **sections):
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "train.py").write_text(TRAIN)
@@ -30,7 +30,7 @@ def _run(tmp_path: Path, metrics: list[str]):
                                     "purpose": "a script whose output the spec's regex may not match"},
                        "recipe": {"name": "script", "script": {"workdir": str(workdir), "metrics": metrics,
                                                                 "command": ["python", "train.py"]}},
-                       "resources": {"work_pool": "cpu-local", "procs_per_node": 1}})
+                       "resources": {"work_pool": "cpu-local", "procs_per_node": 1}, **sections})
     check_spec(spec)
     settings = Settings.from_env()
     job = derive(spec, "smoke", run_id="nosteps", run_dir=settings.state_dir / "runs" / "nosteps", settings=settings)
@@ -56,3 +56,12 @@ def test_the_same_script_with_a_regex_that_matches_its_output_passes_the_smoke_g
     spec, sup, result = _run(tmp_path, [r"step (?P<step>\d+) loss: (?P<loss>[0-9.]+)"])
     assert result.status == Status.COMPLETED and result.metrics["steps"] == 5, result.error
     assert decide(result, spec.gate("smoke")).passed
+
+
+def test_a_script_without_metric_regexes_fails_its_default_smoke_gate_on_zero_steps(tmp_path, state_dir):
+    """No regex, so no line can be matched and no step seen: the default gate does not pass it vacuously."""
+    # Its canary needs a gate of its own (nothing reports a loss trend); smoke keeps the default.
+    spec, sup, result = _run(tmp_path, [], gates={"canary": {"rules": [{"metric": "steps", "op": ">=", "value": 1}]}})
+    assert sup.status == Status.COMPLETED and result.metrics["steps"] == 0
+    decision = decide(result, spec.gate("smoke"))
+    assert not decision.passed and decision.reasons == ["steps = 0, required >= 1"], decision.reasons
