@@ -291,7 +291,8 @@ def _follow(job: StageJob, jid: str, stopping: Callable[[], str | None], log: An
 
 def _ran(jid: str, log: Any) -> bool:
     a = _retrying(lambda: slurm.accounted_job(slurm_cli.sacct(jid), jid), log)
-    return a is not None and (a.start is not None or a.restarts > 0)
+    # A job cancelled while pending has a start time in sacct too (its end): only time held counts.
+    return a is not None and (bool(a.elapsed_s) or a.restarts > 0)
 
 
 def _stop(job: StageJob, jid: str, q: slurm.QueuedJob | None, why: str, log: Any) -> None:

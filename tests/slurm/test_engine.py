@@ -230,6 +230,8 @@ def test_an_admins_scancel_ends_the_stage_cancelled_not_failed_and_not_resubmitt
     assert result.metrics["slurm_resubmits"] == 0 and len(json.loads(
         (Path(job.stage_dir) / tslurm.RECORD_FILE).read_text())["jobs"]) == 1
     assert _sacct(jid).state == "CANCELLED"
+    out = next(Path(job.stage_dir).glob("slurm-*.out")).read_text()
+    assert "signalled, not preempted (scancel or the time limit)" in out, out[-2000:]
 
 
 def test_the_stage_is_followed_through_a_controller_restart_to_its_end(slurm, tmp_path):

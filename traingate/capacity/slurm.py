@@ -466,6 +466,19 @@ def node_addresses(show_node: str) -> dict[str, str]:
     return out
 
 
+def preempted(show_job: str) -> bool:
+    """Whether ``scontrol show job -o ID`` says a higher priority job preempted it (PreemptTime is set). An admin's
+    scancel and the time limit's signal leave it None; the job's state shows COMPLETING in all three.
+
+    >>> preempted("JobId=7 JobState=COMPLETING PreemptEligibleTime=2026-11-25T15:00:01 PreemptTime=None")
+    False
+    >>> preempted("JobId=7 JobState=COMPLETING PreemptEligibleTime=2026-11-25T15:00:01 PreemptTime=2026-11-25T15:01:09")
+    True
+    """
+    m = re.search(r"\bPreemptTime=(\S+)", show_job)
+    return m is not None and m.group(1) not in ("None", "Unknown", "(null)")
+
+
 def describe_pending(j: QueuedJob, now: float) -> str:
     """Why a pending job waits, in Slurm's words, and Slurm's start estimate."""
     when = ""

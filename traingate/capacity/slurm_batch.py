@@ -92,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     sup = stage_run.train(job, hooks, previous, _say, [])
     _say(f"{job.stage}: {sup.status}" + (f": {sup.error.splitlines()[0]}" if sup.error else ""))
     if sup.status == Status.PREEMPTED and _signalled and not (stage_dir / STOP_FILE).exists():
-        # Preempted by Slurm: the emergency checkpoint is written; come back in a new allocation.
+        # Preempted by Slurm: the emergency checkpoint is written; come back in a new allocation. An admin's
+        # scancel signals the same way and Slurm would requeue that job too: only a preemption is requeued.
         try:
-            slurm_cli.requeue(job_id)
-            _say(f"requeued job {job_id}: the next allocation resumes from the checkpoint")
+            if slurm_cli.preempted(job_id):
+                slurm_cli.requeue(job_id)
+                _say(f"preempted: requeued job {job_id}, the next allocation resumes from the checkpoint")
+            else:
+                _say(f"signalled, not preempted (scancel or the time limit): job {job_id} not requeued")
         except SlurmError as e:
-            # A job an admin cancelled cannot be requeued: it stays cancelled, which is what they asked.
             _say(f"not requeued: {e}")
     return 0 if sup.status in (Status.COMPLETED, Status.PREEMPTED) else 1
 

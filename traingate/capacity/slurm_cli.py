@@ -73,6 +73,10 @@ def cancel(job_id: str, batch_signal: str | None = None) -> None:
     run(["scancel", *([f"--signal={batch_signal}", "--batch"] if batch_signal else []), str(job_id)])
 
 
+def preempted(job_id: str) -> bool:
+    return slurm.preempted(run(["scontrol", "show", "job", "-o", str(job_id)]))
+
+
 def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", str(job_id)])
 
