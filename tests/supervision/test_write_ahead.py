@@ -194,6 +194,8 @@ def test_a_script_stage_whose_orchestrator_is_killed_resumes_from_its_newest_che
 
     assert sup.status == Status.COMPLETED, sup.error
     attempts = _check_orphan_record(stage_dir, "train.py")
+    if k is not None:  # the step its output last showed, read back from the stage's metric points
+        assert attempts[0]["end_step"] >= (45 if moment == "mid_step" else 60), attempts[0]
     launch = [line for line in lines if ": launch " in line][0]
     assert ("--resume-from-latest" in launch) == (k is not None), launch
     assert attempts[-1]["resume_from_step"] == k

@@ -266,7 +266,7 @@ def _supervise(
     overrides: list[str] = []
     stalled = -1  # consecutive failed launches that trained no step (after the first failure: 0)
     if earlier and earlier[-1].get("ended_at") is None:
-        earlier[-1] = _orphaned(earlier[-1], stage_dir, resumed.supervisor_pid if resumed else None)
+        earlier[-1] = _orphaned(earlier[-1], len(earlier) - 1, stage_dir, resumed.supervisor_pid if resumed else None)
     if earlier and job.attempt == 0:
         last = earlier[-1]
         job = dataclasses.replace(
@@ -861,9 +861,10 @@ def _resume_step(job: StageJob) -> int | None:
     return _latest_checkpoint(job.checkpoint_uri)[0]
 
 
-def _orphaned(record: dict[str, Any], stage_dir: Path, supervisor_pid: int | None) -> dict[str, Any]:
+def _orphaned(record: dict[str, Any], number: int, stage_dir: Path, supervisor_pid: int | None) -> dict[str, Any]:
     """An attempt the record shows as running whose supervisor is gone (killed with the CLI): closed as
-    ``orchestrator_lost`` at the last sign of life of its processes, with the step rank 0 last reported."""
+    ``orchestrator_lost`` at the last sign of life of its processes, with the step rank 0 last reported
+    (a script's: the last its output showed, from the metric points of attempt ``number``)."""
     beats = files.read_heartbeats(stage_dir)
     words = files.read_last_words(stage_dir)
     out = stage_dir / files.STDOUT
@@ -871,6 +872,7 @@ def _orphaned(record: dict[str, Any], stage_dir: Path, supervisor_pid: int | Non
     if out.exists():
         seen.append(out.stat().st_mtime)
     launched = float(record.get("launched_at") or 0.0)
+    shown = [p.step for p in files.read_script_points(stage_dir) if p.attempt == number]
     primary = causes.primary_words(words)
     detail = f"its supervisor (pid {supervisor_pid or '?'}) died while it ran"
     if primary:
@@ -881,7 +883,7 @@ def _orphaned(record: dict[str, Any], stage_dir: Path, supervisor_pid: int | Non
         "cause": str(Cause.ORCHESTRATOR_LOST),
         "retryable": True,
         "detail": detail,
-        "end_step": beats[0].step if 0 in beats else record.get("end_step"),
+        "end_step": beats[0].step if 0 in beats else max(shown, default=record.get("end_step")),
         "last_words": [asdict(w) for w in words],
     }
 
