@@ -39,9 +39,10 @@ XDIST := -n 2 --dist loadfile
 test: setup test-deps
 	$(PY) -m pytest $(XDIST) -ra --durations=40
 
-## make test-fast: the inner loop: everything but the slow tests (servers, torchrun, ladders)
+## make test-fast: the inner loop: everything but the slow tests (servers, torchrun, ladders) and the
+## Slurm tests (a whole test cluster, root and make test-deps; `pytest -m slurm` runs them alone)
 test-fast: setup
-	$(PY) -m pytest $(XDIST) -m "not slow" -ra --durations=20
+	$(PY) -m pytest $(XDIST) -m "not slow and not slurm" -ra --durations=20
 
 ## make bench: benchmarks; their tables go into docs/benchmarks.md
 bench: setup
