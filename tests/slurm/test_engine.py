@@ -188,8 +188,8 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_and_resumes_bitwise_equal
     tr, br, logr = _start(reference)  # the undisturbed twin, on the other node meanwhile
     _wait(lambda: _step(victim) >= 15, "the victim at step 15", log=logv)
     urgent = subprocess.run(["sbatch", "--parsable", "--account=vision", "--qos=urgent", f"--nodelist={node}",
-                             "--gres=gpu:a100:2", "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2"],
-                            capture_output=True, text=True)
+                             "--gres=gpu:a100:2", "--time=2", f"--output={tmp_path}/urgent-%j.out",
+                             "--wrap", "sleep 2"], capture_output=True, text=True)
     assert urgent.returncode == 0, urgent.stderr
     tv.join(400)
     tr.join(400)
@@ -253,7 +253,7 @@ def test_the_stage_is_followed_through_a_controller_restart_to_its_end(slurm, tm
     assert "Slurm controller unreachable" in log.text() and "Slurm controller answers again" in log.text(), log.text()
 
 
-def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm):
+def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm, tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "traingate"), "pools", *args], capture_output=True, text=True)
 
@@ -262,6 +262,10 @@ def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm):
     view = {v.name: v for v in tslurm.nodes(subprocess.run(["sinfo", "--json"], capture_output=True,
                                                            text=True).stdout)}
     assert (view["n2"].state, view["n2"].reason) == ("drained", "traingate:gpu-ecc")
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump(POOLS))
+    shown = cli("show", str(tmp_path / "pools.yaml"))
+    assert shown.returncode == 0 and f"pool {POOL} (Slurm partition gpu): 2 node(s), 1 usable" in shown.stdout, shown
+    assert "drained" in shown.stdout and "reason: traingate:gpu-ecc" in shown.stdout
     back = cli("resume", "n2")
     assert back.returncode == 0 and back.stdout.strip() == "node n2: idle", back
     bad = cli("drain", "n9", "--reason", "x")
