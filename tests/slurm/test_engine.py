@@ -238,14 +238,14 @@ def test_the_stage_is_followed_through_a_controller_restart_to_its_end(slurm, tm
     job = _job(tmp_path / "state", "restart", _tree(nodes=1, steps=100), "slow@0")
     t, box, log = _start(job)
     _wait(lambda: _step(job) >= 5, "training", log=log)
-    # Down for a few polls, then back on its saved state (the fixture's restart_controller, with a pause between).
-    slurm._stop_proc("slurmctld")
+    # Down for longer than a client waits (~MessageTimeout), then back on its saved state.
+    slurm.stop_controller()
     # squeue --json against it exits 0 after ~MessageTimeout, the failure only in its JSON's errors.
     failed = subprocess.run(["squeue", "--json"], capture_output=True, text=True)
     with pytest.raises(tslurm.Unreachable):
         tslurm.queued_jobs(failed.stdout)
     time.sleep(3)
-    slurm._start_controller(clean=False)
+    slurm.start_controller()
     t.join(300)
     result = box["result"]
     assert result.status == Status.COMPLETED and result.metrics["steps"] == 100, log.text()
