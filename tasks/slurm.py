@@ -20,6 +20,7 @@ Called by the launch task (``tasks/train.py``) for a pool with ``engine: slurm``
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -29,10 +30,11 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
-from traingate.capacity import slurm, slurm_cli
+from traingate.capacity import slurm, slurm_cli, slurm_cost
 from traingate.capacity.pools import PoolConfig
 from traingate.capacity.slurm_cli import Unreachable
 from traingate.capacity.slurm_result import after_end, supervision_of
+from traingate.cost import ledger
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
@@ -124,6 +126,20 @@ def run_on_slurm(
         job_id = None
     assert sup is not None
     result = outcomes.from_supervision(job, sup, held_s or (time.monotonic() - t0))
+    # Charged from Slurm's accounting: every allocation of every job of the stage (a requeue's included).
+    charged = slurm_cost.charged(
+        job.run_id,
+        job.stage,
+        job.pool,
+        pool.price_per_gpu_hour,
+        [a for jid in (j["id"] for j in record["jobs"]) for a in _allocations(jid, log)],
+        sup.status,
+        [dataclasses.asdict(a) for a in sup.attempts],
+    )
+    result.attempts = [a.to_record() for a in charged]
+    result.cost_usd = ledger.total_usd(charged)
+    record["charged"] = result.attempts  # what `traingate watch` adds up for the ended stage
+    files.write_json(stage_dir / slurm.RECORD_FILE, record)
     result.metrics.update(
         slurm_job_id=int(job_id), slurm_requeues=requeues, slurm_resubmits=resubmits, queue_wait_s=round(waited_s, 3)
     )
@@ -309,6 +325,12 @@ def _stop(job: StageJob, jid: str, q: slurm.QueuedJob | None, why: str, log: Any
         _retrying(lambda: slurm_cli.cancel(jid, "TERM" if running else None), log)
     except slurm.SlurmError as e:  # it ended meanwhile
         log.info("%s: scancel %s: %s", job.stage, jid, e)
+
+
+def _allocations(jid: str, log: Any) -> list[slurm_cost.Allocation]:
+    """The ended job's allocations: ``sacct -D`` lists one record per allocation a requeue gave it (plain sacct
+    shows only the newest)."""
+    return _retrying(lambda: slurm_cost.allocations(slurm_cli.run(["sacct", "-D", "-j", jid, "--json"]), jid), log)
 
 
 def _final(jid: str, log: Any) -> slurm.AccountedJob:

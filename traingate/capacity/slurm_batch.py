@@ -27,12 +27,13 @@ from pathlib import Path
 
 from traingate.capacity import slurm_cli
 from traingate.capacity.slurm import SIGNALLED, STOP_FILE, SlurmError
+from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.settings import NODES_VAR
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision import stage_run
-from traingate.supervision.supervisor import Hooks, read_state, request_stop, stop_request
+from traingate.supervision.supervisor import Hooks, Supervision, read_state, request_stop, stop_request
 
 _signalled: list[int] = []
 
@@ -89,7 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     previous = read_state(stage_dir) if (args.resume or restarts) else None
     hooks = Hooks(on_line=print, info=_say, stop_requested=stop_request)
-    sup = stage_run.train(job, hooks, previous, _say, [])
+    before: list[Supervision] = []
+    sup = stage_run.train(job, hooks, previous, _say, before)
+    if before:
+        # Smoke's first half ran in this allocation: its attempts go into supervisor.json ahead of the second
+        # half's, which is what the orchestrator reads back (the stage's attempt records and restarts).
+        state = read_state(stage_dir)
+        if state is not None:
+            state.attempts = [dataclasses.asdict(a) for b in before for a in b.attempts] + state.attempts
+            files.write_supervisor_state(stage_dir, state)
     _say(f"{job.stage}: {sup.status}" + (f": {sup.error.splitlines()[0]}" if sup.error else ""))
     if sup.status == Status.PREEMPTED and _signalled and not (stage_dir / STOP_FILE).exists():
         # Preempted by Slurm: the emergency checkpoint is written; come back in a new allocation. An admin's

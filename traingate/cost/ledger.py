@@ -166,6 +166,11 @@ def charge(a: Attempt) -> Charge:
     return Charge(a, slot_h, slot_h * rate, lost_h, lost_h * rate, idle_h, idle_h * rate)
 
 
+def total_usd(attempts: Iterable[Attempt]) -> float:
+    """What attempts cost together: the one sum behind a stage's cost, `traingate cost`, `runs` and `watch`."""
+    return sum(charge(a).usd for a in attempts)
+
+
 @dataclass
 class Totals:
     attempts: int = 0

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from traingate.capacity.slurm import RECORD_FILE
+from traingate.cost.ledger import Attempt, total_usd
 from traingate.job import files
 from traingate.monitor.rules import AlertsSpec, Firing, Rule, Signals, evaluate
 
@@ -180,7 +182,11 @@ class StageMonitor:
 
 def stage_spend_usd(stage_dir: Path) -> float:
     """What a finished or interrupted stage held, in dollars: every attempt's time and backoff x its
-    slots x its price (from the stage's supervisor.json and job.json)."""
+    slots x its price (from the stage's supervisor.json and job.json). An ended stage on a Slurm pool: what
+    its allocations were charged from Slurm's accounting (slurm.json), the ledger's sum."""
+    slurm_record = files.read_json(stage_dir / RECORD_FILE)
+    if isinstance(slurm_record, dict) and slurm_record.get("charged"):
+        return total_usd(Attempt.from_record("", r) for r in slurm_record["charged"])
     state = files.read_supervisor_state(stage_dir)
     job = files.read_json(stage_dir / files.JOB)
     if state is None or not isinstance(job, dict):
