@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm.test_engine import _job, _slurm_id, _squeue, _start, _step, _tree, _wait
+from slurm.test_engine import _job, _slurm_id, _squeue, _start, _step, _tree, _wait, slurm_pools  # noqa: F401 (a fixture)
 from traingate.job.vocab import Status
 from traingate.monitor.live import stage_spend_usd
 
