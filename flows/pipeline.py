@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
+from tasks.slots import read_config
 from tasks.tracking import (
     close_pipeline_run,
     gate_passed,
@@ -37,6 +38,7 @@ from tasks.tracking import (
 )
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
+from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
@@ -146,6 +148,10 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             spec = newest_snapshot(spec)
         check_spec(spec)
         preflight(spec, settings)
+        with get_client(sync_client=True) as client:  # a Slurm pool: its associations grant team and QOS
+            check_pool_entitled(
+                read_config(client), spec.resources.work_pool, spec.identity.team, spec.resources.priority
+            )
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     if resume_from is not None:

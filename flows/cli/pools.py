@@ -102,6 +102,10 @@ def _nodes(args: argparse.Namespace) -> list[str]:
                 f"pool {name} (local engine): {pool.nodes} node(s) x {pool.gpus_per_node} slots = "
                 f"{pool.capacity} slots; `traingate queue --pool {name}` shows who holds them"
             )
+    if any(p.engine == Engine.SLURM for p in shown.values()):
+        mismatch = slurm.half_life_mismatch(slurm_cli.show_config(), cfg.scheduling.half_life_h)
+        if mismatch:
+            out.append(mismatch)
     return out
 
 

@@ -292,6 +292,73 @@ def refusal(stderr: str, job: StageJob, pool: SlurmPool) -> str:
     return f"sbatch refused {job.stage} of run {job.run_id}: {said}; {fix}"
 
 
+def associations(show_assoc: str) -> dict[str, set[str]]:
+    """``sacctmgr -nP show assoc user=U format=account,qos`` -> {account: QOS names it grants the user}.
+
+    >>> associations("vision|production,research\\nlanguage|research\\n")
+    {'vision': {'production', 'research'}, 'language': {'research'}}
+    """
+    out: dict[str, set[str]] = {}
+    for line in show_assoc.splitlines():
+        account, _, qos = line.strip().partition("|")
+        if account:
+            out.setdefault(account, set()).update(q for q in qos.split(",") if q)
+    return out
+
+
+def entitlement_problem(assocs: dict[str, set[str]], user: str, team: str, priority: str) -> str | None:
+    """Why Slurm would refuse ``user`` submitting for account ``team`` with QOS ``priority``, as one line; None: it
+    would not (Slurm's associations are the entitlements; this reads them, it does not decide them).
+
+    >>> a = {"language": {"research"}}
+    >>> entitlement_problem(a, "bob", "language", "research") is None
+    True
+    >>> entitlement_problem(a, "bob", "vision", "research")  # doctest: +ELLIPSIS
+    "Slurm user 'bob' has no association with account 'vision' (identity.team = 'vision'; bob's accounts: ...
+    >>> entitlement_problem(a, "bob", "language", "urgent")  # doctest: +ELLIPSIS
+    "Slurm user 'bob' may not use QOS 'urgent' on account 'language' (resources.priority = 'urgent'; ...
+    """
+    if team not in assocs:
+        mine = ", ".join(sorted(assocs)) or "none"
+        return (
+            f"Slurm user {user!r} has no association with account {team!r} (identity.team = {team!r}; "
+            f"{user}'s accounts: {mine}); set identity.team to one of them, run as a member of {team}, or ask "
+            f"the Slurm admin: sacctmgr add user {user} account={team}"
+        )
+    if priority not in assocs[team]:
+        granted = ", ".join(sorted(assocs[team])) or "none"
+        return (
+            f"Slurm user {user!r} may not use QOS {priority!r} on account {team!r} (resources.priority = "
+            f"{priority!r}; granted: {granted}); use one of those, or ask the Slurm admin: sacctmgr modify user "
+            f"{user} where account={team} set qos+={priority}"
+        )
+    return None
+
+
+def half_life_mismatch(show_config: str, half_life_h: float) -> str | None:
+    """The pools config's ``scheduling.half_life_h`` against the controller's ``PriorityDecayHalfLife``
+    (``scontrol show config``): one line when they differ, None when they agree (or Slurm does not say).
+
+    >>> half_life_mismatch("PriorityDecayHalfLife   = 01:00:00", 1.0) is None
+    True
+    >>> half_life_mismatch("PriorityDecayHalfLife   = 7-00:00:00", 24.0)  # doctest: +ELLIPSIS
+    "fair share: scheduling.half_life_h = 24 h but ... PriorityDecayHalfLife = 7-00:00:00 (168 h); ...
+    """
+    m = re.search(r"^PriorityDecayHalfLife\s*=\s*(\S+)", show_config, re.MULTILINE)
+    if not m:
+        return None
+    seconds = parse_time_limit(m.group(1))
+    slurm_h = None if seconds is None or seconds == 0 else seconds / 3600.0
+    if slurm_h is not None and math.isclose(slurm_h, half_life_h, rel_tol=1e-3):
+        return None
+    shown = "no decay" if slurm_h is None else f"{slurm_h:g} h"
+    return (
+        f"fair share: scheduling.half_life_h = {half_life_h:g} h but Slurm decays usage with "
+        f"PriorityDecayHalfLife = {m.group(1)} ({shown}); Slurm's is the one that orders jobs: set "
+        "scheduling.half_life_h to it, or ask the Slurm admin to set PriorityDecayHalfLife in slurm.conf"
+    )
+
+
 def parse_job_id(stdout: str) -> str:
     """``sbatch --parsable`` prints ``ID`` or ``ID;cluster``."""
     return stdout.strip().splitlines()[-1].split(";")[0].strip()

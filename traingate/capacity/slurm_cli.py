@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import subprocess
 from collections.abc import Mapping, Sequence
 
 from traingate.capacity import slurm
+from traingate.capacity.pools import CapacityConfig, Engine
 from traingate.capacity.slurm import SlurmError, Unreachable, unreachable
 from traingate.settings import NODES_VAR
 
@@ -54,6 +56,29 @@ def submit(cmd: Sequence[str], job, pool) -> str:
             raise Unreachable(f"sbatch: {said}")
         raise SlurmError(slurm.refusal(out.stderr, job, pool))
     return slurm.parse_job_id(out.stdout)
+
+
+def check_entitled(team: str, priority: str, user: str | None = None) -> None:
+    """SlurmError (one line: account or QOS and the fix) unless ``user`` (default: this process's) may submit for
+    account ``team`` with QOS ``priority``, as Slurm's associations say. Reads; submits nothing."""
+    name = user or pwd.getpwuid(os.geteuid()).pw_name
+    text = run(["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"user={name}", "format=account,qos"])
+    problem = slurm.entitlement_problem(slurm.associations(text), name, team, priority)
+    if problem is not None:
+        raise SlurmError(problem)
+
+
+def check_pool_entitled(config: CapacityConfig | None, work_pool: str, team: str, priority: str) -> None:
+    """On a Slurm pool of ``config``: :func:`check_entitled`; on any other pool (or without a config), nothing.
+    The ladder calls it before it creates anything (MLflow run, stage directory, Slurm job); sbatch's own
+    refusal stays the backstop."""
+    pool = config.pools.get(work_pool) if config is not None else None
+    if pool is not None and pool.engine == Engine.SLURM:
+        check_entitled(team, priority)
+
+
+def show_config() -> str:
+    return run(["scontrol", "show", "config"])
 
 
 def squeue() -> str:
