@@ -127,13 +127,17 @@ def run_on_slurm(
     assert sup is not None
     result = outcomes.from_supervision(job, sup, held_s or (time.monotonic() - t0))
     # Charged from Slurm's accounting: every allocation of every job of the stage (a requeue's included).
+    allocs = [a for jid in (j["id"] for j in record["jobs"]) for a in _allocations(jid, log)]
+    if (warning := slurm_cost.untracked_gpus(allocs)) is not None:
+        log.warning("%s: %s", job.stage, warning)
     charged = slurm_cost.charged(
         job.run_id,
         job.stage,
         job.pool,
         pool.price_per_gpu_hour,
-        [a for jid in (j["id"] for j in record["jobs"]) for a in _allocations(jid, log)],
+        allocs,
         sup.status,
+        job.slots,
         [dataclasses.asdict(a) for a in sup.attempts],
     )
     result.attempts = [a.to_record() for a in charged]

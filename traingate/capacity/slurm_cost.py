@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from traingate.capacity.slurm import SlurmError, _load, _num, _state_word
+from traingate.capacity.slurm import _load, _num, _state_word
 from traingate.cost.ledger import Attempt, Outcome
 from traingate.job.vocab import Status
 
@@ -81,21 +81,16 @@ def charged(
     price_per_gpu_hour: float,
     allocs: Sequence[Allocation],
     final: Status,
+    requested_gpus: int,
     supervised: Sequence[dict[str, Any]] = (),
 ) -> list[Attempt]:
     """The stage's allocations (every job of it, in order) as ledger attempts numbered 0.. . ``final``: how the
     stage ended (the last allocation's outcome); ``supervised``: the supervisor's attempts (``asdict``), for idle.
-
-    An allocation without a gres/gpu TRES is a misconfigured pool (its jobs ran without GPUs): refused, since
-    charging it zero would hide the spend.
+    ``requested_gpus``: what the job asked for, charged for an allocation whose record has no gres/gpu (a
+    controller without ``AccountingStorageTRES=gres/gpu``; :func:`untracked_gpus` names them for a warning).
     """
     out = []
     for n, a in enumerate(allocs):
-        if a.gpus < 1:
-            raise SlurmError(
-                f"Slurm job {a.job_id}: sacct shows no gres/gpu allocated (AccountingStorageTRES lacks gres/gpu?); "
-                "add AccountingStorageTRES=gres/gpu to slurm.conf so traingate can charge what the job held"
-            )
         last = n == len(allocs) - 1
         if last:
             outcome = (
@@ -119,7 +114,7 @@ def charged(
                 stage,
                 n,
                 pool,
-                a.gpus,
+                a.gpus or requested_gpus,
                 price_per_gpu_hour,
                 float(a.start),
                 float(a.end),
@@ -128,3 +123,14 @@ def charged(
             )
         )
     return out
+
+
+def untracked_gpus(allocs: Sequence[Allocation]) -> str | None:
+    """One line for the log when some allocation's record lacks gres/gpu (charged at the requested GPUs), else None."""
+    ids = sorted({a.job_id for a in allocs if a.gpus < 1})
+    if not ids:
+        return None
+    return (
+        f"sacct shows no gres/gpu allocated for Slurm job(s) {', '.join(ids)}: charged at the GPUs the stage "
+        "requested; add AccountingStorageTRES=gres/gpu to slurm.conf so the charge is what Slurm allocated"
+    )
