@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from tgtest import TINY_DIGITS
+
 from traingate.capacity import slurm as tslurm
 from traingate.capacity.pools import parse_config
 
@@ -40,7 +40,8 @@ print("entitled")
 
 
 def _check_as(cluster, user: str, team: str, priority: str) -> subprocess.CompletedProcess:
-    return cluster.users[user].run([str(cluster.user_python), "-c", CHECK, team, priority, json.dumps(POOLS), POOL], timeout=60)
+    argv = [str(cluster.user_python), "-c", CHECK, team, priority, json.dumps(POOLS), POOL]
+    return cluster.users[user].run(argv, timeout=60)
 
 
 def _tg_jobs() -> list:
