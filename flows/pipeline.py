@@ -38,6 +38,7 @@ from tasks.tracking import (
 )
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
+from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
@@ -108,6 +109,14 @@ def stopped(state: State, summary: dict[str, Any]) -> State:
     return state
 
 
+def check_entitled(spec: RunSpec) -> None:
+    """On a Slurm pool (of the pools config this Prefect server carries): the submitting user's Slurm
+    associations grant the spec's team and priority class, or one SlurmError line naming the account or QOS
+    and the fix. `traingate run` calls it before the flow run; the ladder calls it for what a deployment hands it."""
+    with get_client(sync_client=True) as client:
+        check_pool_entitled(read_config(client), spec.resources.work_pool, spec.identity.team, spec.resources.priority)
+
+
 def summary_of(state: State) -> dict[str, Any] | None:
     """The summary a ladder (or a flow that wraps one) ended with, however it ended; None if it crashed."""
     data = state.result(raise_on_failure=False)
@@ -148,10 +157,10 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             spec = newest_snapshot(spec)
         check_spec(spec)
         preflight(spec, settings)
-        with get_client(sync_client=True) as client:  # a Slurm pool: its associations grant team and QOS
-            check_pool_entitled(
-                read_config(client), spec.resources.work_pool, spec.identity.team, spec.resources.priority
-            )
+        try:
+            check_entitled(spec)
+        except SlurmError as e:
+            return stopped(Failed(message=str(e)), {})
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     if resume_from is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -108,6 +109,7 @@ def test_a_refused_ladder_leaves_no_mlflow_run_no_stage_directory_and_no_slurm_j
     state = pipeline(str(spec), [], "full", return_state=True)
     assert state.is_failed(), state
     said = state.message or ""
+    assert said.startswith("Slurm user 'root' has no association"), said  # the line itself, no exception wrapper
     print(f"\nrefused ladder: {said}")
     assert "no association with account 'robotics'" in said and "identity.team = 'robotics'" in said, said
     assert "sacctmgr add user root account=robotics" in said and "\n" not in said, said
@@ -115,4 +117,31 @@ def test_a_refused_ladder_leaves_no_mlflow_run_no_stage_directory_and_no_slurm_j
     experiment = MlflowClient(Settings.from_env().tracking_uri).get_experiment_by_name(tree["identity"]["experiment"])
     assert experiment is None or not MlflowClient(Settings.from_env().tracking_uri).search_runs(
         [experiment.experiment_id])
+    assert _tg_jobs() == []
+
+
+def test_traingate_run_refuses_a_team_the_user_is_not_in_before_any_flow_run_in_one_line(
+        slurm, slurm_pools, prefect_api, state_dir, tmp_path):
+    import os
+
+    from prefect import get_client
+    from tgtest import PYTHON
+
+    tree = yaml.safe_load(TINY_DIGITS)
+    tree["identity"]["team"] = "robotics"
+    tree["resources"] = {"work_pool": POOL, "nodes": 1, "procs_per_node": 2}
+    tree["pools"] = {POOL: {"price_per_gpu_hour": 1.0, "gpus_per_node": 2}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tree))
+    with get_client(sync_client=True) as c:
+        before = len(c.read_flow_runs())
+    env = {**os.environ, **prefect_api, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    r = subprocess.run([str(Path(PYTHON).parent / "traingate"), "run", str(spec)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "no association with account 'robotics'" in r.stderr and "sacctmgr add user root" in r.stderr, r.stderr
+    with get_client(sync_client=True) as c:
+        assert len(c.read_flow_runs()) == before  # no flow run was created
+    assert not (state_dir / "runs").exists() or not any((state_dir / "runs").iterdir())
     assert _tg_jobs() == []
