@@ -42,5 +42,5 @@ def test_an_allocation_without_a_gres_gpu_record_is_charged_the_requested_gpus_a
 
 def test_a_record_that_never_started_holds_nothing():
     text = json.dumps({"jobs": [{"job_id": 5, "state": {"current": "CANCELLED"},
-                                 "time": {"start": 0, "end": 50, "elapsed": 0}, "tres": {"allocated": []}}]})
+                                 "time": {"start": 50, "end": 50, "elapsed": 0}, "tres": {"allocated": []}}]})
     assert allocations(text, "5") == []

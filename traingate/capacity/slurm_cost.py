@@ -51,14 +51,14 @@ def _gpus(tres: dict[str, Any]) -> int:
 
 def allocations(text: str, job_id: str) -> list[Allocation]:
     """Every allocation ``sacct -D -j JOB_ID --json`` printed for the job, oldest first; a record that never
-    started (cancelled or still pending) held nothing and is left out."""
+    started (cancelled while pending: sacct gives it a start and 0 s elapsed) held nothing and is left out."""
     out = []
     for j in _load(text, "sacct").get("jobs") or []:
         if str(j.get("job_id")) != str(job_id):
             continue
         t = j.get("time") or {}
         start, end, elapsed = _num(t.get("start")), _num(t.get("end")), _num(t.get("elapsed"))
-        if not start or elapsed is None or (end and end < start):
+        if not start or not elapsed or (end and end < start):
             continue
         state = _state_word((j.get("state") or {}).get("current"))
         out.append(Allocation(str(j["job_id"]), state, start, start + elapsed, _gpus(j.get("tres") or {})))
