@@ -295,8 +295,8 @@ def refusal(stderr: str, job: StageJob, pool: SlurmPool) -> str:
 def associations(show_assoc: str) -> dict[str, set[str]]:
     """``sacctmgr -nP show assoc user=U format=account,qos`` -> {account: QOS names it grants the user}.
 
-    >>> associations("vision|production,research\\nlanguage|research\\n")
-    {'vision': {'production', 'research'}, 'language': {'research'}}
+    >>> sorted((a, sorted(q)) for a, q in associations("vision|production,research\\nlanguage|research\\n").items())
+    [('language', ['research']), ('vision', ['production', 'research'])]
     """
     out: dict[str, set[str]] = {}
     for line in show_assoc.splitlines():

@@ -14,7 +14,7 @@ host is judged only by its flow run. A run without ``orchestrator.json`` is judg
 stages' ``supervisor.json`` pids; with no pid recorded anywhere it is left alone: "cannot
 tell" must never close a live run of a concurrent ladder.
 
->>> import tempfile; d = Path(tempfile.mkdtemp())
+>>> import os, tempfile; d = Path(tempfile.mkdtemp())
 >>> o = claim(d, flow_run_id="f-1")
 >>> read_orchestrator(d).pid == os.getpid(), gone(o)
 (True, None)
