@@ -45,9 +45,13 @@ def _check_as(cluster, user: str, team: str, priority: str) -> subprocess.Comple
     return cluster.users[user].run(argv, timeout=60)
 
 
+_LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+
+
 def _tg_jobs() -> list:
-    return [q for q in tslurm.queued_jobs(subprocess.run(["squeue", "--json"], capture_output=True,
-                                                         text=True).stdout) if q.name.startswith("tg-")]
+    """traingate's live jobs (squeue also lists jobs of earlier tests that ended less than MinJobAge ago)."""
+    out = subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout
+    return [q for q in tslurm.queued_jobs(out) if q.name.startswith("tg-") and q.state in _LIVE]
 
 
 def test_a_user_outside_the_teams_account_is_refused_in_one_line_naming_the_account_and_the_fix(slurm):
