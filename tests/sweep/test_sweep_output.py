@@ -21,7 +21,10 @@ def test_the_sweep_command_prints_its_stores_with_their_passwords_masked(sweep_s
     port = listener.getsockname()[1]
     monkeypatch.setenv("TRAINGATE_OPTUNA_STORAGE", f"postgresql://optuna:{PG_PW}@127.0.0.1:{port}/optuna")
     monkeypatch.setattr(flows.cli.sweep, "guard_this_process", lambda grace_s: None)
-    monkeypatch.setattr(flows.cli.sweep, "sweep", lambda spec, promote, return_state: Completed(
+    import flows.sweep
+
+    # The command imports the flow when it runs (after its checks), so the flow is replaced where it lives.
+    monkeypatch.setattr(flows.sweep, "sweep", lambda spec, promote, return_state: Completed(
         message="2 trials", data={"study": "s", "best_params": {"storage": f"postgresql://o:{PG_PW}@db/x"}}))
     try:
         assert main(["sweep", str(sweep_spec())]) == 0
