@@ -13,17 +13,22 @@ from traingate.spec import STAGES
 DEPLOYMENT = "pipeline/ci-canary"  # `traingate ci --commit`'s default deployment
 
 
-def spec_arguments(p: argparse.ArgumentParser) -> None:
-    """SPEC and --set, as `validate` and `run` take them."""
-    p.add_argument("spec", help="RunSpec YAML file")
+def set_argument(p: argparse.ArgumentParser, help: str, *, empty_default: bool = True) -> None:
+    """``--set KEY=VALUE`` (repeatable) into ``overrides``: every command that takes spec overrides."""
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
-        default=[],
+        default=[] if empty_default else None,
         metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set optim.lr=0.001 (repeatable)",
+        help=help,
     )
+
+
+def spec_arguments(p: argparse.ArgumentParser) -> None:
+    """SPEC and --set, as `validate` and `run` take them."""
+    p.add_argument("spec", help="RunSpec YAML file")
+    set_argument(p, "override a spec field, e.g. --set optim.lr=0.001 (repeatable)")
 
 
 def validate(p: argparse.ArgumentParser) -> None:
@@ -42,27 +47,16 @@ def resume(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stage", choices=STAGES, default=None, help="stage to resume (default: the run's first unfinished stage)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
+    set_argument(
+        p,
+        "change the spec for the rest of the run, e.g. --set budget.max_run_usd=20 after a "
         "budget pause (repeatable; a checkpoint refuses changes its state depends on)",
     )
 
 
 def drill(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set supervision.hang_timeout_s=10 (repeatable)",
-    )
+    set_argument(p, "override a spec field, e.g. --set supervision.hang_timeout_s=10 (repeatable)")
     p.add_argument("--stage", choices=["canary", "full"], default="full", help="stage to drill (default full)")
     p.add_argument("--faults", type=int, default=5, help="number of faults to inject (default 5)")
     p.add_argument(
@@ -77,14 +71,7 @@ def drill(p: argparse.ArgumentParser) -> None:
 
 def sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file with a `sweep:` section")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set sweep.n_trials=20 (repeatable)",
-    )
+    set_argument(p, "override a spec field, e.g. --set sweep.n_trials=20 (repeatable)")
     p.add_argument(
         "--promote",
         action="store_true",
@@ -197,14 +184,7 @@ def ci(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spec", dest="spec_path", help="with --commit: spec file inside the commit (default: the deployment's)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="override a spec field (repeatable)",
-    )
+    set_argument(p, "override a spec field (repeatable)", empty_default=False)
     p.add_argument(
         "--until", choices=STAGES, help="last stage (default: canary for a spec file, the deployment's for --commit)"
     )
@@ -219,11 +199,4 @@ def cost(p: argparse.ArgumentParser) -> None:
 
 def retrain(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file (data.uri may name the version {latest})")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set promotion.margin=0.01 (repeatable)",
-    )
+    set_argument(p, "override a spec field, e.g. --set promotion.margin=0.01 (repeatable)")
