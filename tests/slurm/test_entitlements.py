@@ -12,17 +12,13 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from slurm.test_engine import POOL, POOLS, slurm_pools  # noqa: F401 (a fixture)
 from tgtest import TINY_DIGITS
 
 from traingate.capacity import slurm as tslurm
 from traingate.capacity.pools import parse_config
 
-POOL = "slurm-gpu"
-POOLS = {"pools": {POOL: {"gpu": "A100-80GB", "gpus_per_node": 2, "nodes": 2, "price_per_gpu_hour": 1.0,
-                          "worker": "process", "engine": "slurm",
-                          "slurm": {"partition": "gpu", "gres_type": "a100"}}}}
 
 # The preflight as a user runs it: this process's user is the submitting one.
 CHECK = """
@@ -82,19 +78,6 @@ def test_a_local_pool_is_not_asked_about_slurm_associations(slurm):
                                             "price_per_gpu_hour": 0.0, "worker": "process"}}})
     slurm_cli.check_pool_entitled(local, "cpu", "nosuch", "urgent")  # the local engine's own rules hold there
     slurm_cli.check_pool_entitled(None, POOL, "nosuch", "urgent")  # no capacity config: no Slurm pool
-
-
-@pytest.fixture
-def slurm_pools(prefect_harness):
-    from prefect import get_client
-
-    from tasks import slots
-
-    with get_client(sync_client=True) as c:
-        slots.put_variable(c, slots.CONFIG_VAR, parse_config(POOLS).model_dump(mode="json"))
-    yield
-    with get_client(sync_client=True) as c:
-        slots.delete_variable(c, slots.CONFIG_VAR)
 
 
 def test_a_refused_ladder_leaves_no_mlflow_run_no_stage_directory_and_no_slurm_job(slurm, slurm_pools, state_dir,
