@@ -100,8 +100,10 @@ def test_fence_stops_an_orphaned_trainer_still_writing_into_the_trial_dir(tmp_pa
     from traingate.sweep.fence import fence, orphans
 
     # A stand-in trainer: its command line carries the runtime's module name, like the real one.
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "traingate.runtime.train"],
-                         start_new_session=True)
+    # It writes its heartbeat only once running, as the real one does: wait for its first line.
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)",
+                          "traingate.runtime.train"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
     (tmp_path / "heartbeat.rank0.json").write_text(json.dumps({"step": 3, "pid": p.pid, "time": time.time()}))
     assert orphans(tmp_path) == [p.pid]
     assert fence(tmp_path, grace_s=10) == [p.pid]
