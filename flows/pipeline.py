@@ -38,6 +38,8 @@ from tasks.tracking import (
 )
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
+from traingate.capacity import entitlements
+from traingate.capacity.pools import CapacityError
 from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
@@ -114,7 +116,12 @@ def check_entitled(spec: RunSpec) -> None:
     associations grant the spec's team and priority class, or one SlurmError line naming the account or QOS
     and the fix. `traingate run` calls it before the flow run; the ladder calls it for what a deployment hands it."""
     with get_client(sync_client=True) as client:
-        check_pool_entitled(read_config(client), spec.resources.work_pool, spec.identity.team, spec.resources.priority)
+        config = read_config(client)
+    check_pool_entitled(config, spec.resources.work_pool, spec.identity.team, spec.resources.priority)
+    # A local pool: the pools file's entitlements for this OS user (a stage's width is checked when it is admitted).
+    entitlements.check(
+        config, entitlements.os_user(), spec.identity.team, spec.resources.priority, spec.resources.work_pool, 0
+    )
 
 
 def summary_of(state: State) -> dict[str, Any] | None:
@@ -159,7 +166,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         preflight(spec, settings)
         try:
             check_entitled(spec)
-        except SlurmError as e:
+        except (SlurmError, CapacityError) as e:
             return stopped(Failed(message=str(e)), {})
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)

@@ -69,7 +69,7 @@ def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=(
                 f"for {now - (e.started_s or now):6.0f} s  {e.progress}"
             )
         usage = usage_now(history.get(name, {}), running, now, cfg.scheduling.half_life_h * 3600.0)
-        rules = rules_for(cfg, name)
+        rules = rules_for(cfg, name, [e.team for e in mine])
         for e in [
             next(w for w in waiting if w.job_id == j.job_id)
             for j in queue_order([w.job() for w in waiting], rules.policy, rules.classes, usage, _predict)

@@ -10,6 +10,7 @@ scheduling defaults. One YAML file (``examples/pools.yaml``), validated here; a 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +117,30 @@ class TeamBudget(_Section):
     period: Period = Field(description="day, week or month (calendar, UTC): the spend starts at 0 again after it")
 
 
+class Entitlement(_Section):
+    """What one team's members may ask of the local engine: priority classes and a slot quota per pool."""
+
+    members: list[str] = Field(default_factory=list, description="OS user names that run jobs for the team")
+    classes: list[str] = Field(min_length=1, description="priority classes the team's jobs may use")
+    quota: dict[str, int] = Field(default_factory=dict, description="pool -> max slots the team holds at once")
+
+
+class DefaultEntitlement(_Section):
+    """What a team that ``entitlements.teams`` does not list gets: a class list and a quota on every local pool."""
+
+    classes: list[str] = Field(min_length=1, description="priority classes an unlisted team may use")
+    quota: dict[str, int] = Field(description="local pool -> max slots each unlisted team holds at once")
+
+
+class Entitlements(_Section):
+    """Who may use which priority class and quota on the local engine. The team and member of a job come
+    from the OS user running traingate (checked by the pool's authority from its socket's peer
+    credentials), not from the spec."""
+
+    default: DefaultEntitlement
+    teams: dict[str, Entitlement] = Field(default_factory=dict)
+
+
 class SchedulingConfig(_Section):
     """The policy a pool runs by default (part 2 carries it out; the simulator compares it)."""
 
@@ -149,6 +174,10 @@ class CapacityConfig(_Section):
     team_budgets: dict[str, TeamBudget] = Field(
         default_factory=dict,
         description="team -> spend per period; a stage estimated above what is left is refused at its gate",
+    )
+    entitlements: Entitlements | None = Field(
+        default=None,
+        description="team -> members, classes, quota; absent: every OS user may use every class (one-user machine)",
     )
     scheduling: SchedulingConfig = SchedulingConfig()
     simulator: SimulatorConfig = SimulatorConfig()
@@ -196,15 +225,61 @@ class CapacityConfig(_Section):
                         f"quotas.{team}.{pool} = {cap}: a quota is at least 1 slot; "
                         f"remove the entry to leave the team uncapped"
                     )
+        if self.entitlements is not None:
+            self._entitlements_resolve(self.entitlements)
         return self
+
+    def _entitlements_resolve(self, ent: Entitlements) -> None:
+        local = sorted(n for n, p in self.pools.items() if p.engine == Engine.LOCAL)
+        sections = [("entitlements.default", ent.default.classes, ent.default.quota)]
+        sections += [(f"entitlements.teams.{t}", e.classes, e.quota) for t, e in ent.teams.items()]
+        for where, classes, quota in sections:
+            for c in classes:
+                if c not in self.priority_classes:
+                    raise ValueError(
+                        f"{where}.classes: {c!r} is not a priority class; use some of {sorted(self.priority_classes)}"
+                    )
+            for pool, cap in quota.items():
+                if pool not in local:
+                    raise ValueError(f"{where}.quota.{pool}: {pool!r} is not a local pool; use some of {local}")
+                if cap < 1:
+                    raise ValueError(f"{where}.quota.{pool} = {cap}: a quota is at least 1 slot; raise it")
+        missing = [p for p in local if p not in ent.default.quota]
+        if missing:
+            raise ValueError(
+                f"entitlements.default.quota: no quota for local pool {missing[0]!r}; an unlisted team is not "
+                f"unlimited: add {missing[0]}: SLOTS"
+            )
+        for team, e in ent.teams.items():
+            both = sorted(set(e.quota) & set(self.quotas.get(team, {})))
+            if both:
+                raise ValueError(
+                    f"entitlements.teams.{team}.quota.{both[0]}: also set in quotas.{team}.{both[0]}; "
+                    f"keep one of the two"
+                )
+
+    def quota_of(self, team: str, pool: str) -> int | None:
+        """The most slots ``team`` holds at once on ``pool``: its entitlement, its ``quotas`` entry, or, with
+        entitlements, the default quota for a team they do not list; None: uncapped."""
+        ent = self.entitlements
+        if ent is not None and team in ent.teams and pool in ent.teams[team].quota:
+            return ent.teams[team].quota[pool]
+        if pool in self.quotas.get(team, {}):
+            return self.quotas[team][pool]
+        if ent is not None and team not in ent.teams:
+            return ent.default.quota.get(pool)
+        return None
 
     def rank(self, priority_class: str) -> int:
         """Sort key: the most important class first."""
         return -self.priority_classes[priority_class].priority
 
-    def quotas_on(self, pool: str) -> dict[str, int]:
-        """Team -> slot cap on ``pool`` (teams without an entry are uncapped)."""
-        return {team: caps[pool] for team, caps in self.quotas.items() if pool in caps}
+    def quotas_on(self, pool: str, teams: Iterable[str] = ()) -> dict[str, int]:
+        """Team -> slot cap on ``pool`` for every team with one, ``teams`` included (with entitlements, an
+        unlisted team has the default quota); teams without a cap are absent (uncapped)."""
+        names = set(self.quotas) | set(teams) | set(self.entitlements.teams if self.entitlements else ())
+        caps = {team: self.quota_of(team, pool) for team in sorted(names)}
+        return {team: cap for team, cap in caps.items() if cap is not None}
 
 
 def parse_config(tree: Any, source: str = "capacity config") -> CapacityConfig:

@@ -113,11 +113,13 @@ class Decision:
     why: str = ""
 
 
-def rules_for(cfg: CapacityConfig, pool: str) -> Rules:
+def rules_for(cfg: CapacityConfig, pool: str, teams: Sequence[str] = ()) -> Rules:
+    """The rules of ``pool``; ``teams``: the teams with jobs there (with entitlements, an unlisted team's
+    quota is the default one)."""
     return Rules(
         Policy.default(cfg.scheduling),
         cfg.priority_classes,
-        cfg.quotas_on(pool),
+        cfg.quotas_on(pool, teams),
         restart_cost_s=cfg.simulator.restart_cost_s,
     )
 
@@ -190,7 +192,7 @@ def decide(me: str, entries: Sequence[Entry], cfg: CapacityConfig, now: float, u
     on_pool = [e for e in entries if e.pool == mine.pool]
     running = placed([e for e in on_pool if e.state == RUNNING], gpn, pool.nodes)
     waiting = [e.job() for e in on_pool if e.state == WAITING]
-    rules = rules_for(cfg, mine.pool)
+    rules = rules_for(cfg, mine.pool, [e.team for e in on_pool])
     plan = schedule(now, pool, running, waiting, rules, usage, _predict)
     order = [j.job_id for j in queue_order(waiting, rules.policy, rules.classes, usage, _predict)]
     position = order.index(me) + 1

@@ -1,0 +1,95 @@
+"""The pools file's entitlements: who may use which class and quota on a local pool, refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from traingate.capacity import entitlements
+from traingate.capacity.pools import CapacityError, parse_config
+from traingate.capacity.queue import rules_for
+
+POOL = {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}
+
+
+def _cfg(**extra):
+    tree = {
+        "pools": {"p": POOL},
+        "entitlements": {
+            "default": {"classes": ["research"], "quota": {"p": 1}},
+            "teams": {
+                "vision": {"members": ["alice", "bob"], "classes": ["research", "production"], "quota": {"p": 4}},
+                "ops": {"members": ["carol"], "classes": ["research", "urgent"]},
+            },
+        },
+    }
+    tree.update(extra)
+    return parse_config(tree)
+
+
+def test_a_member_gets_her_teams_classes_and_quota():
+    cfg = _cfg()
+    assert entitlements.problem(cfg, "alice", "vision", "production", "p", 4) is None
+    assert cfg.quota_of("vision", "p") == 4
+
+
+def test_a_user_outside_a_listed_team_is_refused_naming_the_team_and_its_members():
+    why = entitlements.problem(_cfg(), "eve", "vision", "research", "p", 1)
+    assert why is not None and why.startswith("identity.team = 'vision': OS user 'eve' is not a member")
+    assert "(members: alice, bob)" in why and "entitlements.teams.vision.members" in why
+
+
+def test_a_class_the_team_is_not_allowed_is_refused_naming_what_is_allowed():
+    why = entitlements.problem(_cfg(), "bob", "vision", "urgent", "p", 1)
+    assert why == (
+        "resources.priority = 'urgent': team vision may use research, production "
+        "(entitlements.teams.vision.classes); use one of them"
+    )
+
+
+def test_an_unlisted_team_gets_the_default_class_and_quota_not_unlimited():
+    cfg = _cfg()
+    assert entitlements.problem(cfg, "eve", "newteam", "research", "p", 1) is None
+    assert "entitlements.default.classes" in (entitlements.problem(cfg, "eve", "newteam", "urgent", "p", 1) or "")
+    over = entitlements.problem(cfg, "eve", "newteam", "research", "p", 2)
+    assert over == (
+        "2 slots on pool 'p' exceed team newteam's quota of 1 (entitlements.default.quota.p); "
+        "lower resources.procs_per_node or resources.nodes"
+    )
+    # The scheduler caps the unlisted team at the default quota too; a listed team without one is uncapped.
+    assert rules_for(cfg, "p", ["newteam", "ops"]).quotas == {"newteam": 1, "vision": 4}
+
+
+def test_check_raises_the_one_line_and_without_entitlements_everyone_may_use_every_class():
+    with pytest.raises(CapacityError, match=r"^resources.priority = 'urgent'"):
+        entitlements.check(_cfg(), "alice", "vision", "urgent", "p", 1)
+    open_cfg = parse_config({"pools": {"p": POOL}})
+    assert entitlements.problem(open_cfg, "anyone", "any", "urgent", "p", 4) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"default": {"classes": ["research"], "quota": {}}},
+            "entitlements.default.quota: no quota for local pool 'p'",
+        ),
+        ({"default": {"classes": ["vip"], "quota": {"p": 1}}}, "entitlements.default.classes: 'vip' is not a priority"),
+        (
+            {
+                "default": {"classes": ["research"], "quota": {"p": 1}},
+                "teams": {"v": {"classes": ["research"], "quota": {"q": 1}}},
+            },
+            "entitlements.teams.v.quota.q: 'q' is not a local pool",
+        ),
+        ({"default": {"classes": ["research"], "quota": {"p": 0}}}, "entitlements.default.quota.p = 0"),
+    ],
+)
+def test_a_bad_entitlements_section_is_one_line_naming_the_field(change, message):
+    with pytest.raises(CapacityError) as e:
+        parse_config({"pools": {"p": POOL}, "entitlements": change})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_quota_set_both_in_quotas_and_in_the_entitlement_is_refused():
+    with pytest.raises(CapacityError, match=r"entitlements.teams.vision.quota.p: also set in quotas.vision.p"):
+        _cfg(quotas={"vision": {"p": 2}})
