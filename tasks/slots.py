@@ -56,8 +56,7 @@ from traingate.capacity.queue import (
     key,
     usage_now,
 )
-from traingate.cost import sizing
-from traingate.job import files
+from traingate.job import files, sizing
 from traingate.job.stagejob import StageJob
 
 CONFIG_VAR = "traingate-pools"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from traingate.cost import sizing
+from traingate.job import sizing
 from traingate.job.stagejob import derive
 from traingate.ladder.outcomes import _estimate_next
 from traingate.settings import Settings

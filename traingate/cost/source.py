@@ -7,7 +7,7 @@ StageResult, whose ``attempts`` are the attempts as charged when the stage ended
 price, start, end, backoff, idle, outcome, dollars; :func:`traingate.ladder.outcomes.from_supervision`),
 and whose ``estimated_cost_usd`` is what the stage before it estimated. A result recorded before
 attempts were is charged from its ``details.supervision.attempts`` at the slots and price the spec
-gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.cost.sizing.slots`).
+gives the stage (:func:`traingate.job.world.stage_world`, :func:`traingate.job.sizing.slots`).
 
 Not covered: sweep trials (their runs record a total cost, ``trial.cost_usd``, not attempts) and
 stages that have not ended (no result yet); :class:`Gathered` counts the stages it skipped.
@@ -26,9 +26,9 @@ from mlflow.entities import Run as MlflowRun
 from mlflow.tracking import MlflowClient
 
 from traingate.capacity.pools import TeamBudget
-from traingate.cost import sizing
 from traingate.cost.budget import BudgetLeft, budget_left
 from traingate.cost.ledger import Attempt, Run, attempts_of
+from traingate.job import sizing
 from traingate.job.world import stage_world
 from traingate.spec import RunSpec, parse_spec
 from traingate.tracking.runs import SPEC_ARTIFACT, stage_runs

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from traingate.cost import sizing
-from traingate.job import files
+from traingate.job import files, sizing
 from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
 from traingate.redact import redact

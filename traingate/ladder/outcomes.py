@@ -9,9 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from traingate.cost import sizing
 from traingate.cost.ledger import Attempt, attempts_of
-from traingate.job import files
+from traingate.job import files, sizing
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from traingate.cost import sizing
+from traingate.job import sizing
 from traingate.job.files import read_supervisor_state
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
