@@ -30,11 +30,11 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
-from traingate.capacity import slurm, slurm_cli, slurm_cost
+from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import PoolConfig
 from traingate.capacity.slurm_cli import Unreachable
 from traingate.capacity.slurm_result import after_end, supervision_of
-from traingate.cost import ledger
+from traingate.cost import ledger, slurm_cost
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status

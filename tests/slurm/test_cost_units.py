@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from traingate.capacity.slurm_cost import Allocation, allocations, charged, untracked_gpus
+from traingate.cost.slurm_cost import Allocation, allocations, charged, untracked_gpus
 from traingate.cost.ledger import total_usd
 from traingate.job.vocab import Status
 
