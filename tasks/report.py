@@ -8,7 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
-from traingate.ladder.stage import GateDecision, StageResult, render_markdown
+from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact
 from traingate.spec import STAGES
 

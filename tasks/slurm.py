@@ -36,10 +36,10 @@ from traingate.capacity.slurm_cli import Unreachable
 from traingate.capacity.slurm_result import after_end, supervision_of
 from traingate.cost import ledger, slurm_cost
 from traingate.job import files
+from traingate.job.result import StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
 from traingate.ladder import outcomes
-from traingate.ladder.stage import StageResult
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.supervision.supervisor import canary_p99, read_state

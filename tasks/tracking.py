@@ -22,8 +22,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
+from traingate.job.result import GateDecision, StageResult
 from traingate.ladder import replay
-from traingate.ladder.stage import GateDecision, StageResult
 from traingate.promotion.register import register_candidate as register
 from traingate.settings import Settings
 from traingate.spec import RunSpec

@@ -27,10 +27,10 @@ from traingate.capacity.pools import Engine
 from traingate.cost.budget import BudgetLeft, Scope, tightest
 from traingate.cost.ledger import Attempt
 from traingate.cost.source import budgets_for
+from traingate.job.result import StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import outcomes
-from traingate.ladder.stage import StageResult
 from traingate.monitor.live import run_spend_usd
 from traingate.redact import redact_tree
 from traingate.settings import Settings

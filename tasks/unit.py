@@ -12,8 +12,8 @@ from prefect.cache_policies import NONE
 
 import traingate.recipes.checks as checks
 from traingate.job import envvars
+from traingate.job.result import StageResult
 from traingate.ladder import outcomes
-from traingate.ladder.stage import StageResult
 from traingate.launch import proc
 from traingate.spec import RunSpec
 

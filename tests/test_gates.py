@@ -5,7 +5,7 @@ import math
 
 from traingate.ladder.gates import decide
 from traingate.spec import GateRule, GateSpec, default_gate
-from traingate.ladder.stage import StageResult, render_markdown
+from traingate.job.result import StageResult, render_markdown
 
 
 def _gate(*rules):

@@ -15,7 +15,7 @@ from traingate.cost.source import budgets_for, sweep_spend_usd
 from traingate.ladder.gates import decide
 from traingate.job.vocab import Status
 from traingate.spec import GateSpec, load_spec_text
-from traingate.ladder.stage import GateDecision, StageResult
+from traingate.job.result import GateDecision, StageResult
 from traingate.tracking import runs
 
 IDENTITY = {"code": {"sha": "0" * 40, "dirty": "false"}, "data_snapshot": "d" * 64,

@@ -23,7 +23,7 @@ from traingate.job.vocab import Cause, Status
 from traingate.launch.proc import ProcResult
 from traingate.settings import Settings
 from traingate.spec import load_spec_text
-from traingate.ladder.stage import GateDecision, StageResult
+from traingate.job.result import GateDecision, StageResult
 from traingate.supervision.supervisor import Attempt as SupAttempt
 from traingate.supervision.supervisor import Supervision
 from traingate.tracking import runs

@@ -307,7 +307,7 @@ def test_a_script_without_metric_steps_is_watched_by_its_output_lines(tmp_path, 
 
 
 def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_its_reason(tmp_path, state_dir):
-    from traingate.ladder.stage import StageResult
+    from traingate.job.result import StageResult
 
     workdir = copy_project(tmp_path, JSONL_LATEST)
     spec = script_spec(workdir, {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}"],

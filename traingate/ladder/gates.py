@@ -14,7 +14,7 @@ import operator
 from collections.abc import Sequence
 
 from traingate.cost.budget import BudgetLeft, refusals
-from traingate.ladder.stage import NEXT_STAGE, GateDecision, StageResult
+from traingate.job.result import NEXT_STAGE, GateDecision, StageResult
 from traingate.spec import GateSpec
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}

@@ -15,8 +15,8 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from traingate.job.files import JOB
+from traingate.job.result import GateDecision, StageResult
 from traingate.job.stagejob import StageJob
-from traingate.ladder.stage import GateDecision, StageResult
 from traingate.promotion.register import register_candidate
 from traingate.spec import load_spec
 from traingate.tracking.journal import Journal, journal_path, pending_bytes

@@ -24,7 +24,7 @@ from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from traingate.ladder.stage import GateDecision, StageResult, render_markdown
+from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
 from traingate.runtime.catalog import CheckpointCatalog, step_dir
 from traingate.settings import export_s3_endpoint
