@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import torch
 
-from traingate.runtime.catalog import (
+from traingate.job.catalog import (
     _STEP_DIR,
     MANIFEST,
     CheckpointCatalog,

@@ -24,9 +24,9 @@ from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from traingate.job.catalog import CheckpointCatalog, step_dir
 from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
-from traingate.runtime.catalog import CheckpointCatalog, step_dir
 from traingate.settings import export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
