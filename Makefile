@@ -32,8 +32,9 @@ test-deps:
 	fi
 
 # Two pytest-xdist workers; a test file stays on one worker, so a module's shared ladder or server
-# starts once. Most slow tests wait on servers and paced training steps, so two share 2 cores well.
-XDIST := -n 2 --dist loadfile
+# starts once. Files are handed out in the order tests/conftest.py sorts them (most long tests
+# first); xdist's default reorder by test count would start the one-test end-to-end files last.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 ## make test: the whole suite, slow end-to-end tests included
 test: setup test-deps

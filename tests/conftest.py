@@ -97,14 +97,21 @@ def s3_server(monkeypatch):
     server.stop()
 
 
+def _is_long(item) -> bool:
+    """A test that takes seconds to minutes: marked slow, or run on the Slurm test cluster."""
+    return item.get_closest_marker("slow") is not None or bool({"slurm", "slurm_cluster"} & set(item.fixturenames))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with the most slow tests first, each file's tests kept together and in order: under
-    `make test`'s workers the long files start early and the many short ones fill the end, instead
-    of a long file starting last while the other worker idles."""
-    slow: dict = {}
+    """Files with the most long tests first, each file's tests kept together and in order: under
+    `make test`'s workers (`--dist loadfile --no-loadscope-reorder`, which keeps this order) the long
+    files start early and the many short ones fill the end, instead of a long file starting last
+    while the other worker idles. xdist's default reorder hands out files by test count instead,
+    which starts the one-test end-to-end files last."""
+    long: dict = {}
     for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.path])
+        long[item.path] = long.get(item.path, 0) + _is_long(item)
+    items.sort(key=lambda item: -long[item.path])
 
 
 def pytest_sessionfinish(session, exitstatus):
