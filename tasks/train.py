@@ -30,11 +30,10 @@ from traingate.cost.source import budgets_for
 from traingate.job.result import StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
-from traingate.ladder import outcomes
+from traingate.ladder import outcomes, stage_run
 from traingate.monitor.live import run_spend_usd
 from traingate.redact import redact_tree
 from traingate.settings import Settings
-from traingate.supervision import stage_run
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request
 from traingate.tracking import runs
 

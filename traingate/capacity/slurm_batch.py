@@ -1,7 +1,7 @@
 """The batch step of a Slurm job: ``python -m traingate.capacity.slurm_batch --job PATH``.
 
 It runs inside the allocation, on its first node, and trains the stage exactly as the local engine
-does (:func:`traingate.supervision.stage_run.train`: the same supervisor, heartbeats, restarts,
+does (:func:`traingate.ladder.stage_run.train`: the same supervisor, heartbeats, restarts,
 emergency checkpoint). A job on several nodes starts one torchrun agent per allocated node through
 :mod:`traingate.launch.nodes` (``TRAINGATE_NODES=slurm:n1,n2``: a one-task ``srun --overlap`` step
 each), its c10d rendezvous on the first node's NodeAddr, gloo bound to each node's interface.
@@ -30,9 +30,9 @@ from traingate.capacity.slurm import SIGNALLED, STOP_FILE, SlurmError
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
+from traingate.ladder import stage_run
 from traingate.settings import NODES_VAR
 from traingate.spec import apply_overrides, parse_spec
-from traingate.supervision import stage_run
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, request_stop, stop_request
 
 _signalled: list[int] = []
