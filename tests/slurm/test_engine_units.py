@@ -40,7 +40,7 @@ def test_the_sbatch_command_maps_team_class_nodes_and_gpus_and_runs_the_batch_st
                 "--qos=production", "--time=3", "--requeue", "--signal=B:TERM@30", "--job-name=tg-r1-full",
                 f"--output={stage_dir}/slurm-%j.out", f"--chdir={stage_dir}", "--constraint=ib"):
         assert opt in cmd, opt
-    assert cmd[-1] == (f"--wrap=exec /venv/bin/python -m traingate.capacity.slurm_batch --job "
+    assert cmd[-1] == (f"--wrap=exec /venv/bin/python -m traingate.ladder.slurm_batch --job "
                        f"{stage_dir}/slurm_job.json --resume")
     assert "--gres=gpu:2" in slurm.sbatch_command(job, SlurmPool(partition="gpu"), python="p", time_limit_s=60,
                                                   grace_s=5)

@@ -14,8 +14,6 @@
 - :mod:`traingate.capacity.slurm`     — the Slurm engine's mapping: sbatch options of a StageJob,
   squeue/sinfo/sacct JSON, job states to endings, sbatch refusals in one line.
 - :mod:`traingate.capacity.slurm_cli` — the Slurm commands, run; an unanswering controller is retryable.
-- :mod:`traingate.capacity.slurm_batch` — the batch step of a Slurm job: the same supervisor, one
-  torchrun agent per allocated node, requeue after a preemption's emergency checkpoint.
 
 The orchestrator (Prefect work queues and global concurrency limits) carries out what
 :func:`traingate.capacity.policy.schedule` decides; the simulator calls the same function.

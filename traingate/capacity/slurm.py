@@ -38,7 +38,7 @@ from traingate.capacity.pools import SlurmPool
 from traingate.job.stagejob import StageJob
 from traingate.spec import SpecError
 
-BATCH_MODULE = "traingate.capacity.slurm_batch"
+BATCH_MODULE = "traingate.ladder.slurm_batch"
 JOB_FILE = "slurm_job.json"  # the StageJob the batch step runs (the submitter writes it; job.json is per launch)
 RECORD_FILE = "slurm.json"  # the stage's Slurm job id(s): who submitted what, when
 STOP_FILE = "slurm_stop"  # written before traingate itself signals its job: a stop, not a preemption
@@ -174,7 +174,7 @@ def sbatch_command(
     >>> cmd[6:11]
     ['--account=vision', '--qos=research', '--time=60', '--requeue', '--signal=B:TERM@30']
     >>> cmd[-1]
-    '--wrap=exec py -m traingate.capacity.slurm_batch --job /s/r1/full/slurm_job.json'
+    '--wrap=exec py -m traingate.ladder.slurm_batch --job /s/r1/full/slurm_job.json'
     """
     stage_dir = Path(job.stage_dir)
     batch = [python, "-m", BATCH_MODULE, "--job", str(stage_dir / JOB_FILE), *(["--resume"] if resume else [])]

@@ -1,7 +1,7 @@
 """One stage's supervised training, as every engine runs it: the smoke stage's two halves, else one supervision.
 
 The local engine calls it in the launch task; the Slurm engine in the job's batch step
-(:mod:`traingate.capacity.slurm_batch`). Same function, so a stage trains the same way on both.
+(:mod:`traingate.ladder.slurm_batch`). Same function, so a stage trains the same way on both.
 """
 
 from __future__ import annotations

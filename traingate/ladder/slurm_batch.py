@@ -1,4 +1,4 @@
-"""The batch step of a Slurm job: ``python -m traingate.capacity.slurm_batch --job PATH``.
+"""The batch step of a Slurm job: ``python -m traingate.ladder.slurm_batch --job PATH``.
 
 It runs inside the allocation, on its first node, and trains the stage exactly as the local engine
 does (:func:`traingate.ladder.stage_run.train`: the same supervisor, heartbeats, restarts,
@@ -58,9 +58,7 @@ def allocated(job: StageJob, nodelist: str) -> StageJob:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m traingate.capacity.slurm_batch", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m traingate.ladder.slurm_batch", description=__doc__.split("\n")[0])
     parser.add_argument("--job", required=True, help="the stage's slurm_job.json")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted supervision of the stage")
     args = parser.parse_args(argv)
