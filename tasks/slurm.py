@@ -33,7 +33,6 @@ from mlflow.exceptions import MlflowException
 from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import PoolConfig
 from traingate.capacity.slurm_cli import Unreachable
-from traingate.capacity.slurm_result import after_end, supervision_of
 from traingate.cost import ledger, slurm_cost
 from traingate.job import files
 from traingate.job.result import StageResult
@@ -42,6 +41,7 @@ from traingate.job.vocab import Cause, Status
 from traingate.ladder import outcomes
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
+from traingate.supervision.slurm_result import after_end, supervision_of
 from traingate.supervision.supervisor import canary_p99, read_state
 from traingate.tracking import runs
 

@@ -10,7 +10,7 @@ from tgtest import TINY_DIGITS
 from traingate.capacity import slurm
 from traingate.capacity.pools import SlurmPool
 from traingate.capacity.slurm import AccountedJob, Ending, SlurmError
-from traingate.capacity.slurm_result import after_end
+from traingate.supervision.slurm_result import after_end
 from traingate.job import files
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status

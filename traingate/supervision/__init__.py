@@ -7,4 +7,5 @@ orchestrator, never inside a training process (their half lives in :mod:`trainga
 - :mod:`oom`       the opt-in OOM policy (half the micro-batch, double the accumulation)
 - :mod:`supervisor` the restart loop around one StageJob's process tree: the one launch path
 - :mod:`drill`     fault-injection drills and their report
+- :mod:`slurm_result` after a Slurm job ended: the supervisor's verdict, a resubmission, or what Slurm did
 """
