@@ -30,11 +30,11 @@ from tasks.sweep import (
 )
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
+from traingate.ladder.sweep_preflight import check_sweep
 from traingate.settings import LocationError
 from traingate.snapshots import resolve_spec
 from traingate.spec import RunSpec, load_spec
 from traingate.sweep import compat_optuna
-from traingate.sweep.checks import check_sweep
 from traingate.sweep.driver import drive
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.results import Reproduction, ranked, reproducibility, sweep_seeds

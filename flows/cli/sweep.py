@@ -6,12 +6,12 @@ import argparse
 import os
 
 from flows.cli.run import guard_this_process
+from traingate.ladder.sweep_preflight import check_sweep
 from traingate.redact import redact
 from traingate.secrets import protect_spec
 from traingate.settings import Settings
 from traingate.snapshots import resolve_spec
 from traingate.spec import load_spec
-from traingate.sweep.checks import check_sweep
 
 
 def main(args: argparse.Namespace) -> int:
