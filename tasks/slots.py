@@ -187,7 +187,6 @@ class GangSlots:
         self.max_steps = job.max_steps
         self.kind_key = f"{key(job.spec.identity.experiment)}/{job.stage}/{job.slots}"
         step_s = _canary_step_s(job)
-        every = job.spec.checkpoint
         with client_factory() as client:
             est = (
                 sizing.estimate_stage({"step_time_mean_s": step_s}, job.max_steps, job.slots, 0.0)["wall_s"]
@@ -203,13 +202,7 @@ class GangSlots:
             pool=job.pool,
             slots=job.slots,
             submit_s=time.time(),
-            checkpoint_every_s=(
-                every.every_minutes * 60.0
-                if every.every_minutes
-                else every.every_steps * step_s
-                if every.every_steps and step_s
-                else None
-            ),
+            checkpoint_every_s=job.checkpoint_interval_s(step_s),
             est_duration_s=est,
             host=socket.gethostname(),
             pid=os.getpid(),

@@ -16,6 +16,7 @@ import random
 import time
 from pathlib import Path
 
+from traingate.job.stagejob import JobKind, derive
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.settings import Settings
 from traingate.snapshots import resolve_spec
@@ -31,21 +32,15 @@ def main(args: argparse.Namespace) -> int:
     preflight(spec, settings)
     settings.ensure()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    limits = getattr(spec.stages, args.stage)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    work = settings.state_dir / "drills" / time.strftime("%Y%m%d-%H%M%S")
+    # The faults fit the stage's own StageJob: its steps, its world size, its checkpoint interval.
+    job = derive(spec, args.stage, run_id="drill", run_dir=work, settings=settings, kind=JobKind.DRILL)
     try:
-        faults = plan(
-            kinds,
-            args.faults,
-            limits.max_steps,
-            spec.world_size if args.stage == "full" else spec.resources.procs_per_node,
-            seed,
-            spec.checkpoint.every_steps,
-        )
+        faults = plan(kinds, args.faults, job.max_steps, job.world_size, seed, job.checkpoint_every_steps)
     except ValueError as e:
         print(f"traingate drill: {e}")
         return 2
-    work = settings.state_dir / "drills" / time.strftime("%Y%m%d-%H%M%S")
     print(f"drill: seed {seed}, faults {', '.join(f.token for f in faults)}; work dir {work}", flush=True)
     report = run_drill(spec, args.stage, faults, Path(work), Hooks(info=lambda m: print(m, flush=True)), settings)
     print()

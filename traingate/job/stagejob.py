@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from traingate.job import files, sizing
 from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
+from traingate.monitor.rules import checkpoint_interval_s
 from traingate.redact import redact
 from traingate.settings import TRACKING_URI_VAR, Settings
 from traingate.spec import RunSpec, ScriptRecipe, parse_spec
@@ -76,6 +77,10 @@ class StageJob:
     # limits
     max_steps: int
     timeout_s: float
+    # checkpoint interval: every N steps and/or every S seconds (None: that trigger is off). The training
+    # loop saves by them, the supervisor judges staleness by them and the scheduler prices a preemption by them.
+    checkpoint_every_steps: int | None
+    checkpoint_every_s: float | None
     # locations
     run_dir: str
     stage_dir: str
@@ -138,9 +143,9 @@ class StageJob:
         """Built-in recipes write heartbeats and result.json; a user's script writes neither."""
         return not self.is_script
 
-    @property
-    def checkpoint_every_steps(self) -> int | None:
-        return self.spec.checkpoint.every_steps
+    def checkpoint_interval_s(self, step_time_s: float | None) -> float | None:
+        """The expected seconds between checkpoints at ``step_time_s`` per step: the sooner trigger."""
+        return checkpoint_interval_s(self.checkpoint_every_steps, self.checkpoint_every_s, step_time_s)
 
     def lr_scale_at(self, step: int) -> float:
         """The learning-rate factor of the roll-backs that went back to ``step`` or before."""
@@ -245,6 +250,8 @@ def derive(
         priority=spec.resources.priority,
         max_steps=limits.max_steps,
         timeout_s=timeout_s,
+        checkpoint_every_steps=spec.checkpoint.every_steps,
+        checkpoint_every_s=spec.checkpoint.every_minutes * 60.0 if spec.checkpoint.every_minutes else None,
         run_dir=str(run_dir),
         stage_dir=str(stage_dir),
         checkpoint_uri=checkpoint_uri or join(spec.checkpoint.uri or settings.checkpoint_uri, run_id, stage),

@@ -551,10 +551,14 @@ def data_loader_stall(data_wait: Series, step_time: Series, spec: DataLoaderStal
 # ---------------------------------------------------------------- run health
 
 
-def checkpoint_interval_s(every_steps: int | None, every_minutes: float | None, step_time_s: float) -> float | None:
-    """The expected time between checkpoints: the sooner of the step and the time trigger."""
-    candidates = [every_minutes * 60.0] if every_minutes else []
-    if every_steps and step_time_s > 0:
+def checkpoint_interval_s(every_steps: int | None, every_s: float | None, step_time_s: float | None) -> float | None:
+    """The expected time between checkpoints: the sooner of the step and the time trigger (None: neither).
+
+    >>> checkpoint_interval_s(50, 600.0, 2.0), checkpoint_interval_s(50, None, None)
+    (100.0, None)
+    """
+    candidates = [every_s] if every_s else []
+    if every_steps and step_time_s:
         candidates.append(every_steps * step_time_s)
     return min(candidates) if candidates else None
 

@@ -367,7 +367,7 @@ class Trainer:
                 len(self.train),
                 f", resumed from step {out.resumed_from_step}" if out.resumed_from_step else "",
             )
-        ck = self.spec.checkpoint
+        every_steps, every_s = self.job.checkpoint_every_steps, self.job.checkpoint_every_s
         last_ckpt_time = time.monotonic()
         self.model.train()
         losses: list[float] = []
@@ -456,9 +456,9 @@ class Trainer:
                 self.save(emergency=True)
                 out.status = Status.STOPPED
                 break
-            due_steps = ck.every_steps and self.step % ck.every_steps == 0
-            due_time = ck.every_minutes and time.monotonic() - last_ckpt_time >= ck.every_minutes * 60
-            if self.d.world_size > 1 and ck.every_minutes:
+            due_steps = every_steps and self.step % every_steps == 0
+            due_time = every_s and time.monotonic() - last_ckpt_time >= every_s
+            if self.d.world_size > 1 and every_s:
                 box = torch.tensor(float(bool(due_time)))
                 dist.all_reduce(box, op=dist.ReduceOp.MAX)  # wall clocks differ; agree on one step
                 due_time = bool(box > 0)

@@ -798,7 +798,6 @@ class _Watch:
         alerts = self.job.spec.alerts
         if not (alerts.enabled and alerts.checkpoint_stale.enabled):
             return False
-        ck = self.job.spec.checkpoint
         attempt = self.attempts[-1]
         last_step, created = _latest_checkpoint(self.job.checkpoint_uri)
         start = attempt.start_steps.get(0, beat.start_step)
@@ -807,9 +806,9 @@ class _Watch:
         why = heartbeat.checkpoint_stale(
             beat.step,
             max(last_step or 0, start or 0),
-            ck.every_steps,
+            self.job.checkpoint_every_steps,
             since,
-            ck.every_minutes * 60 if ck.every_minutes else None,
+            self.job.checkpoint_every_s,
             factor=alerts.checkpoint_stale.factor,
         )
         if why is None:
