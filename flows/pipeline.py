@@ -48,7 +48,7 @@ from traingate.job.vocab import Status
 from traingate.ladder.gates import decide
 from traingate.ladder.plan import ResumePoint, resume_point, stages_until
 from traingate.ladder.preflight import check_spec, preflight
-from traingate.redact import redact
+from traingate.redact import redact, register_secret
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
@@ -307,6 +307,7 @@ def load_secret_blocks() -> list[str]:
             continue
         try:
             os.environ[var] = cast(Secret, Secret.load(block)).get()  # load() from sync code: the block
+            register_secret(os.environ[var])  # masked wherever this process writes it, whatever VAR is called
         except ValueError as e:  # Prefect: "Unable to find block document named ..."
             raise LocationError(
                 f"{SECRET_BLOCKS_VAR}: Secret block {block!r} (for ${var}) cannot be loaded ({e}); "

@@ -170,3 +170,35 @@ def test_a_malformed_logging_call_does_not_leak_its_arguments(restore_record_fac
     logger, stream = _capture(handler_filter=False)
     logger.info("two %s %s", "password=" + SECRET)  # one argument short: logging reports the call
     assert SECRET not in stream.getvalue() + capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("python t.py --wandb-key wk-Planted-40 --lr 0.1", "wk-Planted-40"),
+    ("python t.py --db-pass=dp-Planted-41", "dp-Planted-41"),
+    ("['train.py', '--pw', 'pw-Planted-42']", "pw-Planted-42"),
+    ("https://hooks.slack.com/services/T0001/B0001/sl-Planted-43", "sl-Planted-43"),
+    ("POST https://discord.com/api/webhooks/1234/dc-Planted-44 failed", "dc-Planted-44"),
+    ("http://127.0.0.1:8080/ci/hooks/gh-Planted-45?x=1", "gh-Planted-45"),
+    ("https://b.example/k?X-Amz-Signature=as-Planted-46&token=tk-Planted-47", "as-Planted-46"),
+    ("https://b.example/k?X-Amz-Signature=as-Planted-46&token=tk-Planted-47", "tk-Planted-47"),
+    ("https://ui:ui-Planted-48@prefect.example/api", "ui-Planted-48"),
+])
+def test_each_class_of_secret_is_masked_in_free_text(text, secret):
+    assert secret not in redact(text)
+
+
+def test_settings_named_like_flags_or_paths_are_not_masked(monkeypatch):
+    monkeypatch.setenv("PWD", "/work/project-dir")
+    monkeypatch.setenv("SSH_KEY_PATH", "/home/u/.ssh/id_ed25519")
+    assert redact("cwd /work/project-dir, key at /home/u/.ssh/id_ed25519") == (
+        "cwd /work/project-dir, key at /home/u/.ssh/id_ed25519")
+    assert redact("train.py --passes 3 --keep-last 2") == "train.py --passes 3 --keep-last 2"
+
+
+def test_the_values_of_secret_block_variables_and_registered_secrets_are_masked_whatever_their_names(monkeypatch):
+    from traingate.redact import register_secret
+
+    monkeypatch.setenv("TRAINGATE_SECRET_BLOCKS", "DATABASE_DSN=tg-db")
+    monkeypatch.setenv("DATABASE_DSN", "dsn-Planted-49")
+    register_secret("gen-Planted-50")
+    assert redact("dsn dsn-Planted-49 and gen-Planted-50") == "dsn *** and ***"

@@ -84,13 +84,14 @@ def test_a_spec_with_references_validates_and_resolves_only_where_used(tmp_path)
                           "data: {uri: 'https://h/d.csv?token=${env:TG_TEST_TOKEN}'}\n")
     assert spec.data.uri == "https://h/d.csv?token=${env:TG_TEST_TOKEN}"
     assert refs(spec.to_dict()) == ["TG_TEST_TOKEN"]
-    assert resolve(spec.data.uri, env={"TG_TEST_TOKEN": "abc"}) == "https://h/d.csv?token=abc"
+    env = {"TG_TEST_TOKEN": "abc", "TRAINGATE_ENV_ALLOW": "TG_TEST_*", "TRAINGATE_ENV_HOSTS": "h"}
+    assert resolve(spec.data.uri, env=env) == "https://h/d.csv?token=abc"
 
 
 def test_an_unset_reference_is_one_line_naming_the_field_the_variable_and_the_fix():
     tree = {"recipe": {"script": {"command": ["python", "t.py", "--api-token", "${env:TG_UNSET_VAR}"]}}}
     with pytest.raises(SecretRefError) as e:
-        check_refs(tree, env={})
+        check_refs(tree, env={"TRAINGATE_ENV_ALLOW": "TG_UNSET_VAR"})
     msg = str(e.value)
     assert "\n" not in msg and isinstance(e.value, SpecError)
     assert msg.startswith("recipe.script.command[3] = '${env:TG_UNSET_VAR}': ")
@@ -203,3 +204,80 @@ def test_cli_spec_errors_reach_the_terminal_without_the_secret_they_quote(tmp_pa
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("traingate: invalid spec: data.uri")
     assert "Planted" not in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- the allowlist, and what validate sends
+CHARGPT = (
+    "identity: {experiment: e, owner: o, team: t, purpose: p}\n"
+    "recipe: {name: char-gpt, params: {block_size: 8, n_layer: 1, n_head: 2, n_embd: 16}}\n"
+)
+
+
+def test_a_reference_to_a_variable_not_on_the_allowlist_is_refused_in_one_line_even_when_it_is_set(
+    tmp_path, state_dir, monkeypatch, capsys
+):
+    from flows.cli import main
+
+    monkeypatch.setenv("TG_WORKER_DB_PASSWORD", "pw-Planted-30")  # what a worker's environment holds
+    monkeypatch.setenv("TRAINGATE_ENV_ALLOW", "HF_TOKEN")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(CHARGPT + "data: {uri: 'http://127.0.0.1:9/c.txt?k=${env:TG_WORKER_DB_PASSWORD}'}\n")
+    assert main(["validate", str(spec)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "Planted" not in out + err, err
+    assert err.startswith(
+        "traingate: invalid spec: data.uri = 'http://127.0.0.1:9/c.txt?k=${env:TG_WORKER_DB_PASSWORD}"
+        "': environment variable TG_WORKER_DB_PASSWORD is not on the allowlist TRAINGATE_ENV_ALLOW"
+    )
+    assert not state_dir.exists()
+
+
+def test_an_allowed_reference_resolved_into_a_url_to_a_foreign_host_is_refused_naming_the_host():
+    env = {"TG_TOKEN": "tok-Planted-31", "TRAINGATE_ENV_ALLOW": "TG_*"}
+    with pytest.raises(SecretRefError) as e:
+        resolve("https://collector.example/c?t=${env:TG_TOKEN}", env=env, field="alerts.webhook_url")
+    assert "into a URL to collector.example" in str(e.value) and "TRAINGATE_ENV_HOSTS" in str(e.value)
+    assert "Planted" not in str(e.value)
+    # Loopback, an allowed host, the configured stores, and a local file are where a value may go.
+    assert resolve("http://127.0.0.1:5/x?t=${env:TG_TOKEN}", env=env).endswith("tok-Planted-31")
+    assert resolve(
+        "https://collector.example/c?t=${env:TG_TOKEN}", env=env | {"TRAINGATE_ENV_HOSTS": "collector.example"}
+    ).endswith("tok-Planted-31")
+    assert resolve(
+        "https://mlflow.corp/x?t=${env:TG_TOKEN}", env=env | {"TRAINGATE_TRACKING_URI": "https://mlflow.corp"}
+    )
+    assert resolve("file:///tmp/${env:TG_TOKEN}", env=env) == "file:///tmp/tok-Planted-31"
+    # The spec's own literals, moved out by `traingate run`, go where the spec sent them.
+    assert resolve("https://h/d?sig=${env:TRAINGATE_SECRET_1}", env={"TRAINGATE_SECRET_1": "s"}) == "https://h/d?sig=s"
+
+
+def test_validate_opens_no_connection_for_remote_data_a_webhook_and_their_references(
+    tmp_path, state_dir, monkeypatch, capsys
+):
+    import socket
+
+    from flows.cli import main
+
+    opened: list[str] = []
+
+    def refuse(*args, **kwargs):
+        opened.append(repr(args)[:200])
+        raise AssertionError("validate opened a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setenv("TG_DATA_TOKEN", "tok-Planted-32")
+    monkeypatch.setenv("TG_HOOK", "https://hooks.example/hooks/hook-Planted-33")
+    monkeypatch.setenv("TRAINGATE_ENV_ALLOW", "TG_DATA_TOKEN,TG_HOOK")
+    monkeypatch.setenv("TRAINGATE_ENV_HOSTS", "data.example")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        CHARGPT + "data: {uri: 'https://data.example/{latest}/c.txt?token=${env:TG_DATA_TOKEN}'}\n"
+        "alerts: {webhook_url: '${env:TG_HOOK}'}\n"
+    )
+    assert main(["validate", str(spec)]) == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert opened == [] and "Planted" not in out + err
+    assert yaml.safe_load(out)["data"]["uri"] == "https://data.example/{latest}/c.txt?token=${env:TG_DATA_TOKEN}"
+    assert not state_dir.exists()

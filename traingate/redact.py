@@ -43,7 +43,10 @@ _WORD = (
     r"|secret[_-]?key|private[_-]?key|credentials?|signature)"
 )
 _KEY_NAME = re.compile(rf"[\w.-]*{_WORD}", re.I)
-_FLAG = re.compile(rf"--?[\w-]*{_WORD}", re.I)
+# A flag names its secret more tersely than a config key does (`--wandb-key`, `--db-pass`, `--pw`): a flag
+# ending in one of these takes a secret too. Not keys: `sort_key: loss` or `passes: 3` are settings.
+_FLAG_WORD = rf"(?:{_WORD}|key|pass|pwd|pw|auth)"
+_FLAG = re.compile(rf"--?[\w-]*{_FLAG_WORD}", re.I)
 
 # A value in free text: a quoted string (to its closing quote), a reference, or a bare token.
 _BARE = r"""[^\s&"',;}\]]+"""
@@ -51,7 +54,7 @@ _VALUE = rf"""(?P<q>["'])?(?P<v>(?(q)(?:(?!(?P=q))[^\n])+|(?:{_REF}|{_BARE})))""
 
 # Patterns 2-3 (keys and flags) scan every position of a line: most lines hold none of the words, so
 # one cheap search decides whether they run at all.
-_HINT = re.compile(r"secret|passw|passphrase|token|key|credential|signature", re.I)
+_HINT = re.compile(r"secret|pass|pw|token|key|credential|signature|auth", re.I)
 _PATTERNS = [
     # scheme://user:password@host (a password may hold `/`: users paste AWS keys unescaped)
     re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s\"']+:(?P<v>[^@\s\"']+?)@"),
@@ -68,6 +71,10 @@ _PATTERNS = [
     re.compile(rf"authorization[\"']?[ \t]*[=:][ \t]*(?:\w+[ \t]+)?{_VALUE}", re.I),
     # AWS access key ids, wherever they appear
     re.compile(r"\b(?P<v>(?:AKIA|ASIA)[A-Z0-9]{16})\b"),
+    # Webhook URLs carry their token in the path: Slack (hooks.slack.com/services/...), Discord
+    # (discord.com/api/webhooks/ID/TOKEN), and any other .../hooks/... or .../webhooks/... endpoint.
+    re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s\"']+/(?:[^\s\"'?#]*/)?(?:hooks|webhooks?)/(?P<v>[^\s\"'?#]+)"),
+    re.compile(r"://hooks\.slack\.com/(?P<v>[^\s\"'?#]+)", re.I),
 ]
 
 _WORD_PATTERNS = (_PATTERNS[2], _PATTERNS[3])
@@ -79,7 +86,22 @@ _AWS_NOT_SECRET = re.compile(
     r"AWS_.*(?:REGION|PROFILE|_FILE|ENDPOINT_URL.*|CA_BUNDLE|OUTPUT|ATTEMPTS|MODE|DISABLED|ENDPOINTS"
     r"|PAGER|TIMEOUT.*)"
 )
-_SECRET_ENV_NAMED = re.compile(r".*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY).*", re.I)
+_SECRET_ENV_NAMED = re.compile(r".*(?:TOKEN|SECRET|PASS|PWD|KEY|CREDENTIAL|AUTH|WEBHOOK).*", re.I)
+# Named like a secret but holding a directory (the shell's working directory) or plain settings.
+_NOT_SECRET_ENV = re.compile(r"(?:OLD)?PWD|.*_(?:PATH|DIR|FILE|HOME)|.*(?:KEYBOARD|KEYMAP|PASSTHROUGH).*", re.I)
+# TRAINGATE_SECRET_BLOCKS: VAR=block,... (traingate.settings.secret_blocks). Each VAR holds the value of a
+# Prefect Secret block, whatever its name says: certainly a secret.
+_SECRET_BLOCKS_VAR = "TRAINGATE_SECRET_BLOCKS"
+# Exact values known to be secret in this process (register_secret): masked wherever they appear.
+_REGISTERED: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Mask ``value`` wherever this process writes it (a Secret block's value, a generated password)."""
+    if len(value) >= _SHORT:
+        _REGISTERED.add(value)
+
+
 # Long values are masked wherever they occur; short values of variables that are certainly
 # secrets only as whole words, so a 4-letter password does not blank out parts of other words.
 _LONG = 8
@@ -91,16 +113,21 @@ def _env_kind(name: str) -> tuple[bool, bool]:
     """(certainly a secret, named like one) for an environment variable's name."""
     upper = name.upper()
     explicit = bool(_SECRET_ENV_EXPLICIT.fullmatch(upper)) and not _AWS_NOT_SECRET.fullmatch(upper)
-    return explicit, bool(_SECRET_ENV_NAMED.fullmatch(name))
+    return explicit, bool(_SECRET_ENV_NAMED.fullmatch(name)) and not _NOT_SECRET_ENV.fullmatch(name)
 
 
 def _env_secrets() -> tuple[list[str], list[str]]:
     """(values masked anywhere, short values masked as whole words), from the current environment."""
-    long_, short = set(), set()
+    long_: set[str] = set()
+    short: set[str] = set()
+    blocks = {e.partition("=")[0].strip() for e in os.environ.get(_SECRET_BLOCKS_VAR, "").split(",")}
+    for value in _REGISTERED:
+        (long_ if len(value) >= _LONG else short).add(value)
     for name, value in os.environ.items():
         if len(value) < _SHORT:
             continue
         explicit, named = _env_kind(name)
+        explicit = explicit or name in blocks
         if len(value) >= _LONG and (explicit or named):
             long_.add(value)
             if (q := quote(value, safe="")) != value:  # the same secret inside a URL

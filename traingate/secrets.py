@@ -14,22 +14,31 @@ and the stage's job file hold references; the child processes inherit the values
 {'TRAINGATE_SECRET_1': 'abc123', 'TRAINGATE_SECRET_2': 'pw'})
 >>> resolve_tree(tree, env=env)
 {'data': {'uri': 'https://h/d.csv?sig=abc123'}}
->>> resolve("s3://b/${env:NOPE}", env={}, field="checkpoint.uri")  # doctest: +NORMALIZE_WHITESPACE
+>>> resolve("s3://b/${env:NOPE}", env={"TRAINGATE_ENV_ALLOW": "NOPE"}, field="checkpoint.uri")
+... # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
 traingate.secrets.SecretRefError: checkpoint.uri = 's3://b/${env:NOPE}': environment variable NOPE is not set;
 export NOPE where this runs (on the worker, for a deployment) or write the value in the spec
+>>> resolve("https://evil.example/?k=${env:HOME}", env={"HOME": "/root"})  # doctest: +NORMALIZE_WHITESPACE
+Traceback (most recent call last):
+...
+traingate.secrets.SecretRefError: value = 'https://evil.example/?k=${env:HOME}': environment variable HOME is not
+on the allowlist TRAINGATE_ENV_ALLOW; add HOME to TRAINGATE_ENV_ALLOW where this runs (the worker's environment, for
+a deployment) or write the value in the spec
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from traingate.redact import REF, map_secrets, redact
+from traingate.settings import ENV_ALLOW_VAR, ENV_HOSTS_VAR, S3_ENDPOINT_VAR, env_allowed, host_allowed
 from traingate.spec import RunSpec, SpecError, apply_overrides, parse_spec
 
 PREFIX = "TRAINGATE_SECRET_"
@@ -154,12 +163,34 @@ def refs(obj: Any) -> list[str]:
     return found
 
 
+# A URL inside a resolved value: where the value would go.
+_URL = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://[^\s\"'<>]+")
+# Schemes that stay on this machine.
+_LOCAL_SCHEMES = {"file", "sqlite", "memory", "local"}
+
+
 def resolve(text: str, env: Mapping[str, str] | None = None, field: str = "value") -> str:
-    """``text`` with each ``${env:NAME}`` replaced by the variable's value; ``field`` names it in errors."""
+    """``text`` with each ``${env:NAME}`` replaced by the variable's value; ``field`` names it in errors.
+
+    Only names on the allowlist (``TRAINGATE_ENV_ALLOW``, :func:`traingate.settings.env_allowed`)
+    resolve, and never into a URL that leaves the machine for a host not allowed
+    (:func:`traingate.settings.host_allowed`).
+    """
     environ = os.environ if env is None else env
+    allow = environ if ENV_ALLOW_VAR in environ else os.environ  # a child's environment built from ours
+    # The spec's own literals (moved out by `traingate run`) may go wherever the spec sends them.
+    from_environment: list[str] = []
 
     def value(m: Any) -> str:
         name = m.group(1)
+        if not name.startswith(PREFIX):
+            from_environment.append(name)
+        if not env_allowed(name, allow):
+            raise SecretRefError(
+                f"{field} = {redact(text)!r}: environment variable {name} is not on the allowlist "
+                f"{ENV_ALLOW_VAR}; add {name} to {ENV_ALLOW_VAR} where this runs (the worker's environment, "
+                f"for a deployment) or write the value in the spec"
+            )
         if name not in environ:
             raise SecretRefError(
                 f"{field} = {redact(text)!r}: environment variable {name} is not set; export {name} where this runs "
@@ -167,7 +198,25 @@ def resolve(text: str, env: Mapping[str, str] | None = None, field: str = "value
             )
         return environ[name]
 
-    return REF.sub(value, text)
+    out = REF.sub(value, text)
+    if from_environment:
+        # A URL the spec writes around a reference sends the value to the URL's host. A URL that a variable
+        # holds whole (a webhook the operator set) goes where the operator said.
+        for url in _URL.finditer(text):
+            scheme = url.group("scheme").lower()
+            if scheme in _LOCAL_SCHEMES or not REF.search(url.group(0)):
+                continue
+            if scheme in ("s3", "s3a") and allow.get(S3_ENDPOINT_VAR):
+                continue  # the configured S3 endpoint (MinIO, the stack's store) holds every bucket it names
+            parts = urlsplit(REF.sub(lambda m: environ.get(m.group(1), ""), url.group(0)))
+            host = parts.hostname or parts.netloc.rpartition("@")[2]
+            if host and not host_allowed(host, allow):
+                raise SecretRefError(
+                    f"{field} = {redact(text)!r}: resolves ${{env:{from_environment[0]}}} into a URL to {host}, "
+                    f"which is not this machine's or a configured store's; add {host} to {ENV_HOSTS_VAR} if it "
+                    "may receive the value, or write the URL without a reference"
+                )
+    return out
 
 
 def resolve_tree(obj: Any, env: Mapping[str, str] | None = None, field: str = "") -> Any:

@@ -17,11 +17,13 @@ read-only commands say which store they read and never create an empty one (:fun
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from traingate.redact import redact
 
@@ -55,6 +57,18 @@ NODES_VAR = "TRAINGATE_NODES"  # where a multi-node job's node agents run ("netn
 DOCKER_NETWORKS_VAR = "TRAINGATE_DOCKER_NETWORKS"
 DOCKER_VOLUMES_VAR = "TRAINGATE_DOCKER_VOLUMES"
 SECRET_BLOCKS_VAR = "TRAINGATE_SECRET_BLOCKS"
+# Which environment variables a spec's ${env:NAME} may read (comma-separated names; a trailing * matches
+# a prefix). A spec is written by whoever may start a run; the worker's environment holds the stack's
+# credentials, so only the names listed here resolve (traingate.secrets.resolve).
+ENV_ALLOW_VAR = "TRAINGATE_ENV_ALLOW"
+# Hosts (or bucket names) a URL holding a resolved reference may reach, besides loopback and the hosts of
+# the tracking URI and the S3 endpoint: a reference resolved into any other URL would carry the value away.
+ENV_HOSTS_VAR = "TRAINGATE_ENV_HOSTS"
+# The per-deployment key that signs checkpoint manifests; unset, one is generated once into the state dir.
+CHECKPOINT_KEY_VAR = "TRAINGATE_CHECKPOINT_KEY"
+CHECKPOINT_KEY_FILE = "checkpoint.key"
+# Names a spec may always reference: where `traingate run` moves the spec's own literal secrets.
+ALWAYS_ALLOWED = ("TRAINGATE_SECRET_*",)
 
 
 @dataclass(frozen=True)
@@ -243,3 +257,79 @@ def export_s3_endpoint(env: MutableMapping[str, str] | None = None) -> None:
     endpoint = env.get(S3_ENDPOINT_VAR)
     if endpoint and not env.get("MLFLOW_S3_ENDPOINT_URL"):
         env["MLFLOW_S3_ENDPOINT_URL"] = endpoint
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def env_allowed(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a spec's ``${env:NAME}`` may read ``name`` (``TRAINGATE_ENV_ALLOW``).
+
+    >>> env_allowed("WANDB_API_KEY", {"TRAINGATE_ENV_ALLOW": "HF_TOKEN, WANDB_*"})
+    True
+    >>> env_allowed("AWS_SECRET_ACCESS_KEY", {"TRAINGATE_ENV_ALLOW": "HF_TOKEN, WANDB_*"})
+    False
+    >>> env_allowed("TRAINGATE_SECRET_3", {})
+    True
+    """
+    env = os.environ if env is None else env
+    for pattern in (*ALWAYS_ALLOWED, *_names(env.get(ENV_ALLOW_VAR))):
+        if pattern == name or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return True
+    return False
+
+
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
+def host_allowed(host: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a URL holding a resolved ``${env:NAME}`` may go to ``host`` (a hostname or a bucket).
+
+    Loopback, the hosts of the configured tracking URI and S3 endpoint, and ``TRAINGATE_ENV_HOSTS``.
+
+    >>> host_allowed("hooks.slack.com", {"TRAINGATE_ENV_HOSTS": "hooks.slack.com"})
+    True
+    >>> host_allowed("attacker.example", {"TRAINGATE_TRACKING_URI": "http://mlflow:5000"})
+    False
+    """
+    env = os.environ if env is None else env
+    host = host.lower().strip("[]")
+    if host in _LOOPBACK or host.startswith("127."):
+        return True
+    configured = [urlsplit(env.get(v) or "").hostname for v in (TRACKING_URI_VAR, S3_ENDPOINT_VAR)]
+    return host in {h.lower() for h in configured if h} | {h.lower() for h in _names(env.get(ENV_HOSTS_VAR))}
+
+
+def checkpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> bytes:
+    """The key that signs this deployment's checkpoint manifests.
+
+    ``TRAINGATE_CHECKPOINT_KEY`` when set (every host of a multi-host deployment needs the same one);
+    otherwise ``checkpoint.key`` in the state directory, generated once (32 random bytes, mode 0600).
+    """
+    env = os.environ if env is None else env
+    if env.get(CHECKPOINT_KEY_VAR):
+        return env[CHECKPOINT_KEY_VAR].encode()
+    path = settings.ensure().state_dir / CHECKPOINT_KEY_FILE
+    if not path.exists():
+        # Written whole under a temporary name, then linked into place: of two first runs at once, one
+        # link wins and both read the same key; no reader ever sees a half-written file.
+        tmp = path.with_name(f".{CHECKPOINT_KEY_FILE}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    key = path.read_bytes().strip()
+    if len(key) < 32:
+        raise LocationError(
+            f"{path}: a checkpoint key of {len(key)} bytes (needs at least 32); remove the file to "
+            f"generate a new one (checkpoints signed with it are then refused) or set {CHECKPOINT_KEY_VAR}"
+        )
+    return key

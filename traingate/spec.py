@@ -23,8 +23,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from traingate.monitor.rules import AlertsSpec
-from traingate.specbase import MAX_SECONDS, MAX_SEED, SpecModel, check_name
-from traingate.sweep.config import SweepSpec
+from traingate.redact import redact
+from traingate.specbase import MAX_SECONDS, MAX_SEED, SpecModel, check_name, url_problem
+from traingate.sweepspec import SweepSpec
 
 STAGES = ("unit", "smoke", "canary", "full")
 Stage = Literal["unit", "smoke", "canary", "full"]
@@ -384,6 +385,21 @@ class RunSpec(_Section):
             except ValueError as e:
                 raise ValueError(f"pool name {name!r}: {e}") from None  # a work pool and a Prefect limit name
         return pools
+
+    @model_validator(mode="after")
+    def _urls(self) -> RunSpec:
+        # Where a value is sent: a malformed one would fail only when the alert fires or the data is read.
+        checks: list[tuple[str, str | None, set[str] | None]] = [
+            ("alerts.webhook_url", self.alerts.webhook_url, {"http", "https"})
+        ]
+        if self.data.uri and "://" in self.data.uri:
+            checks.append(("data.uri", self.data.uri, None))
+        if self.checkpoint.uri and "://" in self.checkpoint.uri:
+            checks.append(("checkpoint.uri", self.checkpoint.uri, None))
+        for field, value, schemes in checks:
+            if value is not None and (why := url_problem(value, schemes)):
+                raise ValueError(f"{field} = {redact(value)!r}: {why}")
+        return self
 
     @model_validator(mode="after")
     def _pool_is_known(self) -> RunSpec:

@@ -1,6 +1,6 @@
 """What every spec section is built from: the pydantic base model, the name check and the shared limits.
 
-The bottom of the import graph: spec.py and every package's spec section (``sweep/config.py``,
+The bottom of the import graph: spec.py and every package's spec section (``sweepspec.py``,
 ``monitor/rules.py``, ``recipes/base.py``) import this module; it imports nothing of traingate.
 """
 
@@ -56,6 +56,46 @@ def bool_for_number(annotation: Any, value: Any) -> str | None:
         return f"{str(value).lower()} is a boolean, not a number; give a number"
     if kind == "numbers" and isinstance(value, list) and any(isinstance(v, bool) for v in value):
         return "true/false are booleans, not numbers; give numbers"
+    return None
+
+
+# A reference (traingate.secrets) stands for text that is checked where it is resolved.
+_REF = re.compile(r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}")
+# Schemes whose URLs name a host (or a bucket) to be reached.
+NETWORK_SCHEMES = {"http", "https", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "ftp", "sftp"}
+
+
+def url_problem(value: str, schemes: set[str] | frozenset[str] | None = None) -> str | None:
+    """Why ``value`` is not a usable URL (its scheme, its host), or None. ``schemes``: those allowed.
+
+    A part that holds a ``${env:NAME}`` reference is checked once resolved (traingate.secrets).
+
+    >>> url_problem("https://hooks.slack.com/services/T0/B0/x", {"http", "https"}) is None
+    True
+    >>> url_problem("hooks.slack.com/services/x", {"http", "https"})
+    'has no scheme; write it as http://... or https://...'
+    >>> url_problem("https:///services/x", {"http", "https"})
+    'has no host; write https://HOST/...'
+    """
+    if _REF.fullmatch(value):
+        return None
+    scheme, sep, rest = value.partition("://")
+    allowed = sorted(schemes) if schemes else None
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        want = " or ".join(f"{s}://..." for s in allowed) if allowed and len(allowed) <= 3 else "scheme://..."
+        return f"has no scheme; write it as {want}"
+    if allowed and scheme.lower() not in allowed and not _REF.search(scheme):
+        return f"scheme {scheme}:// is not one of {', '.join(allowed)}; use one of those"
+    if scheme.lower() in NETWORK_SCHEMES:
+        netloc = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+        host = netloc[1:].partition("]")[0] if netloc.startswith("[") else netloc.partition(":")[0]
+        if not host:
+            return f"has no host; write {scheme}://HOST/..."
+        if not _REF.search(host) and not re.fullmatch(r"[A-Za-z0-9._:-]+", host):
+            return f"host {host!r} is not a host name; fix it"
+        port = netloc.rpartition(":")[2] if ":" in netloc and not netloc.endswith("]") else ""
+        if port and not _REF.search(port) and not (port.isdigit() and 0 < int(port) < 65536):
+            return f"port {port!r} is not a port number (1-65535); fix it"
     return None
 
 

@@ -1,4 +1,8 @@
-"""`traingate validate SPEC`: the spec fully resolved, or one line saying what is wrong (offline)."""
+"""`traingate validate SPEC`: the spec fully resolved, or one line saying what is wrong.
+
+Offline: it opens no connection (no store is listed, no remote data read); ``${env:NAME}`` references are
+checked against the allowlist and the environment in memory and printed as references.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +20,15 @@ from traingate.spec import load_spec, parse_spec
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    spec = load_spec(args.spec, args.overrides)
+    if args.cmd != "run":
+        # `validate` sends nothing anywhere: no store is listed, no remote data is read.
+        return spec, check_spec(spec, offline=True)
     # data.uri's {latest} is resolved once, here: the ladder and every stage read that same version.
-    spec = resolve_spec(load_spec(args.spec, args.overrides))
+    spec = resolve_spec(spec)
     samples = check_spec(spec)
-    if args.cmd == "run":
-        # Every store the run will use answers before anything is created (`validate` stays offline).
-        preflight(spec, Settings.from_env())
+    # Every store the run will use answers before anything is created.
+    preflight(spec, Settings.from_env())
     return spec, samples
 
 

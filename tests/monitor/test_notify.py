@@ -5,8 +5,16 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import pytest
+
 from tgtest import free_port
 from traingate.monitor import notify
+
+
+@pytest.fixture(autouse=True)
+def _hook_allowed(monkeypatch):
+    """The operator allows specs to name the webhook variable (TRAINGATE_ENV_ALLOW)."""
+    monkeypatch.setenv("TRAINGATE_ENV_ALLOW", "TG_HOOK")
 
 
 def _server(status: int = 200):
