@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import event
 
-from traingate.sweep.config import SweepSpec
+from traingate.sweepspec import SweepSpec
 from traingate.sweep.driver import drive
 from traingate.sweep.report import Reporter, TrialOutcome
 from traingate.sweep.results import ranked

@@ -5,8 +5,8 @@ from __future__ import annotations
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.settings import Settings
 from traingate.spec import RunSpec, SpecError
-from traingate.sweep.config import SchedulerSpec, SweepSpec
 from traingate.sweep.space import check_space
+from traingate.sweepspec import SchedulerSpec, SweepSpec
 
 
 def check_sweep(spec: RunSpec) -> SweepSpec:

@@ -1,6 +1,6 @@
-"""Hyperparameter sweeps: plain functions and classes, no Prefect.
+"""Hyperparameter sweeps: plain functions and classes, no Prefect. The `sweep:` spec section is
+:mod:`traingate.sweepspec` (pydantic only; every training process imports it with the RunSpec).
 
-config     the `sweep:` spec section (pydantic only; imported by every training process)
 space      search space -> Optuna suggestions (incl. conditional params); a point -> a RunSpec
 algorithms samplers (grid, random, tpe, cmaes, nsga2) and schedulers (fifo, median, asha, hyperband)
 study      the Optuna RDB study with heartbeats; stale trials re-queued with their trial key

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import optuna
 
-from traingate.sweep.config import SweepSpec
 from traingate.sweep.space import grid
+from traingate.sweepspec import SweepSpec
 
 
 class _AskTellGrid(optuna.samplers.GridSampler):

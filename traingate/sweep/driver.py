@@ -7,7 +7,7 @@ died go stale and are re-queued (see :mod:`traingate.sweep.study`), and this loo
 them up first, because ``study.ask()`` pops waiting trials before sampling new ones.
 
 >>> import optuna
->>> from traingate.sweep.config import SweepSpec
+>>> from traingate.sweepspec import SweepSpec
 >>> sw = SweepSpec.model_validate({"space": {"x": {"type": "float", "low": 0, "high": 1}},
 ...                                "sampler": "random", "n_trials": 3})
 >>> study = optuna.create_study(direction="maximize")
@@ -34,9 +34,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from traingate.job.vocab import Status
 from traingate.sweep import compat_optuna
-from traingate.sweep.config import SweepSpec
 from traingate.sweep.report import TrialOutcome
 from traingate.sweep.space import suggest
+from traingate.sweepspec import SweepSpec
 
 log = logging.getLogger("traingate.sweep")
 

@@ -16,7 +16,7 @@ state by the runtime, so perturbing them needs the runtime to prefer the spec's 
 resume: that is the open second step; model-side parameters (dropout) work today.
 
 >>> import random
->>> from traingate.sweep.config import ParamSpec
+>>> from traingate.sweepspec import ParamSpec
 >>> space = {"recipe.params.dropout": ParamSpec(type="float", low=0.0, high=0.5)}
 >>> ms = [Member("a", {"recipe.params.dropout": 0.1}, 0.9), Member("b", {"recipe.params.dropout": 0.4}, 0.5)]
 >>> [(e.dst, e.src) for e in plan_generation(ms, space, 0.5, [0.8, 1.2], "maximize", random.Random(0))]
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from traingate.runtime.checkpoint import Checkpointer
-from traingate.sweep.config import ParamSpec
+from traingate.sweepspec import ParamSpec
 
 if TYPE_CHECKING:
     from traingate.spec import RunSpec

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from traingate.job.vocab import Status
-from traingate.sweep.config import SweepSpec
+from traingate.sweepspec import SweepSpec
 
 EXTRA_METRICS = ("cost_usd", "duration_s", "steps")
 

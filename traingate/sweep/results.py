@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from traingate.sweep.config import SweepSpec
+from traingate.sweepspec import SweepSpec
 
 
 def ranked(study: optuna.Study, sweep: SweepSpec) -> list[FrozenTrial]:
@@ -47,7 +47,7 @@ class Verdict:
 def reproducibility(reps: list[Reproduction], sweep: SweepSpec) -> Verdict:
     """Pick the configuration with the best mean over new seeds; it must land within tolerance of its sweep value.
 
-    >>> from traingate.sweep.config import SweepSpec
+    >>> from traingate.sweepspec import SweepSpec
     >>> sw = SweepSpec.model_validate({"space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...                                "promotion": {"top_k": 2, "tolerance": 0.01}})
     >>> reproducibility([Reproduction(0, {}, 0.95, [0.90, 0.91]), Reproduction(1, {}, 0.93, [0.93, 0.925])], sw).winner

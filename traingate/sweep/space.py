@@ -1,6 +1,6 @@
 """Search space -> Optuna suggestions, and a sampled point -> a runnable RunSpec.
 
->>> from traingate.sweep.config import ParamSpec
+>>> from traingate.sweepspec import ParamSpec
 >>> space = {"optim.schedule": ParamSpec(type="categorical", choices=["constant", "cosine"]),
 ...          "optim.warmup_steps": ParamSpec(type="int", low=0, high=10, when={"optim.schedule": "cosine"})}
 >>> active({"optim.schedule": "cosine"}, space["optim.warmup_steps"].when)
@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from traingate.recipes import SCRIPT, get_recipe
 from traingate.spec import RecipeSpec, RunSpec, SpecError, apply_overrides, parse_spec
-from traingate.sweep.config import ParamSpec
+from traingate.sweepspec import ParamSpec
 
 
 def active(chosen: dict[str, Any], when: dict[str, Any] | None) -> bool:
