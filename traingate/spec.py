@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from traingate.monitor.rules import AlertsSpec
+from traingate.alerts.rules import AlertsSpec
 from traingate.redact import redact
 from traingate.specbase import MAX_SECONDS, MAX_SEED, SpecModel, check_name, url_problem
 from traingate.sweepspec import SweepSpec

@@ -1,7 +1,7 @@
 """What every spec section is built from: the pydantic base model, the name check and the shared limits.
 
 The bottom of the import graph: spec.py and every package's spec section (``sweepspec.py``,
-``monitor/rules.py``, ``recipes/base.py``) import this module; it imports nothing of traingate.
+``alerts/rules.py``, ``recipes/base.py``) import this module; it imports nothing of traingate.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 
 from traingate.job import files
 from traingate.monitor.live import StageMonitor, run_spend_usd
-from traingate.monitor.rules import Action, AlertsSpec, Rule
+from traingate.alerts.rules import Action, AlertsSpec, Rule
 
 
 def _steps(stage_dir, losses, attempt=0, first=1, t0=1000.0, step_time=0.1, data_wait=0.001):

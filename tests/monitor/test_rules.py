@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from recorded_run import Recorded, record_run  # noqa: E402
 
 from tgtest import ROOT  # noqa: E402
-from traingate.monitor import rules  # noqa: E402
-from traingate.monitor.rules import Action, AlertsSpec, Rule, Severity, Signals  # noqa: E402
+from traingate.alerts import rules
+from traingate.alerts.rules import Action, AlertsSpec, Rule, Severity, Signals  # noqa: E402
 
 SPEC = AlertsSpec()
 

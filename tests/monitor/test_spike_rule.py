@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from traingate.monitor.rules import LossSpikeSpec, loss_spike
+from traingate.alerts.rules import LossSpikeSpec, loss_spike
 
 
 def _curve(seed: int, steps: int = 400, noise: float = 0.15) -> list[tuple[int, float]]:

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from traingate.alerts.rules import checkpoint_interval_s
 from traingate.job import files, sizing
 from traingate.job.vocab import Cause
 from traingate.job.world import stage_world
-from traingate.monitor.rules import checkpoint_interval_s
 from traingate.redact import redact
 from traingate.settings import TRACKING_URI_VAR, Settings
 from traingate.spec import RunSpec, ScriptRecipe, parse_spec

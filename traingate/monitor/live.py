@@ -3,7 +3,7 @@
 It follows what the training processes write into the stage directory (rank 0's
 ``metrics.jsonl``, ``progress.jsonl``, every rank's heartbeat) and what the supervisor
 knows (restarts, time held, price), keeps a bounded window of each series, and runs
-:func:`traingate.monitor.rules.evaluate` over them. It returns each alert once:
+:func:`traingate.alerts.rules.evaluate` over them. It returns each alert once:
 
 - an *event* rule (non-finite loss, loss spike, gradient-norm explosion, restart storm) fires
   once per event, named by the step (or time) it happened at. A rule names the first event in the
@@ -27,10 +27,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from traingate.alerts.rules import AlertsSpec, Firing, Rule, Signals, evaluate
 from traingate.capacity.slurm import RECORD_FILE
 from traingate.cost.ledger import Attempt, total_usd
 from traingate.job import files
-from traingate.monitor.rules import AlertsSpec, Firing, Rule, Signals, evaluate
 
 EVENT_RULES = frozenset({Rule.NONFINITE_LOSS, Rule.LOSS_SPIKE, Rule.GRAD_NORM_EXPLOSION, Rule.RESTART_STORM})
 RANK_HISTORY = 256  # steps of per-rank times kept for the straggler rule

@@ -14,7 +14,7 @@ import time
 
 from mlflow.tracking import MlflowClient
 
-from traingate.monitor.rules import Series, Signals
+from traingate.alerts.rules import Series, Signals
 
 _RANK_STEP = re.compile(r"^system/rank(\d+)/step_time_s$")
 _RESTART_TIME = re.compile(r"^traingate\.restart\.(\d+)\.time$")

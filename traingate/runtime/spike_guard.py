@@ -3,7 +3,7 @@
 The supervisor evaluates the alert rules about once a second (``alerts.every_s``) from metrics.jsonl:
 on 10 ms steps that is a hundred steps after a spike, trained from a blown-up state, while checkpoint
 retention may prune the last checkpoint before it. So rank 0 applies the same test
-(:func:`traingate.monitor.rules.spike_of`, the same ``alerts.loss_spike`` spec) to each step's loss as it
+(:func:`traingate.alerts.rules.spike_of`, the same ``alerts.loss_spike`` spec) to each step's loss as it
 happens. When it fires and its action acts on the training state (roll back, pause, stop), rank 0 pins
 the newest checkpoint before the spike against retention (the roll-back's target), flushes
 metrics.jsonl and holds (heartbeat phase ``holding``, which makes the supervisor evaluate at its next
@@ -20,8 +20,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from traingate.alerts.rules import Action, AlertsSpec, spike_of
 from traingate.job.files import StepMetrics
-from traingate.monitor.rules import Action, AlertsSpec, spike_of
 
 log = logging.getLogger(__name__)
 

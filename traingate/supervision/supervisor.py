@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traingate.alerts.rules import Action, Firing, stale_checkpoint
 from traingate.capacity import slurm_cli
 from traingate.capacity.slurm import SlurmError
 from traingate.job import envvars, files
@@ -43,7 +44,6 @@ from traingate.job.vocab import Cause, Status, status_for
 from traingate.launch import command, proc
 from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
-from traingate.monitor.rules import Action, Firing, stale_checkpoint
 from traingate.recipes import script as script_recipe
 from traingate.runtime import warm
 from traingate.runtime.checkpoint import Checkpointer, step_dir
