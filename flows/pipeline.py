@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
-from tasks.slots import read_config
+from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
     close_pipeline_run,
     gate_passed,
@@ -39,7 +39,7 @@ from tasks.tracking import (
 from tasks.train import budgets_at_gate, run_stage_job
 from tasks.unit import run_unit_tests
 from traingate.capacity import entitlements
-from traingate.capacity.pools import CapacityError
+from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_class
 from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
@@ -112,11 +112,15 @@ def stopped(state: State, summary: dict[str, Any]) -> State:
 
 
 def check_entitled(spec: RunSpec) -> None:
-    """On a Slurm pool (of the pools config this Prefect server carries): the submitting user's Slurm
-    associations grant the spec's team and priority class, or one SlurmError line naming the account or QOS
-    and the fix. `traingate run` calls it before the flow run; the ladder calls it for what a deployment hands it."""
+    """The spec's priority class is one of the pools config's (this Prefect server's; without one, the built-in
+    classes), or one CapacityError line naming the valid ones. On a Slurm pool of that config: the submitting
+    user's Slurm associations grant the spec's team and priority class, or one SlurmError line naming the
+    account or QOS and the fix. `traingate run` calls it before the flow run; the ladder calls it for what a
+    deployment hands it."""
     with get_client(sync_client=True) as client:
         config = read_config(client)
+    # The class exists before anyone is asked whether it may be used (a Slurm pool's classes are its QOS).
+    priority_class(config, spec.resources.priority, f"Prefect variable {CONFIG_VAR}" if config else BUILTIN_CLASSES)
     check_pool_entitled(config, spec.resources.work_pool, spec.identity.team, spec.resources.priority)
     # A local pool: the pools file's entitlements for this OS user (a stage's width is checked when it is admitted).
     entitlements.check(

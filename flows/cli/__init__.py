@@ -1,6 +1,6 @@
 """The `traingate` command: one module per command group in this package.
 
-    traingate validate SPEC [--set k=v ...]            print the resolved spec
+    traingate validate SPEC [--set k=v ...] [--pools F] print the resolved spec
     traingate run SPEC [--set k=v ...] [--until STAGE] [--dry-run]
     traingate COMMAND --help                           every other command (see COMMANDS)
 

@@ -33,6 +33,13 @@ def spec_arguments(p: argparse.ArgumentParser) -> None:
 
 def validate(p: argparse.ArgumentParser) -> None:
     spec_arguments(p)
+    p.add_argument(
+        "--pools",
+        metavar="CONFIG",
+        default=None,
+        help="pools config YAML whose priority classes resources.priority is checked against (default: the built-in "
+        "urgent, production, research)",
+    )
 
 
 def run(p: argparse.ArgumentParser) -> None:

@@ -7,11 +7,13 @@ checked against the allowlist and the environment in memory and printed as refer
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 import yaml
 
+from traingate.capacity.pools import BUILTIN_CLASSES, load_config, priority_class
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.secrets import extract
 from traingate.settings import Settings
@@ -23,7 +25,13 @@ def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
     spec = load_spec(args.spec, args.overrides)
     if args.cmd != "run":
         # `validate` sends nothing anywhere: no store is listed, no remote data is read.
+        config = load_config(args.pools) if args.pools else None
+        priority_class(config, spec.resources.priority, args.pools or BUILTIN_CLASSES)
         return spec, check_spec(spec, offline=True)
+    if not os.environ.get("PREFECT_API_URL"):
+        # A temporary server carries no pools config: the built-in classes. A server's config is read before the
+        # flow run (flows.pipeline.check_entitled).
+        priority_class(None, spec.resources.priority, BUILTIN_CLASSES)
     # data.uri's {latest} is resolved once, here: the ladder and every stage read that same version.
     spec = resolve_spec(spec)
     samples = check_spec(spec)

@@ -10,6 +10,7 @@ scheduling defaults. One YAML file (``examples/pools.yaml``), validated here; a 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
@@ -102,6 +103,36 @@ def _default_classes() -> dict[str, PriorityClass]:
         "production": PriorityClass(priority=50),
         "research": PriorityClass(priority=10),
     }
+
+
+# Every pools file has these (its own are merged over them), so they are the classes where no pools file is known.
+BUILTIN_CLASSES = "the built-in classes (no pools file)"
+
+
+@functools.cache
+def _class_enum(names: tuple[str, ...]) -> type[StrEnum]:
+    """One enum per set of classes: the same pools file gives the same enum, whose members compare by identity."""
+    return StrEnum("PriorityClassName", [(n, n) for n in names])  # type: ignore[return-value]
+
+
+def priority_class(cfg: CapacityConfig | None, name: str, source: str) -> StrEnum:
+    """``name`` as a member of the priority classes of ``cfg`` (read from ``source``; None: the built-in
+    classes), or one CapacityError line naming ``resources.priority``, the value and the classes there are.
+
+    >>> priority_class(None, "urgent", BUILTIN_CLASSES)
+    <PriorityClassName.urgent: 'urgent'>
+    >>> priority_class(None, "urgnet", BUILTIN_CLASSES)
+    Traceback (most recent call last):
+    traingate.capacity.pools.CapacityError: resources.priority = 'urgnet': not a priority class of the built-in \
+classes (no pools file); use one of urgent, production, research
+    """
+    classes = cfg.classes if cfg is not None else _class_enum(tuple(_default_classes()))
+    try:
+        return classes(name)
+    except ValueError:
+        raise CapacityError(
+            f"resources.priority = {name!r}: not a priority class of {source}; use one of {', '.join(classes)}"
+        ) from None
 
 
 class Period(StrEnum):
@@ -269,6 +300,11 @@ class CapacityConfig(_Section):
         if ent is not None and team not in ent.teams:
             return ent.default.quota.get(pool)
         return None
+
+    @property
+    def classes(self) -> type[StrEnum]:
+        """This file's priority classes as an enum, the most important first."""
+        return _class_enum(tuple(sorted(self.priority_classes, key=self.rank)))
 
     def rank(self, priority_class: str) -> int:
         """Sort key: the most important class first."""
