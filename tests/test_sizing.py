@@ -28,7 +28,7 @@ def test_canary_profile_estimates_the_full_stage_on_the_full_world(tiny_spec):
                                                                 "resources.procs_per_node=4"])
     canary = derive(spec, "canary", run_id="r", run_dir="/tmp/tg-sizing/r",
                     settings=Settings.from_env({"TRAINGATE_STATE_DIR": "/tmp/tg-sizing"}))
-    est = _estimate_next(canary.spec, canary.stage, canary.price_per_slot_hour, {"step_time_mean_s": 1.0, "startup_s": 0.0})
+    est = _estimate_next(canary.spec, canary.stage, {"step_time_mean_s": 1.0, "startup_s": 0.0})
     # 16 full steps x 1 s on 4 GPUs at $2.50/GPU-hour
     assert est["next_stage_wall_s"] == pytest.approx(16.0)
     assert est["next_stage_cost_usd"] == pytest.approx(16 / 3600 * 4 * 2.5)

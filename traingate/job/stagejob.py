@@ -212,6 +212,14 @@ def _without_secrets(tracking_uri: str) -> str:
     return tracking_uri
 
 
+def stage_timeout_s(spec: RunSpec, stage: str) -> float:
+    """The longest an attempt of ``stage`` may run: the stage's limit, or a script's own timeout when lower."""
+    timeout_s = getattr(spec.stages, stage).timeout_s
+    if spec.recipe.script is not None:
+        timeout_s = min(timeout_s, spec.recipe.script.timeout_s)
+    return timeout_s
+
+
 def derive(
     spec: RunSpec,
     stage: str,
@@ -232,9 +240,6 @@ def derive(
     nodes, nproc = stage_world(spec, stage)
     limits = getattr(spec.stages, stage)
     stage_dir = Path(stage_dir) if stage_dir is not None else Path(run_dir) / stage
-    timeout_s = limits.timeout_s
-    if spec.recipe.script is not None:
-        timeout_s = min(timeout_s, spec.recipe.script.timeout_s)
     tracked = spec.tracking.enabled
     return StageJob(
         spec=spec,
@@ -249,7 +254,7 @@ def derive(
         team=spec.identity.team,
         priority=spec.resources.priority,
         max_steps=limits.max_steps,
-        timeout_s=timeout_s,
+        timeout_s=stage_timeout_s(spec, stage),
         checkpoint_every_steps=spec.checkpoint.every_steps,
         checkpoint_every_s=spec.checkpoint.every_minutes * 60.0 if spec.checkpoint.every_minutes else None,
         run_dir=str(run_dir),

@@ -14,7 +14,6 @@ from traingate.job import files, sizing
 from traingate.job.result import NEXT_STAGE, StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
-from traingate.job.world import stage_world
 from traingate.ladder.preflight import PROFILE_METRICS
 from traingate.launch.proc import ProcResult
 from traingate.recipes.script import extract_metrics, series_of_attempts, summarize, unmatched
@@ -27,16 +26,11 @@ NEXT = NEXT_STAGE
 _PROFILE_KEYS = PROFILE_METRICS
 
 
-def _estimate_next(
-    spec: RunSpec, stage: str, price_per_slot_hour: float, profile: dict[str, float]
-) -> dict[str, float]:
+def _estimate_next(spec: RunSpec, stage: str, profile: dict[str, float]) -> dict[str, float]:
     nxt = NEXT.get(stage)
-    if nxt is None or not profile.get("step_time_mean_s"):
+    est = sizing.estimate_of(spec, nxt, profile) if nxt is not None else None
+    if est is None:
         return {}
-    nodes, nproc = stage_world(spec, nxt)
-    est = sizing.estimate_stage(
-        profile, getattr(spec.stages, nxt).max_steps, sizing.slots(nodes * nproc), price_per_slot_hour
-    )
     return {
         "next_stage_wall_s": est["wall_s"],
         "next_stage_cost_usd": est["cost_usd"],
@@ -52,7 +46,7 @@ def _estimated_by_previous(job: StageJob) -> float | None:
     profile = (data.metrics.get("profile") if data else None) or {}
     if prev is None or not profile.get("step_time_mean_s"):
         return None
-    return _estimate_next(job.spec, prev, job.price_per_slot_hour, profile).get("next_stage_cost_usd")
+    return _estimate_next(job.spec, prev, profile).get("next_stage_cost_usd")
 
 
 def charged_attempts(job: StageJob, sup: Supervision, before: Sequence[Supervision] = ()) -> list[Attempt]:
@@ -101,6 +95,8 @@ def from_supervision(
             status, error = Status.FAILED, unmatched(s.metrics, log_text)
         steps = metrics.get("steps", 0)
         profile = {"step_time_mean_s": sup.proc.duration_s / steps} if steps else {}
+        # Reported like a built-in recipe's profile: a later `traingate run --dry-run` estimates from it.
+        metrics.update(profile)
         details.update(series={k: v[-200:] for k, v in timed.items()})
         # A script's checkpoints are traingate's only when it declares them (indexed and published there).
         checkpoint_uri = job.checkpoint_uri if s.checkpoints is not None else None
@@ -125,7 +121,7 @@ def from_supervision(
         cost_usd=cost,
         duration_s=duration_s,
         checkpoint_uri=checkpoint_uri,
-        estimate=_estimate_next(job.spec, job.stage, job.price_per_slot_hour, profile) if completed else {},
+        estimate=_estimate_next(job.spec, job.stage, profile) if completed else {},
         details=details,
         error=error,
         attempts=[a.to_record() for a in charged_attempts(job, sup, before)],

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from traingate.job import sizing
 from traingate.job.files import read_supervisor_state
+from traingate.job.stagejob import stage_timeout_s
 from traingate.job.vocab import Status
 from traingate.job.world import stage_world
 from traingate.settings import Settings
@@ -33,16 +34,15 @@ def plan(
             row.update(processes=1, steps="-", samples="-", cost_ceiling_usd=0.0)
         else:
             nodes, nproc = stage_world(spec, stage)
-            limits = getattr(spec.stages, stage)
-            n_slots = sizing.slots(nodes * nproc)
             row.update(
                 processes=nodes * nproc,
-                steps=limits.max_steps,
+                steps=getattr(spec.stages, stage).max_steps,
                 samples=samples.get(stage, "-"),
-                cost_ceiling_usd=sizing.cost_usd(limits.timeout_s, n_slots, price),
+                # the longest the stage may run: its StageJob's timeout (a script's own timeout when lower)
+                cost_ceiling_usd=sizing.cost_usd(stage_timeout_s(spec, stage), sizing.slots(nodes * nproc), price),
             )
-            if profile:
-                est = sizing.estimate_stage(profile, limits.max_steps, n_slots, price)
+            est = sizing.estimate_of(spec, stage, profile) if profile else None
+            if est is not None:
                 row.update(est_wall_s=est["wall_s"], est_cost_usd=est["cost_usd"])
         rows.append(row)
     return rows
