@@ -149,32 +149,46 @@ def test_packages_and_modules_import_each_other_without_cycles():
 
 
 # ------------------------------------------------------------------ layers: imports point down only
-# flows -> tasks -> traingate's packages -> traingate's core. The core is every module at the top of
-# traingate/ (spec, settings, secrets, storage...) and the spec sections its RunSpec is built from, which
-# live with their package (STYLE 4) but import nothing of it.
-SPEC_SECTIONS = ("traingate.sweepspec", "traingate.alerts.rules")
+# Every room (a module at the top of traingate/, a traingate sub-package, tasks, flows) on one floor, from
+# the ground up; docs/layout.md draws them. A module imports only its own room and the rooms below it, so
+# the rooms never import each other in a circle. A new room gets its floor here.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("specbase", "redact", "settings", "alerts", "sweepspec", "spec", "places", "secrets",
+                    "storage", "snapshots")),
+    ("contract", ("job",)),
+    ("parts", ("capacity", "recipes", "tracking")),
+    ("training process", ("runtime",)),
+    ("around a run", ("launch", "cost", "promotion", "sweep", "monitor")),
+    ("running a stage", ("supervision",)),
+    ("the ladder", ("ladder",)),
+    ("orchestration", ("tasks", "flows")),
+)
+ORDER = [room for _, rooms in FLOORS for room in rooms]
 
 
-def _layer(module: str) -> int:
-    top = module.split(".")[0]
-    if top == "flows":
-        return 4
-    if top == "tasks":
-        return 3
-    is_core = module.count(".") == 1 and not (ROOT / module.replace(".", "/")).is_dir()
-    return 1 if is_core or module in SPEC_SECTIONS else 2
+def _room(module: str) -> str:
+    """``traingate.ladder.plan`` -> ``ladder``; ``traingate.spec`` -> ``spec``; ``flows.cli.run`` -> ``flows``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "traingate" and len(parts) > 1 else parts[0]
 
 
-def test_imports_point_down_the_layers_only():
+def _upward(imports: dict[str, set[str]]) -> list[str]:
+    """Each import of a room that stands above the importer's, as 'A (room) imports B (room above)'."""
+    return sorted(f"{a} ({_room(a)}) imports {b} ({_room(b)}, above it)" for a, targets in imports.items()
+                  for b in targets if ORDER.index(_room(b)) > ORDER.index(_room(a)))
+
+
+def test_imports_point_down_the_floors_only():
+    assert _upward({"traingate.job.files": {"traingate.ladder.plan", "traingate.spec"}}) == [
+        "traingate.job.files (job) imports traingate.ladder.plan (ladder, above it)"]  # the check sees one
     modules = _modules()
-    assert _layer("traingate.spec") == 1 and _layer("traingate.ladder.gates") == 2 and _layer("tasks.train") == 3
-    up = []
-    for name, path in modules.items():
-        for m in _imports(name, path, at_run_time=True):
-            target = next((c for c in (m, m.rsplit(".", 1)[0]) if c in modules), None)
-            if target is not None and _layer(target) > _layer(name):
-                up.append(f"{name} (layer {_layer(name)}) imports {target} (layer {_layer(target)})")
-    assert sorted(set(up)) == []
+    # Tests shipped inside the package (recipes/checks/) may import what they test.
+    code = {n: p for n, p in modules.items() if not n.rsplit(".", 1)[-1].startswith("test_") and n != "traingate"}
+    assert sorted({_room(n) for n in code} - set(ORDER)) == [], "a room without a floor: add it to FLOORS"
+    imports = {name: {t for m in _imports(name, path)  # every import: in functions, under TYPE_CHECKING too
+                      if (t := next((c for c in (m, m.rsplit(".", 1)[0]) if c in modules), None)) and t != "traingate"}
+               for name, path in code.items()}
+    assert _upward(imports) == []
 
 
 # ------------------------------------------------------------------ imports inside functions
