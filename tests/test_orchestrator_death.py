@@ -156,7 +156,7 @@ def _assert_resumed_to_the_end(cli: Cli, run_id: str) -> subprocess.CompletedPro
     return p
 
 
-def _kill_cli_and_check(cli: Cli, stage: str) -> tuple[str, str]:
+def _kill_cli_and_check(cli: Cli, stage: str, parent_left: tuple[str, ...] = ("RUNNING",)) -> tuple[str, str]:
     run_dir = cli.run_dir()
     assert run_dir is not None
     run_id = run_dir.name
@@ -172,29 +172,44 @@ def _kill_cli_and_check(cli: Cli, stage: str) -> tuple[str, str]:
     words = [json.loads(f.read_text()) for f in (run_dir / stage).glob("last_words.rank*.json")]
     assert all(w["cause"] == "orchestrator_lost" for w in words), words
     c = _mlflow(cli)
-    assert c.get_run(run_id).info.status == "RUNNING"  # nothing closed it: the next orchestrator must
+    assert c.get_run(run_id).info.status in parent_left  # nothing closed it: the next orchestrator must
     return run_id, flow_run_id
 
 
-@pytest.mark.parametrize("stage", ["smoke", "canary", "full"])
-def test_sigkill_of_the_cli_mid_stage_leaves_no_process_and_resume_completes_the_pipeline(prefect_api, tiny_spec,
-                                                                                           tmp_path, stage):
-    rng = random.Random(f"orchestrator-death-{stage}")
-    steps = {"smoke": 9, "canary": 30, "full": 30}[stage]  # smoke's part 1 stops at step 10
-    kill_at = rng.randint(2, steps - 4)
+def test_sigkill_of_the_cli_mid_smoke_canary_and_full_leaves_no_process_and_each_resume_goes_on_to_the_end(
+        prefect_api, tiny_spec, tmp_path):
+    """One pipeline whose orchestrator is SIGKILLed three times: `traingate run` mid-smoke, then the
+    `traingate resume` that took over mid-canary, then the next one mid-full. Run and resume drive the
+    same ladder flow under the same guardian, so each kill checks what a kill of `run` in that stage
+    would, and a resume that is itself killed must be resumable too."""
     cli = Cli(tmp_path, prefect_api, SLOW)
-    try:
-        cli.start("run", str(tiny_spec()), *LONGER)
-        _wait(_at_step(cli, stage, kill_at), 300, f"{stage} to reach step {kill_at}", cli)
-        run_id, flow_run_id = _kill_cli_and_check(cli, stage)
-    finally:
-        cli.cleanup()
+    command = ("run", str(tiny_spec()), *LONGER)
+    killed: list[tuple[str, str]] = []  # (stage, flow run id of the killed orchestrator)
+    for stage in ("smoke", "canary", "full"):
+        rng = random.Random(f"orchestrator-death-{stage}")
+        steps = {"smoke": 9, "canary": 30, "full": 30}[stage]  # smoke's part 1 stops at step 10
+        kill_at = rng.randint(2, steps - 4)
+        try:
+            cli.start(*command)
+            _wait(_at_step(cli, stage, kill_at), 300, f"{stage} to reach step {kill_at}", cli)
+            # A killed `run` leaves its pipeline run RUNNING. A resume's stale sweep first closed it as KILLED
+            # and the resume closes it again only when the ladder ends: a killed resume leaves it as it found
+            # it, never FINISHED or FAILED.
+            parent_left = ("RUNNING",) if command[0] == "run" else ("RUNNING", "KILLED")
+            run_id, flow_run_id = _kill_cli_and_check(cli, stage, parent_left)
+        finally:
+            cli.cleanup()
+        killed.append((stage, flow_run_id))
+        command = ("resume", run_id)
     _assert_resumed_to_the_end(cli, run_id)
-    assert _flow_run_state(flow_run_id) == "CRASHED"
-    stage_run = _mlflow(cli).search_runs(
-        [_mlflow(cli).get_run(run_id).info.experiment_id],
-        f"tags.`traingate.run_id` = '{run_id}' and tags.`traingate.stage` = '{stage}'")[0]
-    assert stage_run.data.tags["orchestrator.crash_cause"].startswith("orchestrator_lost: orchestrator pid ")
+    client = _mlflow(cli)
+    experiment = client.get_run(run_id).info.experiment_id
+    for stage, flow_run_id in killed:
+        assert _flow_run_state(flow_run_id) == "CRASHED", stage
+        stage_run = client.search_runs(
+            [experiment], f"tags.`traingate.run_id` = '{run_id}' and tags.`traingate.stage` = '{stage}'")[0]
+        assert stage_run.data.tags["orchestrator.crash_cause"].startswith("orchestrator_lost: orchestrator pid "), \
+            (stage, stage_run.data.tags)
 
 
 def test_sigkill_of_a_rank_mid_canary_is_a_restart_and_the_ladder_completes(prefect_api, tiny_spec, tmp_path):
