@@ -3,16 +3,15 @@
 Idempotent; prints one line per thing it created or changed and says when nothing changed.
 Per pool: the work pool (process, docker or kubernetes; GPU pools' templates request the GPUs and
 run the pinned training image), one work queue per priority class (Prefect queue priority 1 is
-served first, so the highest class gets 1), the pool's slot limit (a global concurrency limit
-named like the pool, ``gpus_per_node x nodes``), a limit per team quota on it and the one-slot
-start lock; and the config itself as the Prefect Variable ``traingate-pools``, from which every
-job reads its rules (``tasks/slots.py``).
+served first, so the highest class gets 1); and the config itself as the Prefect Variable
+``traingate-pools``, from which every job reads its rules (``tasks/slots.py``). A local pool's slots,
+quotas and entitlements are held by the pool's one authority (``traingate.capacity.authority``), which
+the first job on the pool starts; a Slurm pool's by Slurm.
 
 Each pool's job template carries the locations of the bootstrap's environment (state directory,
 tracking, artifact, checkpoint and Optuna stores: ``traingate.settings.pool_locations``) as the
 default environment of every flow run on it, so no run falls back to the directory its code is in.
-A pool without a state directory is refused. A Slurm pool (``engine: slurm``) gets its work pool
-and queues but no slot or quota limits: Slurm holds those.
+A pool without a state directory is refused.
 
 `traingate pools show POOLS.yaml` lists each pool's nodes (a Slurm pool's from sinfo: state, GPUs
 in use, a drain's reason); `traingate pools drain NODE --reason R` / `traingate pools resume NODE`
@@ -269,20 +268,6 @@ def bootstrap(cfg: CapacityConfig, image: str | None = None, env: dict[str, str]
                 elif queues[cls].priority != p:
                     c.update_work_queue(queues[cls].id, priority=p)
                     changes.append(f"work queue {name}/{cls}: priority {queues[cls].priority} -> {p}")
-            limits = {slots.pool_limit(name): pool.capacity, slots.lock_limit(name): 1}
-            limits.update({slots.quota_limit(team, name): cap for team, cap in cfg.quotas_on(name).items()})
-            if pool.engine == Engine.SLURM:
-                limits = {}  # Slurm holds the slots and quotas (its nodes, its accounts' GrpTRES)
-            for lname, size in limits.items():
-                try:
-                    old = c.read_global_concurrency_limit_by_name(lname).limit
-                except ObjectNotFound:
-                    old = None
-                if old != size:
-                    c.upsert_global_concurrency_limit_by_name(lname, size)
-                    changes.append(
-                        f"created limit {lname} = {size}" if old is None else f"limit {lname}: {old} -> {size}"
-                    )
         value = cfg.model_dump(mode="json")
         var = c.read_variable_by_name(slots.CONFIG_VAR)
         if var is None or var.value != value:

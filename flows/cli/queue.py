@@ -17,11 +17,12 @@ from prefect import get_client
 
 from flows.cli.pools import _require_server
 from tasks import slots
-from traingate.capacity import slurm, slurm_cli
+from traingate.capacity import records, slurm, slurm_cli
 from traingate.capacity.gang import footprint
 from traingate.capacity.policy import queue_order
 from traingate.capacity.pools import CapacityError, Engine
-from traingate.capacity.queue import RUNNING, WAITING, _predict, decide, rules_for, usage_now
+from traingate.capacity.queue import RUNNING, WAITING, Entry, _predict, decide, rules_for, usage_now
+from traingate.settings import Settings
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,16 +36,34 @@ def main(args: argparse.Namespace) -> int:
                 )
             if args.pool and args.pool not in cfg.pools:
                 raise CapacityError(f"--pool {args.pool!r}: not a pool; use one of {sorted(cfg.pools)}")
-            now = time.time()
-            live = slots.fresh_entries(c, now)
-            shown = [p for name, p in cfg.pools.items() if not args.pool or name == args.pool]
-            # Slurm pools: the queue is Slurm's (one squeue for all of them; it ignores filters in JSON mode).
-            jobs = slurm.queued_jobs(slurm_cli.squeue()) if any(p.engine == Engine.SLURM for p in shown) else []
-            print(render(cfg, live, {p: slots.usage_history(c, p) for p in cfg.pools}, now, args.pool, jobs))
+        now = time.time()
+        live, history, ignored = local_queue(cfg, Settings.from_env().state_dir, args.pool)
+        shown = [p for name, p in cfg.pools.items() if not args.pool or name == args.pool]
+        # Slurm pools: the queue is Slurm's (one squeue for all of them; it ignores filters in JSON mode).
+        jobs = slurm.queued_jobs(slurm_cli.squeue()) if any(p.engine == Engine.SLURM for p in shown) else []
+        print(render(cfg, live, history, now, args.pool, jobs))
+        for line in ignored:
+            print(f"ignored: {line}")
     except (CapacityError, slurm.SlurmError) as e:
         print(f"traingate queue: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def local_queue(cfg, state_dir, only: str | None = None) -> tuple[list[Entry], dict, list[str]]:
+    """The local pools' entries and usage as their authorities signed them, and one line per record that
+    was not signed by the authority (ignored, as the authority ignores it)."""
+    live: list[Entry] = []
+    history: dict[str, dict[str, tuple[float, float]]] = {}
+    ignored: list[str] = []
+    for name, pool in cfg.pools.items():
+        if pool.engine != Engine.LOCAL or (only and name != only):
+            continue
+        got = records.read_pool(state_dir, name)
+        live += [Entry.from_json(v["entry"]) for v in got.of(records.ENTRY).values()]
+        history[name] = {t: (float(u), float(a)) for t, (u, a) in got.of(records.USAGE).items()}
+        ignored += [f"pool {name}: {line}" for line in got.ignored]
+    return live, history, ignored
 
 
 def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=()) -> str:

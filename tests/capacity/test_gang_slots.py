@@ -1,8 +1,8 @@
-"""Gang slots on a real Prefect server (the session's test harness): `traingate pools bootstrap`,
-the queue as Prefect Variables, the pool's and the team's global concurrency limits, the start
-lock, preemption requests. Jobs here hold slots without training (threads standing in for
-orchestrators); tests/capacity/test_scheduling_e2e.py runs the same path with real workers and
-real training."""
+"""Gang slots on the local engine with the capacity config on a real Prefect server (the session's test
+harness): `traingate pools bootstrap`, the pool's authority admitting, capping and preempting. Jobs here hold
+slots without training (threads standing in for orchestrators); tests/capacity/test_scheduling_e2e.py runs
+the same path with real workers and real training."""
+
 from __future__ import annotations
 
 import contextvars
@@ -19,8 +19,9 @@ from traingate.spec import load_spec
 
 
 def _config(pool: str, **extra):
-    return parse_config({"pools": {pool: {"gpus_per_node": 2, "nodes": 2, "price_per_gpu_hour": 1.0,
-                                          "worker": "process"}}, **extra})
+    return parse_config(
+        {"pools": {pool: {"gpus_per_node": 2, "nodes": 2, "price_per_gpu_hour": 1.0, "worker": "process"}}, **extra}
+    )
 
 
 @pytest.fixture
@@ -30,6 +31,7 @@ def pool(prefect_harness):
     from prefect import get_client
 
     from tasks import slots
+
     yield f"p{uuid.uuid4().hex[:8]}"
     with get_client(sync_client=True) as c:
         for v in c.read_variables():
@@ -38,17 +40,22 @@ def pool(prefect_harness):
 
 
 def _job(tiny_spec, tmp_path, pool: str, name: str, procs: int, team: str = "a", priority: str = "research"):
-    spec = load_spec(tiny_spec(f"pools: {{{pool}: {{price_per_gpu_hour: 1.0}}}}\n", name=f"{name}.yaml"),
-                     [f"resources.work_pool={pool}", f"resources.procs_per_node={procs}",
-                      f"identity.team={team}", f"resources.priority={priority}"])
+    spec = load_spec(
+        tiny_spec(f"pools: {{{pool}: {{price_per_gpu_hour: 1.0}}}}\n", name=f"{name}.yaml"),
+        [
+            f"resources.work_pool={pool}",
+            f"resources.procs_per_node={procs}",
+            f"identity.team={team}",
+            f"resources.priority={priority}",
+        ],
+    )
     return derive(spec, "full", run_id=name, run_dir=tmp_path / name, settings=Settings.from_env())
 
 
 def _slots(job, cfg, said=None):
-    from prefect import get_client
-
     from tasks.slots import GangSlots
-    return GangSlots(job, cfg, (said if said is not None else []).append, lambda: get_client(sync_client=True))
+
+    return GangSlots(job, cfg, (said if said is not None else []).append)
 
 
 def _thread(target) -> threading.Thread:
@@ -58,26 +65,32 @@ def _thread(target) -> threading.Thread:
     return t
 
 
-def _active(name: str) -> int:
-    from prefect import get_client
-    with get_client(sync_client=True) as c:
-        return c.read_global_concurrency_limit_by_name(name).active_slots
+def _active(pool: str) -> int:
+    """Slots the pool's authority has recorded as held (its signed records)."""
+    from traingate.capacity import records
+    from traingate.capacity.queue import RUNNING, Entry
+
+    got = records.read_pool(Settings.from_env().state_dir, pool)
+    assert not got.ignored, got.ignored
+    return sum(
+        e.slots for e in (Entry.from_json(v["entry"]) for v in got.of(records.ENTRY).values()) if e.state == RUNNING
+    )
 
 
-def test_bootstrap_creates_pool_queues_limits_and_config_once_then_changes_nothing(pool, capsys):
+def test_bootstrap_creates_pool_queues_and_config_once_then_changes_nothing(pool, capsys):
     from prefect import get_client
 
     from flows.cli.pools import bootstrap
     from tasks import slots
+
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     first = bootstrap(cfg)
     assert f"created work pool {pool} (process)" in first
     assert f"created work queue {pool}/urgent (priority 1)" in first
-    assert f"created limit {pool} = 4" in first and f"created limit quota-vision-{pool} = 2" in first
+    assert not any("limit" in line for line in first)  # the pool's authority holds slots and quotas
     assert bootstrap(cfg) == []  # idempotent
     bigger = _config(pool, quotas={"vision": {pool: 3}})
-    assert bootstrap(bigger) == [f"limit quota-vision-{pool}: 2 -> 3",
-                                 f"updated the capacity config (variable {slots.CONFIG_VAR})"]
+    assert bootstrap(bigger) == [f"updated the capacity config (variable {slots.CONFIG_VAR})"]
     with get_client(sync_client=True) as c:
         queues = {q.name: q.priority for q in c.read_work_queues(work_pool_name=pool)}
         assert {k: v for k, v in queues.items() if k != "default"} == {"urgent": 1, "production": 2, "research": 3}
@@ -86,8 +99,10 @@ def test_bootstrap_creates_pool_queues_limits_and_config_once_then_changes_nothi
 
 def test_a_container_pool_without_a_pinned_image_is_refused_in_one_line(pool):
     from flows.cli.pools import bootstrap
-    cfg = parse_config({"pools": {pool: {"gpu": "A100", "gpus_per_node": 8, "nodes": 1, "price_per_gpu_hour": 1,
-                                         "worker": "docker"}}})
+
+    cfg = parse_config(
+        {"pools": {pool: {"gpu": "A100", "gpus_per_node": 8, "nodes": 1, "price_per_gpu_hour": 1, "worker": "docker"}}}
+    )
     with pytest.raises(CapacityError, match=r"needs the training image.*--image"):
         bootstrap(cfg)
     with pytest.raises(CapacityError, match="pin a tag"):
@@ -97,6 +112,7 @@ def test_a_container_pool_without_a_pinned_image_is_refused_in_one_line(pool):
 
 def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, tiny_spec, tmp_path):
     from flows.cli.pools import bootstrap
+
     cfg = _config(pool)
     bootstrap(cfg)
     jobs = [_job(tiny_spec, tmp_path, pool, f"j{i}", procs) for i, procs in enumerate([2, 1, 2, 1, 2])]
@@ -126,6 +142,7 @@ def test_gang_jobs_never_exceed_the_pool_and_each_waits_for_all_its_slots(pool, 
 
 def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spec, tmp_path):
     from flows.cli.pools import bootstrap
+
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     bootstrap(cfg)
     first = _slots(_job(tiny_spec, tmp_path, pool, "v1", 2, team="vision"), cfg)
@@ -141,11 +158,12 @@ def test_a_team_at_its_quota_waits_while_another_teams_job_starts(pool, tiny_spe
     assert got.wait(30)
     second.release()
     other.release()
-    assert _active(pool) == 0 and _active(f"quota-vision-{pool}") == 0
+    assert _active(pool) == 0
 
 
 def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_its_slots(pool, tiny_spec, tmp_path):
     from flows.cli.pools import bootstrap
+
     cfg = _config(pool)
     bootstrap(cfg)
     research = [_slots(_job(tiny_spec, tmp_path, pool, f"r{i}", 2), cfg) for i in range(2)]
@@ -178,30 +196,37 @@ def test_an_urgent_job_asks_the_least_costly_lower_class_job_to_stop_and_gets_it
 
 def test_a_job_wider_than_its_pool_is_refused_before_it_waits(pool, tiny_spec, tmp_path):
     from flows.cli.pools import bootstrap
-    cfg = parse_config({"pools": {pool: {"gpus_per_node": 1, "nodes": 1, "price_per_gpu_hour": 1.0,
-                                         "worker": "process"}}})
+
+    cfg = parse_config(
+        {"pools": {pool: {"gpus_per_node": 1, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}}}
+    )
     bootstrap(cfg)
     with pytest.raises(CapacityError, match=r"2 GPUs .*do not fit pool"):
         _slots(_job(tiny_spec, tmp_path, pool, "wide", 2), cfg)
 
 
 def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position_and_reason(
-        pool, tiny_spec, tmp_path, capsys):
+    pool, tiny_spec, tmp_path, capsys
+):
     import argparse
 
     from flows.cli import queue
     from flows.cli.pools import bootstrap
+
     cfg = _config(pool, quotas={"vision": {pool: 2}})
     bootstrap(cfg)
     running = _slots(_job(tiny_spec, tmp_path, pool, "big", 2, team="vision"), cfg)
     assert running.acquire(lambda: None) is None
     stop = threading.Event()
-    waiters = [_slots(_job(tiny_spec, tmp_path, pool, name, procs, team=team, priority=prio), cfg)
-               for name, procs, team, prio in [("late", 1, "vision", "research"), ("prod", 2, "speech", "production")]]
+    waiters = [
+        _slots(_job(tiny_spec, tmp_path, pool, name, procs, team=team, priority=prio), cfg)
+        for name, procs, team, prio in [("late", 1, "vision", "research"), ("prod", 2, "speech", "production")]
+    ]
     holders = []
     for g in waiters:
-        _thread(lambda g=g: holders.append(g) if g.acquire(lambda: "stopped" if stop.is_set() else None) is None
-                else None)
+        _thread(
+            lambda g=g: holders.append(g) if g.acquire(lambda: "stopped" if stop.is_set() else None) is None else None
+        )
     deadline = time.monotonic() + 30
     while len(holders) < 1 and time.monotonic() < deadline:  # prod (2 free slots) starts; late waits on quota
         time.sleep(0.2)
@@ -225,6 +250,7 @@ def test_queue_view_without_a_bootstrapped_server_says_what_to_run(prefect_harne
     from prefect import get_client
 
     from tasks import slots
+
     with get_client(sync_client=True) as c:
         assert slots.read_config(c) is None
     assert queue.main(argparse.Namespace(pool=None)) == 2

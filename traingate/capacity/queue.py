@@ -62,6 +62,7 @@ class Entry:
     progress: str = ""  # e.g. "step 40/100"
     host: str = ""
     pid: int = 0
+    user: str = ""  # the OS user the pool's authority saw on the job's connection (peer credentials)
 
     def job(self) -> Job:
         return Job(
