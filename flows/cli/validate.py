@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from traingate.capacity import entitlements
 from traingate.capacity.pools import BUILTIN_CLASSES, load_config, priority_class
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.secrets import extract
@@ -27,6 +28,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
         # `validate` sends nothing anywhere: no store is listed, no remote data is read.
         config = load_config(args.pools) if args.pools else None
         priority_class(config, spec.resources.priority, args.pools or BUILTIN_CLASSES)
+        # The pools file's entitlements for the OS user running this (a stage's width is checked at admission).
+        entitlements.check(
+            config, entitlements.os_user(), spec.identity.team, spec.resources.priority, spec.resources.work_pool, 0
+        )
         return spec, check_spec(spec, offline=True)
     if not os.environ.get("PREFECT_API_URL"):
         # A temporary server carries no pools config: the built-in classes. A server's config is read before the

@@ -93,3 +93,38 @@ def test_a_bad_entitlements_section_is_one_line_naming_the_field(change, message
 def test_a_quota_set_both_in_quotas_and_in_the_entitlement_is_refused():
     with pytest.raises(CapacityError, match=r"entitlements.teams.vision.quota.p: also set in quotas.vision.p"):
         _cfg(quotas={"vision": {"p": 2}})
+
+
+def _pools_file(tmp_path, me: str):
+    import yaml
+
+    tree = {
+        "pools": {"cpu-local": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_hour": 0.05, "worker": "process"}},
+        "entitlements": {
+            "default": {"classes": ["research"], "quota": {"cpu-local": 1}},
+            "teams": {
+                "vision": {"members": ["someone-else"], "classes": ["research"]},
+                "mine": {"members": [me], "classes": ["research", "production"]},
+            },
+        },
+    }
+    path = tmp_path / "pools.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_validate_with_a_pools_file_refuses_a_team_or_class_this_os_user_is_not_entitled_to(
+    tiny_spec, tmp_path, capsys
+):
+    from flows.cli import main as cli
+
+    me = entitlements.os_user()
+    pools = _pools_file(tmp_path, me)
+    base = ["validate", str(tiny_spec()), "--pools", str(pools), "--set", "resources.work_pool=cpu-local"]
+    assert cli([*base, "--set", "identity.team=vision"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"traingate: invalid spec: identity.team = 'vision': OS user '{me}' is not a member")
+    assert "\n" not in err
+    assert cli([*base, "--set", "identity.team=mine", "--set", "resources.priority=urgent"]) == 2
+    assert "resources.priority = 'urgent': team mine may use research, production" in capsys.readouterr().err
+    assert cli([*base, "--set", "identity.team=mine", "--set", "resources.priority=production"]) == 0
