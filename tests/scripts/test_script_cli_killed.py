@@ -1,7 +1,7 @@
 """`traingate run` SIGKILLed mid-full on an unmodified script (examples/script_project2), then `traingate
 resume`: the full stage goes on from the script's newest checkpoint through its resume flag, never from
-step 0, and rewrites none of the checkpoints the killed attempt left. Real CLI processes, each with its
-temporary Prefect server; MLflow on SQLite."""
+step 0, and rewrites none of the checkpoints the killed attempt left. Real CLI processes on the session's
+Prefect server (a server outlives the CLI, as in production); MLflow on SQLite."""
 
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ pytestmark = pytest.mark.slow
 GRACE_S = 30
 
 
-def _env(tmp: Path) -> dict[str, str]:
+def _env(tmp: Path, prefect_api: dict[str, str]) -> dict[str, str]:
     env = {
         **os.environ,
         "TRAINGATE_STATE_DIR": str(tmp / "state"),
         "PREFECT_HOME": str(tmp / "prefect"),
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
+        **prefect_api,
     }
-    for name in ("PREFECT_API_URL", "TRAINGATE_INJECT"):
-        env.pop(name, None)
+    env.pop("TRAINGATE_INJECT", None)
     return env
 
 
@@ -54,10 +54,10 @@ def _checkpoints(ckpt_dir: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def test_a_script_run_whose_cli_is_killed_mid_full_resumes_from_its_newest_checkpoint(tmp_path):
+def test_a_script_run_whose_cli_is_killed_mid_full_resumes_from_its_newest_checkpoint(tmp_path, prefect_api):
     project = tmp_path / "project"
     shutil.copytree(ROOT / "examples" / "script_project2", project, ignore=shutil.ignore_patterns("__pycache__"))
-    env = _env(tmp_path)
+    env = _env(tmp_path, prefect_api)
     out = tmp_path / "run.out"
     cli = subprocess.Popen(
         [
@@ -100,7 +100,7 @@ def test_a_script_run_whose_cli_is_killed_mid_full_resumes_from_its_newest_check
         if cli.poll() is None:
             cli.kill()
         try:
-            os.killpg(cli.pid, signal.SIGKILL)  # its temporary Prefect server
+            os.killpg(cli.pid, signal.SIGKILL)  # whatever the CLI started in its session
         except ProcessLookupError:
             pass
     stage_dir = log.parent
