@@ -111,6 +111,14 @@ def stopped(state: State, summary: dict[str, Any]) -> State:
     return state
 
 
+def with_newest_data(spec: RunSpec) -> RunSpec:
+    """``spec`` with ``data.uri``'s ``{latest}`` resolved to the newest version, once per run: its identity and
+    every stage read that version. Every flow that starts a run calls it; the CLI resolves through the same
+    :func:`traingate.snapshots.resolve_spec` (the task wraps it), so a deployment and `traingate run` of one
+    spec train on the same version."""
+    return newest_snapshot(spec) if has_latest(spec.data.uri) else spec
+
+
 def check_entitled(spec: RunSpec) -> None:
     """The spec's priority class is one of the pools config's (this Prefect server's; without one, the built-in
     classes), or one CapacityError line naming the valid ones. On a Slurm pool of that config: the submitting
@@ -164,8 +172,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     except LocationError as e:
         return stopped(Failed(message=str(e)), {})
     if spec is not None and resume_from is None:  # validation once, before anything is created
-        if has_latest(spec.data.uri):  # one version for the whole run: its identity and every stage read it
-            spec = newest_snapshot(spec)
+        spec = with_newest_data(spec)
         check_spec(spec)
         preflight(spec, settings)
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed, Failed, State
 
-from flows.pipeline import flow_settings, stopped
+from flows.pipeline import flow_settings, stopped, with_newest_data
 from tasks.data import data_snapshot
 from tasks.tracking import close_pipeline_run, open_pipeline_run, open_stage_run, record_stage
 from tasks.train import budgets_at_gate, run_stage_job
@@ -34,6 +34,7 @@ def train_stage(spec: RunSpec, stage: Stage = "full", faults: str | None = None)
         settings = flow_settings()
     except LocationError as e:
         return stopped(Failed(message=str(e)), {})
+    spec = with_newest_data(spec)
     check_spec(spec)
     preflight(spec, settings)
     settings.ensure()
