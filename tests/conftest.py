@@ -106,12 +106,14 @@ def pytest_collection_modifyitems(config, items):
     """Files with the most long tests first, each file's tests kept together and in order: under
     `make test`'s workers (`--dist loadfile --no-loadscope-reorder`, which keeps this order) the long
     files start early and the many short ones fill the end, instead of a long file starting last
-    while the other worker idles. xdist's default reorder hands out files by test count instead,
-    which starts the one-test end-to-end files last."""
+    while the other worker idles. Among files with as many long tests, those with more tests go first
+    (xdist's default order, by test count alone, starts the one-test end-to-end files last)."""
     long: dict = {}
+    count: dict = {}
     for item in items:
         long[item.path] = long.get(item.path, 0) + _is_long(item)
-    items.sort(key=lambda item: -long[item.path])
+        count[item.path] = count.get(item.path, 0) + 1
+    items.sort(key=lambda item: (-long[item.path], -count[item.path]))
 
 
 def pytest_sessionfinish(session, exitstatus):
