@@ -30,6 +30,8 @@ def test_traingate_never_imports_prefect():
 PACKAGES = ("traingate", "flows", "tasks")
 # Orchestrator-side code: it never runs inside a training process (the ranks torchrun starts).
 ORCHESTRATOR_SIDE = ("prefect", "flows", "tasks", "optuna", "traingate.supervision.supervisor",
+                     "traingate.supervision.drivers", "traingate.supervision.watch", "traingate.supervision.alerting",
+                     "traingate.supervision.attempts",
                      "traingate.supervision.drill", "traingate.launch", "traingate.ladder.plan", "traingate.ladder.outcomes",
                      "traingate.ladder.preflight", "traingate.tracking.runs", "traingate.promotion", "traingate.ladder.replay",
                      "traingate.tracking.browse", "traingate.sweep.driver", "traingate.sweep.study")
