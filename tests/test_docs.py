@@ -153,6 +153,21 @@ def test_every_repository_path_the_readme_and_docs_name_exists():
     assert not missing, "paths that do not exist (moved? update the page):\n" + "\n".join(missing)
 
 
+def test_every_test_the_threat_model_cites_exists():
+    """Each claim of docs/threat-model.md names the test that shows it: the file and the test function."""
+    import ast
+
+    text = (ROOT / "docs" / "threat-model.md").read_text(encoding="utf-8")
+    cited = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text)
+    assert len(cited) >= 15, cited
+    missing = []
+    for path, name in cited:
+        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+        if name not in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}:
+            missing.append(f"{path}::{name}")
+    assert not missing, "tests the threat model cites that do not exist:\n" + "\n".join(missing)
+
+
 # Prints each argv's --help of the console script's entry point, in one process (imports paid once).
 _HELP_SCRIPT = """
 import contextlib, importlib, io, json, sys

@@ -427,6 +427,24 @@ CASES = [
          env={"TRAINGATE_CHECKPOINT_URI": "file:///tmp/${env:TG_HOSTILE_UNSET}"}),
     case("env-ref-in-state-dir", "TRAINGATE_STATE_DIR", "TG_HOSTILE_UNSET",
          env={"TRAINGATE_STATE_DIR": "<TMP>/${env:TG_HOSTILE_UNSET}/state"}),
+    # -- ${env:NAME} the allowlist does not name, or resolved into a URL to a host it does not name
+    case("env-set-but-not-on-allowlist", "alerts.webhook_url", "TG_HOSTILE_SET",
+         "alerts.webhook_url=https://hooks.example/${env:TG_HOSTILE_SET}", env={"TG_HOSTILE_SET": "hook-value"}),
+    case("env-allowed-into-a-foreign-host", "alerts.webhook_url", "collector.example",
+         "alerts.webhook_url=https://collector.example/c?k=${env:TG_HOSTILE_SET}",
+         env={"TG_HOSTILE_SET": "v", "TRAINGATE_ENV_ALLOW": "TG_HOSTILE_SET"}),
+    case("env-not-on-allowlist-in-validate", "data.uri", "TG_HOSTILE_SET", "data.uri=s3://b/${env:TG_HOSTILE_SET}",
+         base=CHARGPT, cmd="validate", env={"TG_HOSTILE_SET": "v"}),
+    # -- URL fields: a scheme, a host, a port
+    case("url-webhook-no-scheme", "alerts.webhook_url", "hooks.example/x", "alerts.webhook_url=hooks.example/x"),
+    case("url-webhook-ftp", "alerts.webhook_url", "ftp://hooks.example/x", "alerts.webhook_url=ftp://hooks.example/x"),
+    case("url-webhook-no-host", "alerts.webhook_url", "https:///x", "alerts.webhook_url=https:///x"),
+    case("url-webhook-bad-port", "alerts.webhook_url", "https://hooks.example:99999/x",
+         "alerts.webhook_url=https://hooks.example:99999/x"),
+    case("url-checkpoint-s3-no-bucket", "checkpoint.uri", "s3:///ckpt", "checkpoint.uri=s3:///ckpt"),
+    case("url-s3-endpoint-no-scheme", "TRAINGATE_S3_ENDPOINT_URL", "minio:9000",
+         env={"TRAINGATE_S3_ENDPOINT_URL": "minio:9000"}),
+    case("url-tracking-no-host", "TRAINGATE_TRACKING_URI", "http:///mlflow", env={"TRAINGATE_TRACKING_URI": "http:///mlflow"}),
     # -- paths: the root, kernel trees, unwritable places and missing parents
     case("path-state-dir-root", "TRAINGATE_STATE_DIR", "/", env={"TRAINGATE_STATE_DIR": "/"}),
     case("path-state-dir-proc", "TRAINGATE_STATE_DIR", "/proc/traingate", env={"TRAINGATE_STATE_DIR": "/proc/traingate"}),
@@ -577,6 +595,8 @@ def test_a_hostile_spec_is_refused_in_one_line_and_creates_nothing(c, world, sta
     for k, v in c.env.items():
         monkeypatch.setenv(k, _fill(v, world))
     monkeypatch.delenv("TG_HOSTILE_UNSET", raising=False)
+    if "TG_HOSTILE_SET" not in c.env:
+        monkeypatch.delenv("TG_HOSTILE_SET", raising=False)
     if "TRAINGATE_STATE_DIR" in c.env:
         state_dir = Path(_fill(c.env["TRAINGATE_STATE_DIR"], world))
         if state_dir.exists():  # the root, a FIFO: what must not appear is the state dir's contents
@@ -600,7 +620,7 @@ def test_the_suite_covers_every_class_with_at_least_120_cases():
     assert len(ids) >= 120 and len(set(ids)) == len(ids)
     for prefix in ("dup-", "lr-", "seed-", "int-given", "rdzv-", "ckpt-", "s3-", "chargpt-corpus", "set-", "file-",
                    "gate-", "best-metric", "command-", "torchrun-", "space-", "objective-", "experiment-", "study-",
-                   "special-", "size-", "depth-", "env-", "path-"):
+                   "special-", "size-", "depth-", "env-", "path-", "url-"):
         assert any(i.startswith(prefix) for i in ids), prefix
 
 

@@ -7,6 +7,7 @@ file system: their ids say ``file-only-symlinks``. The last test goes through a 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 
@@ -248,3 +249,104 @@ def test_a_training_process_that_finds_a_crossed_checkpoint_exits_64_naming_the_
     assert "it belongs to run 'someone-else', not to this run 'crossed'" in words["error"]
     assert "\n" not in words["error"]
     assert not (drill.out / "result.json").exists()
+
+
+# ---------------------------------------------------------------------------------------- signed manifests
+KEY = b"0123456789abcdef" * 4  # a deployment's checkpoint key (traingate.settings.checkpoint_key)
+
+
+def _rewrite_manifest(uri: str, step: int, edit) -> None:
+    st = Storage(uri)
+    manifest = json.loads(st.read_bytes(f"{step_dir(step)}/{MANIFEST}"))
+    edit(manifest)
+    st.write_bytes(f"{step_dir(step)}/{MANIFEST}", json.dumps(manifest).encode())
+
+
+def test_zeroed_weights_with_their_checksum_recomputed_are_refused_by_the_signature_with_no_fallback(roots):
+    ck = Checkpointer(roots("ck"), async_save=False, key=KEY, **MINE)
+    ck.save(4, _state(4, 1.0))
+    ck.save(8, _state(8, 1.0))
+    st = Storage(ck.uri)
+    zeroed = _state(8, 0.0)["model"]
+    buf = io.BytesIO()
+    torch.save(zeroed, buf)
+    st.write_bytes(f"{step_dir(8)}/model.pt", buf.getvalue())
+    _rewrite_manifest(ck.uri, 8, lambda m: m["files"].update({"model.pt": _entry(buf.getvalue())}))
+    with pytest.raises(CheckpointRefused) as e:
+        Checkpointer(roots("ck"), async_save=False, key=KEY, **MINE).load_latest()
+    assert _one_line(e).startswith(f"checkpoint {roots('ck')}/{step_dir(8)} refused: its manifest's signature "
+                                   "does not match this deployment's checkpoint key")
+    # The same bytes are accepted by a reader without the key: the signature is what refuses them.
+    assert Checkpointer(roots("ck"), async_save=False, **MINE).load_latest()[0] == 8
+
+
+def test_a_foreign_runs_checkpoint_restamped_with_this_runs_identity_is_refused(roots):
+    mine = Checkpointer(roots("mine"), async_save=False, key=KEY, **MINE)
+    mine.save(4, _state(4, 1.0))
+    victim = Checkpointer(roots("victim"), async_save=False, key=KEY, run_id="run-victim", stage="full", spec=SPEC)
+    victim.save(8, _state(8, 7.0))
+    src, dst = Storage(victim.uri), Storage(mine.uri)
+    for name in src.listdir(step_dir(8)):
+        dst.write_bytes(f"{step_dir(8)}/{name}", src.read_bytes(f"{step_dir(8)}/{name}"))
+    stamp = json.loads(dst.read_bytes(f"{step_dir(4)}/{MANIFEST}"))
+    _rewrite_manifest(mine.uri, 8, lambda m: m.update({k: stamp[k] for k in ("run_id", "stage", "fingerprint")}))
+    with pytest.raises(CheckpointRefused) as e:
+        mine.load_latest()
+    assert f"{step_dir(8)} refused: its manifest's signature does not match" in _one_line(e)
+
+
+def test_an_unsigned_manifest_is_refused_by_a_reader_with_the_key_and_read_by_tools_without_it(roots):
+    Checkpointer(roots("ck"), async_save=False, **MINE).save(4, _state(4, 1.0))
+    with pytest.raises(CheckpointRefused, match="its manifest carries no signature"):
+        Checkpointer(roots("ck"), async_save=False, key=KEY, **MINE).load_latest()
+    Checkpointer(roots("ck2"), async_save=False, key=KEY, **MINE).save(4, _state(4, 1.0))
+    with pytest.raises(CheckpointRefused, match="signature does not match"):  # another deployment's key
+        Checkpointer(roots("ck2"), async_save=False, key=b"another-deployment-key-32-bytes!!", **MINE).load(4)
+    assert Checkpointer(roots("ck"), async_save=False).load_latest()[0] == 4
+
+
+@pytest.mark.parametrize("damage", ["truncated-file", "truncated-manifest"])
+def test_a_damaged_newest_checkpoint_is_passed_over_only_after_telling_which_file_and_why(roots, damage):
+    told: list[tuple[str, str]] = []
+    ck = Checkpointer(roots("ck"), async_save=False, key=KEY, on_fallback=lambda f, why: told.append((f, why)),
+                      **MINE)
+    ck.save(4, _state(4, 1.0))
+    ck.save(8, _state(8, 1.0))
+    st = Storage(ck.uri)
+    name = "model.pt" if damage == "truncated-file" else MANIFEST
+    st.write_bytes(f"{step_dir(8)}/{name}", st.read_bytes(f"{step_dir(8)}/{name}")[:40])
+    assert ck.load_latest()[0] == 4
+    assert len(told) == 1 and told[0][0] == f"{roots('ck')}/{step_dir(8)}"
+    assert told[0][1] == (f"{step_dir(8)}/model.pt fails its sha256 check (corrupt or tampered); it is not loaded"
+                          if damage == "truncated-file" else
+                          f"{step_dir(8)}/{MANIFEST} is unreadable (truncated, or not the manifest of {step_dir(8)})")
+
+
+def test_init_from_re_signs_the_copy_and_refuses_a_source_this_key_did_not_sign(roots):
+    Checkpointer(roots("top"), async_save=False, key=KEY, run_id="member-top", stage="canary",
+                 spec=SPEC).save(8, _state(8, 3.0))
+    bottom = {"run_id": "member-bottom", "stage": "canary", "spec": SPEC}
+    assert Checkpointer(roots("bottom"), async_save=False, key=KEY, **bottom).init_from(roots("top")) == 8
+    assert Checkpointer(roots("bottom"), async_save=False, key=KEY, **bottom).load_latest()[0] == 8
+    Checkpointer(roots("unsigned"), async_save=False).save(8, _state(8, 3.0))
+    with pytest.raises(CheckpointRefused, match="carries no signature"):
+        Checkpointer(roots("other"), async_save=False, key=KEY, **bottom).init_from(roots("unsigned"))
+
+
+@pytest.mark.slow  # two launches of a training process (~40 s on a loaded 2-core box)
+def test_a_training_process_resuming_past_a_truncated_checkpoint_raises_an_alert_and_a_restart_entry(tmp_path):
+    from traingate.job import files
+
+    spec_path = write_spec(tmp_path / "spec.yaml", "digits", 8, "checkpoint: {every_steps: 4}\n")
+    drill = Drill("fallback", spec_path, 1, tmp_path, env=dict(os.environ))
+    assert drill._wait(drill._launch()) == 0, drill._stderr()[-3000:]
+    newest = _local(drill.checkpoint_uri) / step_dir(8) / "model.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    assert drill._wait(drill._launch()) == 0, drill._stderr()[-3000:]
+    alert = next(a for a in files.read_alerts(drill.out) if a.rule == "checkpoint-fallback")
+    assert alert.message.startswith(f"checkpoint {drill.checkpoint_uri}/{step_dir(8)} passed over: "
+                                    f"{step_dir(8)}/model.pt fails its sha256 check")
+    entry = next(e for e in files.read_logbook(drill.out.parent) if e.kind == "restart")
+    assert entry.data == {"file": f"{drill.checkpoint_uri}/{step_dir(8)}",
+                          "reason": f"{step_dir(8)}/model.pt fails its sha256 check (corrupt or tampered); "
+                                    "it is not loaded"}

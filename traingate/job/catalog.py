@@ -7,6 +7,7 @@ resume point) reads checkpoints without importing the training stack. :class:`Ch
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -38,6 +39,29 @@ def step_dir(step: int) -> str:
     return f"step_{step:08d}"
 
 
+SIGNATURE = "signature"
+_SCHEME = "hmac-sha256:"
+
+
+def _canonical(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {k: v for k, v in manifest.items() if k != SIGNATURE}, sort_keys=True, separators=(",", ":"), default=str
+    ).encode()
+
+
+def sign(manifest: dict[str, Any], key: bytes) -> str:
+    """The signature of a manifest (every field but the signature itself) under a deployment's key.
+
+    It covers the checksum of every file and the run identity: recomputing a checksum after changing a
+    file, or re-stamping another run's checkpoint with this run's identity, needs the key.
+
+    >>> m = {"step": 4, "files": {"model.pt": {"sha256": "ab"}}, "run_id": "r1"}
+    >>> sign(m, b"k" * 32) == sign(dict(m, signature="x"), b"k" * 32) != sign(dict(m, run_id="r2"), b"k" * 32)
+    True
+    """
+    return _SCHEME + hmac.new(key, _canonical(manifest), hashlib.sha256).hexdigest()
+
+
 class CheckpointCatalog:
     """The checkpoints under ``root_uri``. A checkpoint without a valid manifest does not exist.
 
@@ -46,8 +70,11 @@ class CheckpointCatalog:
     True
     """
 
-    def __init__(self, root_uri: str):
+    def __init__(self, root_uri: str, key: bytes | None = None):
+        """``key``: the deployment's checkpoint key (traingate.settings.checkpoint_key). With it, every
+        manifest is signed on save and a manifest whose signature does not match is refused on load."""
         self.storage = Storage(root_uri)
+        self.key = key
 
     def _refused(self, step: int, reason: str, fix: str) -> CheckpointRefused:
         return CheckpointRefused(f"checkpoint {self.storage.uri(step_dir(step))} refused: {reason}. {fix}")
@@ -112,6 +139,42 @@ class CheckpointCatalog:
             except CheckpointError as e:
                 log.warning("checkpoint %s skipped: %s", step_dir(step), e)
         return None
+
+    def check_signature(self, step: int, manifest: dict[str, Any]) -> None:
+        """Refuse a manifest this deployment's key did not sign (nothing to check without a key)."""
+        if self.key is None:
+            return
+        given = manifest.get(SIGNATURE)
+        if not isinstance(given, str):
+            raise self._refused(
+                step,
+                "its manifest carries no signature, so nothing shows this deployment wrote it",
+                "Resume only from checkpoints this deployment wrote, or start from it on purpose with "
+                "Checkpointer.init_from after checking where it came from",
+            )
+        if not hmac.compare_digest(given, sign(manifest, self.key)):
+            raise self._refused(
+                step,
+                "its manifest's signature does not match this deployment's checkpoint key (a file or its "
+                "checksum, or the run identity, changed after it was signed; or another key signed it)",
+                "Do not resume from it; find out who changed it",
+            )
+
+    def unreadable_after(self, step: int | None) -> dict[int, str]:
+        """Step directories newer than ``step`` whose manifest exists but cannot be read: step -> reason.
+
+        A step directory without a manifest is a save cut short (it never existed); one with a manifest
+        that is not valid JSON or names another step was damaged after it was written.
+        """
+        out = {}
+        for entry in self.storage.listdir():
+            m = _STEP_DIR.match(entry)
+            if not m or (step is not None and int(m.group(1)) <= step):
+                continue
+            n = int(m.group(1))
+            if self.storage.exists(f"{entry}/{MANIFEST}") and self._manifest(n) is None:
+                out[n] = f"{entry}/{MANIFEST} is unreadable (truncated, or not the manifest of {entry})"
+        return out
 
     def manifest(self, step: int) -> dict[str, Any]:
         m = self._manifest(step)

@@ -42,8 +42,9 @@ from traingate.recipes import SCRIPT, get_recipe
 from traingate.recipes.script import check_args, check_glob
 from traingate.redact import REF, redact
 from traingate.secrets import check_refs, resolve
-from traingate.settings import Settings
+from traingate.settings import S3_ENDPOINT_VAR, Settings
 from traingate.spec import STAGES, TRAINING_STAGES, RunSpec, SpecError
+from traingate.specbase import url_problem
 from traingate.storage import s3_code
 from traingate.tracking.identity import _SKIP_DIRS
 
@@ -433,6 +434,8 @@ def _preflight(spec: RunSpec, settings: Settings) -> None:
         _store_writable("TRAINGATE_ARTIFACT_URI", settings.artifact_uri, settings)
     if spec.data.uri and spec.recipe.name != "digits-cnn":  # digits reads only its bundled data
         _readable("data.uri", spec.data.uri, settings)
+    if settings.s3_endpoint_url and (why := url_problem(settings.s3_endpoint_url, {"http", "https"})):
+        raise SpecError(f"{S3_ENDPOINT_VAR} = {redact(settings.s3_endpoint_url)!r}: {why}")
     _database_reachable("TRAINGATE_TRACKING_URI", settings.tracking_uri, tracking=True)
     if spec.sweep is not None:
         _database_reachable("TRAINGATE_OPTUNA_STORAGE", settings.optuna_storage, tracking=False)
@@ -610,6 +613,8 @@ def _database_reachable(field: str, uri: str, tracking: bool) -> None:
             _creatable(field, shown, db.parent)
         _has_room(field, shown, db.parent)
     elif scheme in ("http", "https") and tracking:
+        if why := url_problem(real, {"http", "https"}):
+            raise SpecError(f"{field} = {shown!r}: {why}")
         _http_health(field, shown, real)
     elif scheme in ("postgresql", "postgres", "mysql"):
         _tcp_answers(field, shown, real, 5432 if scheme.startswith("postgres") else 3306)

@@ -7,7 +7,12 @@ Layout under the root URI (``file://``, ``s3://`` or any fsspec URI)::
     step_00000040/manifest.json      # sha256 + size of every file, run identity, metrics
 
 A directory without a valid manifest is not a checkpoint: ``find_latest`` trusts
-manifests only and falls back past a newest one whose checksums fail, with a warning.
+manifests only and falls back past a newest one whose checksums fail, with a warning
+(``load_latest`` also tells ``on_fallback``, which the runtime turns into an alert and a
+restart entry in the run's logbook). Built with the deployment's ``key``, every manifest is
+signed (HMAC-SHA256, :func:`traingate.job.catalog.sign`) and a load refuses a manifest the key
+did not sign: a file changed with its checksum recomputed, or another run's checkpoint
+re-stamped with this run's identity.
 
 What is refused (:class:`CheckpointRefused`), never fallen back past: a manifest entry that
 is not a plain file name of its own directory (``../``, absolute paths); a symbolic link in
@@ -63,9 +68,11 @@ import torch
 from traingate.job.catalog import (
     _STEP_DIR,
     MANIFEST,
+    SIGNATURE,
     CheckpointCatalog,
     CheckpointError,
     CheckpointRefused,
+    sign,
     step_dir,
 )
 from traingate.runtime.fingerprint import ResumeIdentity
@@ -256,9 +263,14 @@ class Checkpointer(CheckpointCatalog):
         run_id: str | None = None,
         stage: str | None = None,
         spec: RunSpec | None = None,
+        key: bytes | None = None,
+        on_fallback: Callable[[str, str], None] | None = None,
     ):
         """``run_id``, ``stage`` and ``spec`` (all three or none): the identity of the run that resumes
-        from here. Saves are stamped with it and loads refuse a checkpoint that is not its own."""
+        from here. Saves are stamped with it and loads refuse a checkpoint that is not its own.
+        ``key``: the deployment's checkpoint key; saves are signed with it and loads refuse a manifest
+        it did not sign. ``on_fallback(file, reason)``: told of each newer checkpoint :meth:`load_latest`
+        passes over (a torn or damaged write), before it loads an older one."""
         if in_flight not in ("wait", "skip"):
             raise ValueError(f"in_flight = {in_flight!r}: use 'wait' or 'skip'")
         given = [x is not None for x in (run_id, stage, spec)]
@@ -272,7 +284,8 @@ class Checkpointer(CheckpointCatalog):
             if run_id is not None and stage is not None and spec is not None
             else None
         )
-        super().__init__(root_uri)
+        super().__init__(root_uri, key)
+        self.on_fallback = on_fallback
         self.retention = retention
         self.async_save = async_save
         self.in_flight = in_flight
@@ -424,6 +437,10 @@ class Checkpointer(CheckpointCatalog):
     def _manifest_blob(self, manifest: dict[str, Any]) -> bytes:
         if self.expect is not None:
             manifest.update(self.expect.stamp())
+        if self.key is not None:
+            # Signed as it will be read back: JSON's view of it (tuples as lists, other objects as str).
+            manifest = json.loads(json.dumps(manifest, default=str))
+            manifest[SIGNATURE] = sign(manifest, self.key)
         return json.dumps(manifest, indent=1, sort_keys=True, default=str).encode()
 
     def _write(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -593,6 +610,7 @@ class Checkpointer(CheckpointCatalog):
                     "Resume it with the run, stage and spec that wrote it, or start "
                     "from it on purpose (Checkpointer.init_from)",
                 )
+        self.check_signature(step, manifest)
         ts = state.get("train_state")
         if isinstance(ts, dict) and "step" in ts and ts["step"] != step:
             raise self._refused(
@@ -613,16 +631,24 @@ class Checkpointer(CheckpointCatalog):
         A newest checkpoint whose checksums fail is skipped with a warning (a torn write);
         one that is refused raises :class:`CheckpointRefused` (see the module docstring).
         """
+        skipped = []
+        found = None
         for step in reversed(self.list_steps()):
             try:
                 manifest, blobs = self._verified_bytes(step)
             except CheckpointRefused:
                 raise
             except CheckpointError as e:
-                log.warning("checkpoint %s skipped: %s", step_dir(step), e)
+                skipped.append((step, str(e)))
                 continue
-            return step, self._load_checked(step, manifest, blobs)
-        return None
+            found = step, self._load_checked(step, manifest, blobs)
+            break
+        skipped += self.unreadable_after(found[0] if found else None).items()
+        for step, reason in sorted(skipped, reverse=True):
+            log.warning("checkpoint %s skipped: %s", step_dir(step), reason)
+            if self.on_fallback is not None:
+                self.on_fallback(self.storage.uri(step_dir(step)), reason)
+        return found
 
     # ------------------------------------------------------------------ deliberate warm start
     def init_from(self, src_uri: str, step: int | None = None) -> int:
@@ -643,7 +669,7 @@ class Checkpointer(CheckpointCatalog):
         5
         """
         self.wait()
-        src = Checkpointer(src_uri, async_save=False)
+        src = Checkpointer(src_uri, async_save=False, key=self.key)
         step = src.find_latest() if step is None else step
         if step is None:
             raise ValueError(f"no valid checkpoint under {src_uri}; the source has not checkpointed yet")

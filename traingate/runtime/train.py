@@ -45,10 +45,12 @@ from traingate.runtime.profile import StepProfile
 from traingate.runtime.sampler import ResumableSampler
 from traingate.runtime.spike_guard import SpikeGuard
 from traingate.runtime.watchdog import StopFlag
+from traingate.settings import Settings, checkpoint_key
 from traingate.spec import RunSpec, SpecError
 from traingate.tracking.system import SystemSignals
 from traingate.tracking.tracker import make_tracker, run_to_resume
 
+CHECKPOINT_FALLBACK = "checkpoint-fallback"  # the alert a resume from an older checkpoint than the newest raises
 log = logging.getLogger("traingate.runtime")
 
 
@@ -138,6 +140,8 @@ class Trainer:
                 run_id=job.run_id,
                 stage=self.stage,
                 spec=spec,
+                key=checkpoint_key(Settings.from_env()),
+                on_fallback=self._record_fallback,
             )
             if d.is_main
             else None
@@ -174,6 +178,32 @@ class Trainer:
         # pass `on_progress`, which stops training (status "stopped") by returning True.
         self.eval_every = job.eval_every
         self.on_progress: Callable[[dict[str, Any]], bool] | None = None
+
+    def _record_fallback(self, uri: str, reason: str) -> None:
+        """A newer checkpoint passed over for an older one: an alert in the stage and a restart entry in the
+        run's logbook, each naming the checkpoint and why (a resume is never silently older than it could be)."""
+        text = f"checkpoint {uri} passed over: {reason}; resuming from an older checkpoint"
+        now = time.time()
+        files.append_alert(
+            self.out_dir,
+            files.AlertRecord(
+                time=now,
+                stage=self.stage,
+                rule=CHECKPOINT_FALLBACK,
+                severity="warning",
+                action="notify",
+                at=now,
+                message=text,
+                attempt=self.job.attempt,
+                outcome="resumed from an older checkpoint",
+            ),
+        )
+        files.append_logbook(
+            Path(self.job.run_dir),
+            files.LogbookEntry(
+                time=now, stage=self.stage, kind="restart", text=text, data={"file": uri, "reason": reason}
+            ),
+        )
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from traingate.runtime.checkpoint import Checkpointer
+from traingate.settings import Settings, checkpoint_key
 from traingate.sweepspec import ParamSpec
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ def copy_checkpoint(src_uri: str, dst_uri: str, identity: tuple[str, str, RunSpe
     (run id, stage, spec). Without it the copy is unclaimed, and the member's next run takes it over.
     """
     run_id, stage, spec = identity if identity is not None else (None, None, None)
-    return Checkpointer(dst_uri, async_save=False, run_id=run_id, stage=stage, spec=spec).init_from(src_uri)
+    key = checkpoint_key(Settings.from_env())  # the members' own checkpoints are signed with it
+    return Checkpointer(dst_uri, async_save=False, run_id=run_id, stage=stage, spec=spec, key=key).init_from(src_uri)
 
 
 def run_generations(
