@@ -32,8 +32,8 @@ PACKAGES = ("traingate", "flows", "tasks")
 ORCHESTRATOR_SIDE = ("prefect", "flows", "tasks", "optuna", "traingate.supervision.supervisor",
                      "traingate.supervision.drivers", "traingate.supervision.watch", "traingate.supervision.alerting",
                      "traingate.supervision.attempts",
-                     "traingate.supervision.drill", "traingate.launch", "traingate.ladder.plan", "traingate.ladder.outcomes",
-                     "traingate.ladder.preflight", "traingate.tracking.runs", "traingate.promotion", "traingate.ladder.replay",
+                     "traingate.supervision.drill", "traingate.launch", "traingate.ladder",
+                     "traingate.tracking.runs", "traingate.promotion", "traingate.supervision.slurm_result",
                      "traingate.tracking.browse", "traingate.sweep.driver", "traingate.sweep.study")
 
 
