@@ -174,8 +174,12 @@ def test_an_over_quota_stage_shows_slurms_pending_reason_in_traingate_queue_and_
     assert _sacct(jid).state == "CANCELLED" and not (Path(job.stage_dir) / "heartbeat.rank0.json").exists()
 
 
-def test_an_urgent_job_preempts_a_stage_which_requeues_and_resumes_bitwise_equal_to_an_unpreempted_run(
+def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and_pays_for_both_allocations(
         slurm, tmp_path):
+    """One preempted and requeued stage, two sets of facts: it resumes from its emergency checkpoint to
+    weights bitwise equal to an unpreempted twin; and it is charged, from sacct -D's one record per
+    allocation, for the preempted allocation beside the one that finished."""
+    from traingate.monitor.live import stage_spend_usd
     from traingate.supervision.drill import _weights, compare_states, final_state
 
     state = tmp_path / "state"
@@ -203,6 +207,18 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_and_resumes_bitwise_equal
                           _weights(final_state(victim.checkpoint_uri))) == []
     out = next(Path(victim.stage_dir).glob("slurm-*.out")).read_text()
     assert "allocation 2 (requeued 1x)" in out, out[-3000:]
+    sacct = subprocess.run(["sacct", "-D", "-j", vid, "--json"], capture_output=True, text=True, check=True).stdout
+    held = [r for r in json.loads(sacct)["jobs"] if str(r["job_id"]) == vid and r["time"]["elapsed"] > 0]
+    assert len(held) >= 2, held  # sacct -D keeps the preempted allocation beside the one that finished
+    charged = result.attempts
+    assert [a["outcome"] for a in charged] == ["preempted"] * (len(held) - 1) + ["completed"], charged
+    assert [a["held_s"] for a in charged] == [float(r["time"]["elapsed"]) for r in held]
+    assert {a["slots"] for a in charged} == {2}  # the allocated gres/gpu of one node
+    price = POOLS["pools"][POOL]["price_per_gpu_hour"]
+    expected = sum(r["time"]["elapsed"] for r in held) * 2 / 3600 * price
+    assert result.cost_usd == pytest.approx(expected) == pytest.approx(sum(a["usd"] for a in charged))
+    assert charged[0]["usd"] > 0 and result.cost_usd > charged[-1]["usd"]  # the first allocation is paid for too
+    assert stage_spend_usd(Path(victim.stage_dir)) == pytest.approx(result.cost_usd)  # what watch adds up
 
 
 def test_an_sbatch_refusal_is_one_line_and_nothing_is_left_in_the_queue(slurm, tmp_path):
@@ -273,7 +289,8 @@ def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm, tmp_path)
 
 
 def test_a_stage_whose_node_is_lost_is_requeued_by_slurm_and_resumes_from_its_checkpoint(slurm, tmp_path):
-    job = _job(tmp_path / "state", "nodelost", _tree(nodes=1, steps=200), "slow@0")
+    # 80 paced steps (0.1 s each): 5.5 s of training left when the node is killed at step 25.
+    job = _job(tmp_path / "state", "nodelost", _tree(nodes=1, steps=80), "slow@0")
     t, box, log = _start(job)
     jid = _slurm_id(job)
     _wait(lambda: _step(job) >= 25, "the stage past its step-20 checkpoint", log=log)
@@ -281,14 +298,14 @@ def test_a_stage_whose_node_is_lost_is_requeued_by_slurm_and_resumes_from_its_ch
     slurm.kill_node(node, jobs=True)  # the machine is gone: its slurmd and everything the job ran there
     t.join(400)
     result = box["result"]
-    assert result.status == Status.COMPLETED and result.metrics["steps"] == 200, log.text()
+    assert result.status == Status.COMPLETED and result.metrics["steps"] == 80, log.text()
     assert result.metrics["slurm_requeues"] >= 1 and result.metrics["resumed_from_step"] >= 20, result.metrics
     assert _sacct(jid).nodes != node  # Slurm placed the requeued job on the node still up
 
 
 def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpoint(slurm, tmp_path):
     slurm.set_preempt_mode("CANCEL")
-    job = _job(tmp_path / "state", "cancelmode", _tree(nodes=1, steps=120), "slow@0")
+    job = _job(tmp_path / "state", "cancelmode", _tree(nodes=1, steps=60), "slow@0")
     t, box, log = _start(job)
     jid = _slurm_id(job)
     _wait(lambda: _step(job) >= 15, "the victim at step 15", log=log)
@@ -298,7 +315,7 @@ def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpo
     assert urgent.returncode == 0, urgent.stderr
     t.join(400)
     result = box["result"]
-    assert result.status == Status.COMPLETED and result.metrics["steps"] == 120, log.text()
+    assert result.status == Status.COMPLETED and result.metrics["steps"] == 60, log.text()
     assert result.metrics["resumed_from_step"] >= 15, result.metrics  # its emergency checkpoint, not step 10
     # Killed without requeue: traingate submitted it again (or the batch step's own requeue brought it back).
     assert result.metrics["slurm_resubmits"] + result.metrics["slurm_requeues"] >= 1, log.text()
