@@ -281,3 +281,24 @@ def test_validate_opens_no_connection_for_remote_data_a_webhook_and_their_refere
     assert opened == [] and "Planted" not in out + err
     assert yaml.safe_load(out)["data"]["uri"] == "https://data.example/{latest}/c.txt?token=${env:TG_DATA_TOKEN}"
     assert not state_dir.exists()
+
+
+def test_a_pools_locations_carry_the_allowlist_and_hosts_but_never_the_checkpoint_key():
+    from traingate.settings import pool_locations
+
+    env = {"TRAINGATE_STATE_DIR": "/srv/tg", "TRAINGATE_ENV_ALLOW": "HF_TOKEN,WANDB_*",
+           "TRAINGATE_ENV_HOSTS": "hooks.slack.com", "TRAINGATE_CHECKPOINT_KEY": "k-Planted-34" * 4}
+    assert pool_locations("gpu-a100", env) == {"TRAINGATE_STATE_DIR": "/srv/tg", "TRAINGATE_ENV_ALLOW": "HF_TOKEN,WANDB_*",
+                                               "TRAINGATE_ENV_HOSTS": "hooks.slack.com"}
+
+
+def test_the_checkpoint_key_is_generated_once_into_the_state_dir_readable_by_its_owner_only(tmp_path):
+    from traingate.settings import Settings, checkpoint_key
+
+    settings = Settings.from_env({"TRAINGATE_STATE_DIR": str(tmp_path / "state")})
+    key = checkpoint_key(settings, env={})
+    assert len(key) == 64 and checkpoint_key(settings, env={}) == key
+    assert (tmp_path / "state" / "checkpoint.key").stat().st_mode & 0o777 == 0o600
+    assert checkpoint_key(settings, env={"TRAINGATE_CHECKPOINT_KEY": "x" * 40}) == b"x" * 40
+    with pytest.raises(ValueError, match="TRAINGATE_CHECKPOINT_KEY holds 8 characters: too short"):
+        checkpoint_key(settings, env={"TRAINGATE_CHECKPOINT_KEY": "k-Plante"})

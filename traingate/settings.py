@@ -178,6 +178,9 @@ def pool_locations(pool: str, env: Mapping[str, str] | None = None) -> dict[str,
             "resolve it against its own working directory; give an absolute path on the pool's nodes"
         )
     out = {var: env[var] for var in LOCATION_VARS if env.get(var)}
+    for var in (ENV_ALLOW_VAR, ENV_HOSTS_VAR):  # names and hosts, not values: what a pool's specs may reference
+        if env.get(var):
+            out[var] = env[var]
     if env.get(SECRET_BLOCKS_VAR):  # block names, not secrets: where a container's flow run finds its credentials
         secret_blocks(env[SECRET_BLOCKS_VAR])
         out[SECRET_BLOCKS_VAR] = env[SECRET_BLOCKS_VAR]
@@ -309,6 +312,11 @@ def checkpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> 
     """
     env = os.environ if env is None else env
     if env.get(CHECKPOINT_KEY_VAR):
+        if len(env[CHECKPOINT_KEY_VAR]) < 32:
+            raise LocationError(
+                f"{CHECKPOINT_KEY_VAR} holds {len(env[CHECKPOINT_KEY_VAR])} characters: too short to sign "
+                "checkpoints; set at least 32 random characters (e.g. `openssl rand -hex 32`)"
+            )
         return env[CHECKPOINT_KEY_VAR].encode()
     path = settings.ensure().state_dir / CHECKPOINT_KEY_FILE
     if not path.exists():

@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from traingate.promotion.aliases import alias_lock, model_name
 from traingate.recipes import get_recipe
 from traingate.runtime.checkpoint import Checkpointer
+from traingate.settings import Settings, checkpoint_key
 from traingate.spec import RunSpec, SpecError, parse_spec
 from traingate.tracking.runs import SPEC_ARTIFACT
 
@@ -110,7 +111,8 @@ def score(c: MlflowClient, spec: RunSpec, checkpoint_uri: str, champion: Champio
 
     recipe = get_recipe(spec)
     _, held_out = recipe.load_data()
-    ckpt = Checkpointer(checkpoint_uri, async_save=False)
+    # With the deployment's key: weights changed after training (checksum recomputed) are refused, not promoted.
+    ckpt = Checkpointer(checkpoint_uri, async_save=False, key=checkpoint_key(Settings.from_env()))
     step = ckpt.find_latest()
     if step is None:
         raise ValueError(f"no valid checkpoint under {checkpoint_uri}: the full stage left no model to score")

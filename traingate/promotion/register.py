@@ -29,6 +29,7 @@ from traingate.promotion.aliases import CANDIDATE, model_name, take_alias_if_bet
 from traingate.recipes import get_recipe, script
 from traingate.redact import redact
 from traingate.runtime.checkpoint import Checkpointer
+from traingate.settings import Settings, checkpoint_key
 from traingate.spec import RunSpec
 from traingate.tracking.runs import can_promote
 
@@ -36,7 +37,8 @@ from traingate.tracking.runs import can_promote
 def _final_model(spec: RunSpec, checkpoint_uri: str) -> tuple[Any, Any]:
     """The model of the newest checkpoint, and two validation inputs as an example for its signature."""
 
-    ckpt = Checkpointer(checkpoint_uri, async_save=False)
+    # With the deployment's key: weights changed after training (checksum recomputed) are refused, not promoted.
+    ckpt = Checkpointer(checkpoint_uri, async_save=False, key=checkpoint_key(Settings.from_env()))
     step = ckpt.find_latest()
     if step is None:
         raise ValueError(f"no valid checkpoint under {checkpoint_uri}; the full stage left no model to register")
