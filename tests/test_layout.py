@@ -158,7 +158,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("specbase", "redact", "settings", "alerts", "sweepspec", "spec", "places", "secrets",
                     "storage", "snapshots")),
     ("contract", ("job",)),
-    ("parts", ("capacity", "recipes", "tracking")),
+    ("scheduled, trained, remembered", ("capacity", "recipes", "tracking")),
     ("training process", ("runtime",)),
     ("around a run", ("launch", "cost", "promotion", "sweep", "monitor")),
     ("running a stage", ("supervision",)),
