@@ -1,6 +1,8 @@
 """The ladder end to end: real Prefect (test harness), real MLflow (sqlite), real torchrun."""
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import threading
@@ -73,23 +75,6 @@ def test_ladder_climbs_all_four_stages_and_records_each(prefect_harness, state_d
     assert rows[3]["est_cost_usd"] > 0 and rows[3]["est_wall_s"] > 16 * prior["step_time_mean_s"]
 
 
-def test_canary_with_zero_learning_rate_stops_before_full_with_the_failing_rule(prefect_harness, state_dir,
-                                                                                tiny_spec):
-    from flows.pipeline import pipeline
-
-    state = pipeline(str(tiny_spec()), ["optim.lr=0"], "full", return_state=True)
-    assert state.is_failed()
-    assert state.message.startswith("gate after canary: FAILED: loss_decrease_fraction = ")
-    assert "required >= 0.05" in state.message
-    summary = state.result(raise_on_failure=False)
-    assert list(summary["stages"]) == ["unit", "smoke", "canary"]
-    client = _client()
-    assert set(_children(client, summary["run_id"])) == {"unit", "smoke", "canary"}
-    parent = client.get_run(summary["run_id"])
-    assert parent.info.status == "FAILED" and parent.data.tags["traingate.reached_stage"] == "canary"
-    assert not (Path(summary["run_dir"]) / "full").exists()
-
-
 def test_failing_training_code_tests_stop_the_ladder_at_the_unit_gate(prefect_harness, state_dir, tmp_path):
     from flows.pipeline import pipeline
 
@@ -160,13 +145,24 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
         assert state.message == "promotion to smoke rejected by ana: wait for the data fix"
 
 
-def test_cli_run_prints_the_failing_rule_and_exits_1(prefect_api, tiny_spec, tmp_path):
-    env_dir = tmp_path / "cli-state"
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--set", "optim.lr=0",
-                        "--until", "canary"],
+def test_a_canary_with_zero_learning_rate_stops_before_full_and_the_cli_prints_the_failing_rule_and_exits_1(
+        prefect_api, state_dir, tiny_spec, tmp_path):
+    """One ladder, `traingate run` on the session's Prefect server, read from both ends: what the
+    terminal shows, and what the flow left in MLflow and the run directory."""
+    p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--set", "optim.lr=0"],
                        capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "TRAINGATE_STATE_DIR": str(env_dir),
+                       env={**os.environ, "TRAINGATE_STATE_DIR": str(state_dir),
                             "PREFECT_HOME": str(tmp_path / "prefect"), **prefect_api})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert "pipeline STOPPED: gate after canary: FAILED: loss_decrease_fraction = " in p.stdout
+    assert "required >= 0.05" in p.stdout
     assert "traingate run / MLflow parent run:" in p.stdout and "prefect flow run:" in p.stdout
+    run_id = re.search(r"traingate run / MLflow parent run: (\S+)", p.stdout).group(1)
+    summary = p.stdout.split("traingate run / MLflow parent run:")[1].splitlines()
+    assert [line.split()[0] for line in summary if re.match(r"  (unit|smoke|canary|full) ", line)] == \
+        ["unit", "smoke", "canary"]
+    client = _client()
+    assert set(_children(client, run_id)) == {"unit", "smoke", "canary"}
+    parent = client.get_run(run_id)
+    assert parent.info.status == "FAILED" and parent.data.tags["traingate.reached_stage"] == "canary"
+    assert not (state_dir / "runs" / run_id / "full").exists()
