@@ -1,10 +1,12 @@
 """The secrets canary: plant unique secrets everywhere a user puts them, climb two full ladders
 through the real `traingate run`, then read EVERY byte that was written and find none of them.
 
-Planted: secret environment variables, the MLflow tracking URI's user:password (a real
-`mlflow server` on loopback), a script argument (`--api-token VALUE`) in the spec file, `--set`
-values, a presigned-style data URI query string (served on loopback), and a script that prints
-all of them on its stdout. Scanned: the whole test directory (state dir with Prefect's and
+Planted, one of each class the redactor knows: secret environment variables (AWS_*, *_TOKEN, and
+DB_PASS, named only tersely), the value of a variable TRAINGATE_SECRET_BLOCKS names (what a Prefect
+Secret block fills in, whatever the variable is called), the MLflow tracking URI's user:password (a
+real `mlflow server` on loopback), values after secret flags in the spec file (`--api-token VALUE`,
+`--wandb-key VALUE`), `--set` values, a presigned-style data URI query string (served on loopback), a
+literal webhook URL (`.../hooks/TOKEN`) in the spec, and a script that prints all of them on its stdout. Scanned: the whole test directory (state dir with Prefect's and
 MLflow's SQLite databases read raw, MLflow artifacts, stage files and logs, TMPDIR of the run,
 the MLflow server's log) and the captured terminal output.
 """
@@ -34,7 +36,11 @@ def _plant(kind: str) -> str:
 
 
 PLANTED = {name: _plant(name) for name in (
-    "AwsSecret", "ServiceToken", "TrackingPw", "ScriptToken", "SetPassword", "SetPurpose", "DataSig", "DataCred")}
+    "AwsSecret", "ServiceToken", "TrackingPw", "ScriptToken", "SetPassword", "SetPurpose", "DataSig", "DataCred",
+    "WandbKey", "DbPass", "BlockValue", "HookToken")}
+# The environment a worker would have: a tersely named password and a Secret block's variable.
+PLANTED_ENV = {"DB_PASS": PLANTED["DbPass"], "DATABASE_DSN": PLANTED["BlockValue"],
+               "TRAINGATE_SECRET_BLOCKS": "DATABASE_DSN=traingate-database-dsn"}
 
 CANARY_SCRIPT = '''\
 """Wraps the example's train.py: shows every secret it was given on stdout, as careless scripts do."""
@@ -52,9 +58,10 @@ def take(flag):
     return value
 
 
-token, password = take("--api-token"), take("--password")
-print(f"canary: --api-token {token} --password {password}", flush=True)
-for var in ("AWS_SECRET_ACCESS_KEY", "MY_SERVICE_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD"):
+token, password, wandb = take("--api-token"), take("--password"), take("--wandb-key")
+print(f"canary: --api-token {token} --password {password} --wandb-key {wandb}", flush=True)
+for var in ("AWS_SECRET_ACCESS_KEY", "MY_SERVICE_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD",
+            "DB_PASS", "DATABASE_DSN"):
     print(f"canary: {var}={os.environ.get(var)}", flush=True)
 if hashlib.sha256((token or "").encode()).hexdigest() != EXPECTED_TOKEN_SHA256:
     print("canary: --api-token did not arrive resolved", flush=True)
@@ -121,7 +128,8 @@ def mlflow_server(tmp_path_factory):
     log.close()
 
 
-def _traingate_run(scanned_dir: Path, tracking_uri: str, args: list[str], name: str) -> subprocess.CompletedProcess:
+def _traingate_run(scanned_dir: Path, tracking_uri: str, args: list[str], name: str,
+                   extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     state = scanned_dir / "state"
     tmp = scanned_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -132,6 +140,7 @@ def _traingate_run(scanned_dir: Path, tracking_uri: str, args: list[str], name: 
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
         "TRAINGATE_TRACKING_URI": tracking_uri,
         "AWS_SECRET_ACCESS_KEY": PLANTED["AwsSecret"], "MY_SERVICE_TOKEN": PLANTED["ServiceToken"],
+        **(extra_env or {}),
     })
     proc = subprocess.run([PYTHON, "-m", "flows.cli", "run", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1400)
@@ -146,10 +155,13 @@ def _script_spec(scanned_dir: Path, inputs: Path, data_server: str) -> Path:
     (project / "canary_train.py").write_text(CANARY_SCRIPT.replace("EXPECTED_TOKEN_SHA256", repr(expected)))
     spec = yaml.safe_load((ROOT / "examples" / "script.yaml").read_text())
     script = spec["recipe"]["script"]
-    script["command"] = ["python", "canary_train.py", "--lr", "0.1", "--api-token", PLANTED["ScriptToken"]]
+    script["command"] = ["python", "canary_train.py", "--lr", "0.1", "--api-token", PLANTED["ScriptToken"],
+                         "--wandb-key", PLANTED["WandbKey"]]
     script["workdir"] = str(project)
     spec["data"] = {"uri": f"{data_server}/data.csv?X-Amz-Algorithm=AWS4-HMAC-SHA256"
                            f"&X-Amz-Credential={PLANTED['DataCred']}&X-Amz-Signature={PLANTED['DataSig']}"}
+    # A literal chat-webhook URL (its token is its path); the data server answers its posts, if an alert fires.
+    spec["alerts"] = {"webhook_url": f"{data_server}/hooks/{PLANTED['HookToken']}"}
     path = inputs / "script.yaml"  # the user's input holds the literal secrets; it is outside the scanned tree
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -196,10 +208,13 @@ def test_a_script_ladder_writes_no_byte_of_the_secrets_in_its_arguments_data_uri
     scanned.mkdir()
     proc = _traingate_run(scanned, tracking_uri, [
         str(_script_spec(scanned, tmp_path, data_server)),
-        "--set", f"recipe.script.stage_args.full=[--steps, '200', --password, {PLANTED['SetPassword']}]"], "script")
+        "--set", f"recipe.script.stage_args.full=[--steps, '200', --password, {PLANTED['SetPassword']}]"], "script",
+        PLANTED_ENV)
     _assert_passed(proc)
     full = next((scanned / "state").glob("runs/*/full/stdout.log")).read_text()
     # The script got every secret, resolved (it checked the token), and printed it; what was written is masked.
-    assert "canary: --api-token *** --password ***" in full
+    assert "canary: --api-token *** --password *** --wandb-key ***" in full
     assert "canary: AWS_SECRET_ACCESS_KEY=***" in full and "canary: MY_SERVICE_TOKEN=***" in full
+    assert "canary: DB_PASS=***" in full and "canary: DATABASE_DSN=***" in full
+    assert "/hooks/${env:TRAINGATE_SECRET_" in next((scanned / "state").glob("runs/*/spec.yaml")).read_text()
     _assert_nothing_leaked(scanned, server_home)
