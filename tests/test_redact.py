@@ -202,3 +202,11 @@ def test_the_values_of_secret_block_variables_and_registered_secrets_are_masked_
     monkeypatch.setenv("DATABASE_DSN", "dsn-Planted-49")
     register_secret("gen-Planted-50")
     assert redact("dsn dsn-Planted-49 and gen-Planted-50") == "dsn *** and ***"
+
+
+def test_helper_sockets_and_programs_named_like_secrets_are_not_masked(monkeypatch):
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/ssh-agent-dir/agent.42")
+    monkeypatch.setenv("GIT_ASKPASS", "/usr/lib/git-core/askpass-helper")
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:auth-Planted-51")
+    assert redact("agent /tmp/ssh-agent-dir/agent.42 via /usr/lib/git-core/askpass-helper, admin:auth-Planted-51"
+                  ) == "agent /tmp/ssh-agent-dir/agent.42 via /usr/lib/git-core/askpass-helper, ***"

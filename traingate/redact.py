@@ -88,7 +88,9 @@ _AWS_NOT_SECRET = re.compile(
 )
 _SECRET_ENV_NAMED = re.compile(r".*(?:TOKEN|SECRET|PASS|PWD|KEY|CREDENTIAL|AUTH|WEBHOOK).*", re.I)
 # Named like a secret but holding a directory (the shell's working directory) or plain settings.
-_NOT_SECRET_ENV = re.compile(r"(?:OLD)?PWD|.*_(?:PATH|DIR|FILE|HOME)|.*(?:KEYBOARD|KEYMAP|PASSTHROUGH).*", re.I)
+_NOT_SECRET_ENV = re.compile(
+    r"(?:OLD)?PWD|.*_(?:PATH|DIR|FILE|HOME|SOCK)|.*(?:KEYBOARD|KEYMAP|PASSTHROUGH|AUTHORITY|ASKPASS).*", re.I
+)
 # TRAINGATE_SECRET_BLOCKS: VAR=block,... (traingate.settings.secret_blocks). Each VAR holds the value of a
 # Prefect Secret block, whatever its name says: certainly a secret.
 _SECRET_BLOCKS_VAR = "TRAINGATE_SECRET_BLOCKS"
