@@ -115,6 +115,10 @@ class Authority:
 
     # ------------------------------------------------------------------ records
     def _config(self) -> CapacityConfig:
+        if not self.p["config"].is_file():
+            raise CapacityError(
+                f"no capacity config at {self.p['config']}; a job writes it before it starts the authority"
+            )
         st = self.p["config"].stat()
         if st.st_mtime != self._cfg_mtime:
             self._cfg_mtime = st.st_mtime
@@ -242,8 +246,11 @@ class Authority:
             if old is not None and old.state == RUNNING:
                 self._send(c, {"refused": f"{e.job_id} already holds slots on {self.pool}"})
                 return
-            submit = old.submit_s if old is not None else e.submit_s
-            s.entries[e.job_id] = dataclasses.replace(e, state=WAITING, user=c.user, submit_s=submit, beat_s=now)
+            # Waiting again after a preemption (or a reconnection): its place and attempt count are the queue's.
+            submit, attempt = (old.submit_s, old.attempt) if old is not None else (e.submit_s, e.attempt)
+            s.entries[e.job_id] = dataclasses.replace(
+                e, state=WAITING, user=c.user, submit_s=submit, attempt=attempt, beat_s=now
+            )
             c.job = e.job_id
             self.conns[e.job_id] = c
             self._dirty = True
