@@ -13,10 +13,9 @@ process, each with its own socket; a job holds the slot for HOLD_S and releases 
   submission order (every job was queued before the first release);
 - CPU while N jobs wait and nothing changes (WAIT_S): the Prefect server's and the authority's, in % of one core.
 
-The design it replaces (each waiter a process polling Prefect Variables; the issue's measurements on this
-box, 100 waiting: 105 requests/s and 74% of a core on the server, admission 17 s mean / 48 s max after a
-release, 32 of 100 jobs failed on HTTP 503; 200 waiting: 124 failed and one double booking) is quoted in
-docs/benchmarks.md, not re-run: it is gone from the code.
+docs/benchmarks.md compares these with a design where each waiter is a process polling Prefect Variables
+(100 waiting: 105 requests/s and 74% of a core on the server, admission 17 s mean / 48 s max after a
+release, 32 of 100 jobs failed on HTTP 503; 200 waiting: 124 failed and one double booking).
 """
 
 from __future__ import annotations
