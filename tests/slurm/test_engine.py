@@ -108,6 +108,41 @@ def _sacct(jid: str):
                                                text=True).stdout, jid)
 
 
+class Twin:
+    """The stage both preemption tests compare against: the same 60 steps on one node, never preempted.
+
+    Started by the first test that needs it (on the node its victim leaves free) and joined by that
+    test, before the cluster's per-test reset would cancel it; later tests read its final weights."""
+
+    def __init__(self, state: Path):
+        self.job = _job(state, "reference", _tree(nodes=1, steps=60))
+        self.thread: threading.Thread | None = None
+        self.box: dict = {}
+        self.log = Log()
+        self._weights: dict | None = None
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread, self.box, self.log = _start(self.job)
+
+    def weights(self) -> dict:
+        from traingate.supervision.drill import _weights, final_state
+
+        if self._weights is None:
+            self.start()
+            assert self.thread is not None
+            self.thread.join(400)
+            result = self.box.get("result")
+            assert result is not None and result.status == Status.COMPLETED, self.log.text()
+            self._weights = _weights(final_state(self.job.checkpoint_uri))
+        return self._weights
+
+
+@pytest.fixture(scope="module")
+def unpreempted(tmp_path_factory) -> Twin:
+    return Twin(tmp_path_factory.mktemp("unpreempted") / "state")
+
+
 @pytest.fixture
 def slurm_pools(prefect_harness):
     """The harness server carries a capacity config with the Slurm pool (and loses it after the test)."""
@@ -175,36 +210,32 @@ def test_an_over_quota_stage_shows_slurms_pending_reason_in_traingate_queue_and_
 
 
 def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and_pays_for_both_allocations(
-        slurm, tmp_path):
+        slurm, unpreempted, tmp_path):
     """One preempted and requeued stage, two sets of facts: it resumes from its emergency checkpoint to
     weights bitwise equal to an unpreempted twin; and it is charged, from sacct -D's one record per
     allocation, for the preempted allocation beside the one that finished."""
     from traingate.monitor.live import stage_spend_usd
     from traingate.supervision.drill import _weights, compare_states, final_state
 
-    state = tmp_path / "state"
-    tree = _tree(nodes=1, steps=60)
-    victim, reference = _job(state, "victim", tree, "slow@0"), _job(state, "reference", tree)
+    victim = _job(tmp_path / "state", "victim", _tree(nodes=1, steps=60), "slow@0")
     tv, bv, logv = _start(victim)
     vid = _slurm_id(victim)
     _wait(lambda: (q := _squeue(vid)) is not None and q.state == "RUNNING", "the victim running", log=logv)
     node = _squeue(vid).nodes
-    tr, br, logr = _start(reference)  # the undisturbed twin, on the other node meanwhile
+    unpreempted.start()  # the undisturbed twin, on the other node meanwhile (if no earlier test ran it)
     _wait(lambda: _step(victim) >= 15, "the victim at step 15", log=logv)
     urgent = subprocess.run(["sbatch", "--parsable", "--account=vision", "--qos=urgent", f"--nodelist={node}",
                              "--gres=gpu:a100:2", "--time=2", f"--output={tmp_path}/urgent-%j.out",
                              "--wrap", "sleep 2"], capture_output=True, text=True)
     assert urgent.returncode == 0, urgent.stderr
     tv.join(400)
-    tr.join(400)
-    result, ref = bv["result"], br["result"]
-    assert ref.status == Status.COMPLETED, logr.text()
+    twin = unpreempted.weights()
+    result = bv["result"]
     assert result.status == Status.COMPLETED, logv.text()
     assert result.metrics["slurm_requeues"] >= 1 and result.metrics["slurm_resubmits"] == 0, result.metrics
     resumed = result.metrics["resumed_from_step"]
     assert 15 <= resumed < 60, (resumed, logv.text())  # from the emergency checkpoint, not from scratch
-    assert compare_states(_weights(final_state(reference.checkpoint_uri)),
-                          _weights(final_state(victim.checkpoint_uri))) == []
+    assert compare_states(twin, _weights(final_state(victim.checkpoint_uri))) == []
     out = next(Path(victim.stage_dir).glob("slurm-*.out")).read_text()
     assert "allocation 2 (requeued 1x)" in out, out[-3000:]
     sacct = subprocess.run(["sacct", "-D", "-j", vid, "--json"], capture_output=True, text=True, check=True).stdout
@@ -303,11 +334,16 @@ def test_a_stage_whose_node_is_lost_is_requeued_by_slurm_and_resumes_from_its_ch
     assert _sacct(jid).nodes != node  # Slurm placed the requeued job on the node still up
 
 
-def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpoint(slurm, tmp_path):
+def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpoint_bitwise_equal(
+        slurm, unpreempted, tmp_path):
+    from traingate.supervision.drill import _weights, compare_states, final_state
+
     slurm.set_preempt_mode("CANCEL")
     job = _job(tmp_path / "state", "cancelmode", _tree(nodes=1, steps=60), "slow@0")
     t, box, log = _start(job)
     jid = _slurm_id(job)
+    _wait(lambda: (q := _squeue(jid)) is not None and q.state == "RUNNING", "the victim running", log=log)
+    unpreempted.start()  # the undisturbed twin, on the other node meanwhile (if no earlier test ran it)
     _wait(lambda: _step(job) >= 15, "the victim at step 15", log=log)
     urgent = subprocess.run(["sbatch", "--parsable", "--account=vision", "--qos=urgent",
                              f"--nodelist={_squeue(jid).nodes}", "--gres=gpu:a100:2", "--time=2",
@@ -319,6 +355,7 @@ def test_under_preempt_mode_cancel_a_preempted_stage_comes_back_from_its_checkpo
     assert result.metrics["resumed_from_step"] >= 15, result.metrics  # its emergency checkpoint, not step 10
     # Killed without requeue: traingate submitted it again (or the batch step's own requeue brought it back).
     assert result.metrics["slurm_resubmits"] + result.metrics["slurm_requeues"] >= 1, log.text()
+    assert compare_states(unpreempted.weights(), _weights(final_state(job.checkpoint_uri))) == []
     print(f"\nPreemptMode=CANCEL: Slurm state of the victim {_sacct(jid).state}; "
           f"resubmits {result.metrics['slurm_resubmits']}, requeues {result.metrics['slurm_requeues']}")
 
