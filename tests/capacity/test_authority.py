@@ -231,3 +231,33 @@ def test_killing_the_authority_and_a_holder_mid_lease_books_nothing_twice_and_ad
     assert h2.stop_reason() is None
     h2.release()
     w.release()
+
+
+WAIT = """
+import sys, time
+from pathlib import Path
+from traingate.capacity.channel import Seat
+from traingate.capacity.queue import Entry
+entry = Entry("crash-full", "crash", "full", "a", "research", "p", 1, submit_s=time.time())
+Seat(Path(sys.argv[1]), entry, lambda line: print(line, flush=True)).wait(lambda: None)
+"""
+
+
+def test_a_waiter_that_crashes_leaves_the_queue(state):
+    write_config(state, "p", _cfg())
+    holder = Seat(state, _entry("h"), lambda _: None)
+    assert holder.wait(lambda: None) is None
+    waiter = subprocess.Popen([PYTHON, "-c", WAIT, str(state)], stdout=subprocess.PIPE, text=True)
+    assert waiter.stdout is not None and "waiting for slots" in waiter.stdout.readline()
+
+    def queued() -> list[str]:
+        return sorted(records.read_pool(state, "p").of(records.ENTRY))
+
+    assert queued() == ["crash-full", "h-full"]
+    waiter.kill()
+    waiter.wait()
+    deadline = time.monotonic() + 5
+    while queued() != ["h-full"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert queued() == ["h-full"]
+    holder.release()

@@ -128,3 +128,27 @@ def test_validate_with_a_pools_file_refuses_a_team_or_class_this_os_user_is_not_
     assert cli([*base, "--set", "identity.team=mine", "--set", "resources.priority=urgent"]) == 2
     assert "resources.priority = 'urgent': team mine may use research, production" in capsys.readouterr().err
     assert cli([*base, "--set", "identity.team=mine", "--set", "resources.priority=production"]) == 0
+
+
+def test_run_and_the_ladder_refuse_a_team_the_os_user_is_not_in_from_the_servers_pools_config(
+    tiny_spec, tmp_path, prefect_harness
+):
+    import yaml
+    from prefect import get_client
+
+    from flows.pipeline import check_entitled
+    from tasks import slots
+    from traingate.spec import load_spec
+
+    tree = yaml.safe_load(_pools_file(tmp_path, entitlements.os_user()).read_text())
+    spec_pools = "pools: {cpu-local: {gpus_per_node: 0, price_per_gpu_hour: 0.05}}\n"
+    with get_client(sync_client=True) as c:
+        slots.put_variable(c, slots.CONFIG_VAR, parse_config(tree).model_dump(mode="json"))
+    try:
+        spec = load_spec(tiny_spec(spec_pools), ["resources.work_pool=cpu-local", "identity.team=vision"])
+        with pytest.raises(CapacityError, match=r"^identity.team = 'vision': OS user '.*' is not a member"):
+            check_entitled(spec)
+        check_entitled(load_spec(tiny_spec(spec_pools), ["resources.work_pool=cpu-local", "identity.team=mine"]))
+    finally:
+        with get_client(sync_client=True) as c:
+            slots.delete_variable(c, slots.CONFIG_VAR)
