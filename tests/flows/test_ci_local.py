@@ -4,13 +4,14 @@ temporary Prefect server, or on the one PREFECT_API_URL names. The example GitHu
 passes GitHub's workflow schema (SchemaStore's, bundled with check-jsonschema)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tgtest import PYTHON, ROOT, prefect_server
+from tgtest import PYTHON, ROOT
 
 WORKFLOW = ROOT / "deployments" / "ci" / "github-actions.yml"
 
@@ -37,20 +38,19 @@ def test_ci_passes_with_exit_0_on_a_temporary_server_and_writes_the_github_step_
 
 
 @pytest.mark.slow
-def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(tiny_spec, tmp_path):
-    rule = 'gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'
-    (tmp_path / "server").mkdir()
-    with prefect_server(tmp_path / "server") as server:
-        p = _ci(tmp_path, str(tiny_spec()), "--until", "unit", "--set", rule, "--summary", "ci.md",
-                env=server["env"])
-        from prefect import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(tiny_spec, tmp_path,
+                                                                                          prefect_api):
+    from prefect import get_client
 
-        with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as c:
-            runs = c.read_flow_runs()
+    rule = 'gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'
+    p = _ci(tmp_path, str(tiny_spec()), "--until", "unit", "--set", rule, "--summary", "ci.md",
+            env={**os.environ, **prefect_api})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert "up to unit: FAILED: gate after unit: FAILED: tests_passed = " in p.stdout
-    assert [r.state.type.value for r in runs] == ["FAILED"]  # on that server, not on a temporary one
+    (run_dir,) = (tmp_path / "state" / "runs").iterdir()
+    flow_run_id = json.loads((run_dir / "orchestrator.json").read_text())["flow_run_id"]
+    with get_client(sync_client=True) as c:  # the session's server, the one PREFECT_API_URL named
+        assert c.read_flow_run(flow_run_id).state.type.value == "FAILED"  # on that server, not on a temporary one
     md = (tmp_path / "ci.md").read_text()
     assert ": FAILED\n" in md.splitlines(keepends=True)[0] and "| unit | completed | **failed** |" in md
 
