@@ -261,3 +261,20 @@ def test_a_waiter_that_crashes_leaves_the_queue(state):
         time.sleep(0.05)
     assert queued() == ["h-full"]
     holder.release()
+
+
+def test_a_holder_that_cannot_renew_its_lease_is_told_to_stop_within_half_a_lease(state):
+    write_config(state, "p", _cfg())
+    authority = _start(state, lease_s=4)
+    holder = Seat(state, _entry("h"), lambda _: None, lease_s=4)
+    assert holder.wait(lambda: None) is None
+    paths(state, "p")["config"].unlink()  # no authority can start again: nothing renews the lease
+    authority.kill()
+    lost = time.monotonic()
+    authority.wait()
+    while holder.stop_reason() is None and time.monotonic() - lost < 10:
+        time.sleep(0.05)
+    why = holder.stop_reason()
+    assert why is not None and why.startswith("slots lost: the lease on p could not be renewed for 2 s"), why
+    assert time.monotonic() - lost < 4  # before the lease (4 s) could have lapsed
+    holder.release()

@@ -135,9 +135,9 @@ class Seat:
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
-    def _line(self) -> Line:
+    def _line(self, timeout_s: float = START_TIMEOUT_S) -> Line:
         if self.line is None:
-            self.line = Line(connect(self.state_dir, self.entry.pool))
+            self.line = Line(connect(self.state_dir, self.entry.pool, timeout_s))
         return self.line
 
     def wait(self, stop_check: Callable[[], str | None]) -> str | None:
@@ -182,8 +182,9 @@ class Seat:
         while not self._stop.wait(RENEW_S):
             try:
                 with self._lock:
-                    if self.line is None:
-                        self._line().send({"op": "hold", "job_id": self.entry.job_id})
+                    if self.line is None:  # reconnect (starting an authority) only while the lease may still hold
+                        left = max(0.1, self.lease_s / 2 - (time.monotonic() - last_ok))
+                        self._line(left).send({"op": "hold", "job_id": self.entry.job_id})
                     else:
                         self.line.send({"op": "renew", "progress": self.progress()})
                     msg = self._line().recv(RENEW_S * 5)
