@@ -44,7 +44,7 @@ from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
-from traingate.job.vocab import Status
+from traingate.job.vocab import Cause, Status
 from traingate.ladder.gates import decide
 from traingate.ladder.plan import ResumePoint, resume_point, stages_until
 from traingate.ladder.preflight import check_spec, preflight
@@ -258,9 +258,11 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             "resumed_from_step": result.metrics.get("resumed_from_step", 0),
         }
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
-        if result.status == Status.PREEMPTED:  # cancelled from the UI/API: checkpointed, resumable
+        if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
             _settle(pending)
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
+            if result.details.get("supervision", {}).get("cause") == Cause.DISK_FULL:  # the error names the fix
+                return stopped(Cancelled(message=f"{stage} {result.error}"), summary)
             return stopped(
                 Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}"),
                 summary,

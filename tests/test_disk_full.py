@@ -1,4 +1,4 @@
-"""Full disks: a stage whose checkpoint store or state directory fills up ends `disk_full` at once.
+"""Full disks: a stage whose checkpoint store or state directory fills up pauses at once (`disk_full`).
 
 Each test mounts a real 2 MiB tmpfs (we run as root here) and fills it nearly to the brim, then
 runs the full stage under the real supervisor (torchrun, 2 gloo ranks). Expected: no retries,
@@ -6,8 +6,10 @@ and ONE line naming the location and how much space is needed - not pages of tra
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from tgtest import PYTHON
 from traingate.job.stagejob import derive
 from traingate.ladder.preflight import MIN_FREE_BYTES
-from traingate.job.vocab import Cause
+from traingate.job.vocab import Cause, Status
 from traingate.settings import Settings
 from traingate.spec import load_spec
 from traingate.supervision.supervisor import Hooks, supervise
@@ -72,7 +74,8 @@ def _run(tiny_spec, tmp_path: Path, **where: str):
 def test_a_full_checkpoint_store_stops_the_stage_at_once_with_one_line_naming_it(tiny_spec, tmp_path, state_dir,
                                                                                  small_disk):
     sup, seconds, lines = _run(tiny_spec, tmp_path, checkpoint_uri=(small_disk / "ckpt").as_uri())
-    assert sup.cause == Cause.DISK_FULL, sup.error
+    assert sup.cause == Cause.DISK_FULL and sup.status == Status.PREEMPTED, sup.error  # paused, resumable
+    assert "paused by the supervisor" in sup.error.splitlines()[0], sup.error
     assert len(sup.attempts) == 1  # not retried: a full disk stays full
     _one_line_disk_full(sup.error, small_disk)
     assert sup.error.rstrip().endswith("then continue with `traingate resume diskfull`"), sup.error  # resumable
@@ -93,7 +96,7 @@ def test_a_full_state_directory_stops_the_stage_at_once_with_one_line_naming_it(
     (small_disk / "ballast-2").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 24 * 1024))
     sup, seconds, lines = _run(tiny_spec, tmp_path, run_dir=str(small_disk / "run"),
                                checkpoint_uri=(tmp_path / "ckpt").as_uri())
-    assert sup.cause == Cause.DISK_FULL, sup.error
+    assert sup.cause == Cause.DISK_FULL and sup.status == Status.PREEMPTED, sup.error
     assert len(sup.attempts) == 1
     _one_line_disk_full(sup.error, small_disk)
     assert sum("Traceback" in line for line in lines) <= 2, "\n".join(lines)[-3000:]
@@ -176,3 +179,52 @@ def test_traingate_run_with_3_mib_free_prints_one_line_and_starts_no_server(tiny
     assert p.returncode == 2, p.stderr[-3000:]
     _refused_for_room(p.stderr, "TRAINGATE_STATE_DIR", 3)
     assert sorted(q.name for q in disk.iterdir()) == ["ballast"]  # no state dir, no Prefect database
+
+
+def test_a_checkpoint_store_that_fills_mid_run_pauses_the_run_in_one_line_and_resume_finishes_it(
+        tiny_spec, tmpfs, tmp_path, prefect_api):
+    """Room above the preflight's floor at the start; something else fills the disk once the canary has
+    saved its first checkpoint. The run pauses with one line naming the store, its free space and the
+    fix; once space is freed, `traingate resume` finishes the same run from that checkpoint."""
+    disk = tmpfs((MIN_FREE_BYTES >> 20) + 8)
+    spec = tiny_spec("stages: {canary: {max_steps: 40}}")
+    env = {**os.environ, **prefect_api, "TRAINGATE_STATE_DIR": str(tmp_path / "state"),
+           "TRAINGATE_INJECT": "slow@0"}  # 0.1 s steps: the disk fills while the canary trains
+    cli = [PYTHON, "-m", "flows.cli"]
+    proc = subprocess.Popen([*cli, "run", str(spec), "--until", "canary", "--set",
+                             f"checkpoint.uri={(disk / 'ckpt').as_uri()}"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not list(disk.glob("ckpt/*/canary/*/manifest*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _fill(disk / "filler", LEFT_FREE)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    stopped = [line for line in out.splitlines() if line.startswith("pipeline STOPPED: ")]
+    assert len(stopped) == 1, out[-3000:]
+    line = stopped[0]
+    assert line.startswith("pipeline STOPPED: canary disk_full: paused by the supervisor: ") and str(disk) in line, line
+    run_id = re.search(r"MLflow parent run: (\S+)", out).group(1)
+    assert line.endswith(f"then continue with `traingate resume {run_id}`"), line
+    assert re.search(r"[\d.]+ MiB free, needs about [\d.]+ MiB more", line), line
+
+    (disk / "filler").unlink()
+    p = subprocess.run([*cli, "resume", run_id, "--until", "canary"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "resume PASSED" in p.stdout, p.stdout
+    resumed = re.search(r"canary\s+completed\s.*resumed from step ([\d.]+)", p.stdout)
+    assert resumed and float(resumed.group(1)) > 0, p.stdout  # from the checkpoint saved before the disk filled
+
+
+def _fill(path: Path, leave: int) -> None:
+    """Fill ``path``'s disk to ``leave`` bytes free while a stage writes there too (its save may take the rest)."""
+    with open(path, "wb") as f:
+        while (left := shutil.disk_usage(path.parent).free - leave) > 0:
+            try:
+                f.write(b"\0" * min(left, 1 << 20))
+                f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                return

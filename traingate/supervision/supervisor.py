@@ -278,6 +278,11 @@ class _Run:
                 f"continue with `traingate resume {job.run_id}`"
             )
             return self.finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED)
+        if verdict.cause == Cause.DISK_FULL:
+            # A full disk stays full until someone frees it: a restart cannot help, and the work saved so far
+            # is good. The stage pauses, as a budget or an alert pauses it: resumable from its latest checkpoint.
+            err = f"{Cause.DISK_FULL}: paused by the supervisor: {self.attempts[-1].detail}"
+            return self.finish(result, Status.PREEMPTED, err, "disk full", Cause.DISK_FULL)
         if not verdict.retryable:
             error = _stop_error(verdict.cause, self.attempts[-1].detail, result)
             return self.finish(result, status_for(verdict.cause), error, None, verdict.cause)
@@ -346,7 +351,5 @@ def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> s
 
 
 def _stop_error(cause: Cause | None, detail: str, result: proc.ProcResult) -> str:
-    if cause == Cause.DISK_FULL:
-        return f"{cause}: {detail}"  # the location and the space it needs say it all; a log tail only buries it
     tail = "\n".join(result.tail[-TAIL_LINES:])
     return f"{cause}: {detail}\n--- last {min(TAIL_LINES, len(result.tail))} log lines ---\n{tail}"
