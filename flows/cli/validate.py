@@ -15,7 +15,7 @@ import yaml
 
 from traingate.capacity import entitlements
 from traingate.capacity.pools import BUILTIN_CLASSES, load_config, priority_class
-from traingate.ladder.preflight import check_spec, preflight
+from traingate.ladder.preflight import check_spec, preflight, remote_data
 from traingate.secrets import extract
 from traingate.settings import Settings
 from traingate.snapshots import resolve_spec
@@ -25,13 +25,14 @@ from traingate.spec import load_spec, parse_spec
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
     spec = load_spec(args.spec, args.overrides)
     if args.cmd != "run":
-        # `validate` sends nothing anywhere: no store is listed, no remote data is read.
+        # `validate` sends nothing anywhere: a remote store is not listed, remote data is not read.
         config = load_config(args.pools) if args.pools else None
         priority_class(config, spec.resources.priority, args.pools or BUILTIN_CLASSES)
         # The pools file's entitlements for the OS user running this (a stage's width is checked at admission).
         entitlements.check(
             config, entitlements.os_user(), spec.identity.team, spec.resources.priority, spec.resources.work_pool, 0
         )
+        spec = spec if remote_data(spec) else resolve_spec(spec)  # a local {latest} is listed on this disk
         return spec, check_spec(spec, offline=True)
     if not os.environ.get("PREFECT_API_URL"):
         # A temporary server carries no pools config: the built-in classes. A server's config is read before the
