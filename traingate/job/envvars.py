@@ -73,9 +73,9 @@ def job_environment(
             env[MLFLOW_RUN_ID] = job.mlflow_run_id
     if job.faults:
         env[INJECT] = job.faults
-    # The checkpoint key, from the environment (never a file a stage can be asked to print): a training
-    # process may start in a directory where the state dir's relative default would name another key.
-    env.setdefault(CHECKPOINT_KEY_VAR, checkpoint_key(Settings.from_env(env), env).decode())
+    # This deployment's checkpoint key (this process's settings), in the environment: a training process
+    # may start in a directory where the state dir's relative default would name another key.
+    env.setdefault(CHECKPOINT_KEY_VAR, checkpoint_key(Settings.from_env()).decode())
     # torchrun sets OMP_NUM_THREADS=1 per worker; a plain single process gets the same, so the
     # smoke stage and bare benchmarks measure the same thing.
     env.setdefault("OMP_NUM_THREADS", "1")
