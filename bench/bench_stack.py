@@ -9,6 +9,7 @@ the smoke stage's first line in metrics.jsonl (rank 0's clock), "run" is until t
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -49,18 +50,21 @@ def _stack(d: Path, action: str) -> subprocess.CompletedProcess:
 
 def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     d = tmp / "stack"
     if os.geteuid() == 0:  # PostgreSQL runs as the postgres user: the temp dir must be searchable
         tmp.chmod(0o711)
     t0 = time.monotonic()
-    up = _stack(d, "up")
+    _stack(d, "up")
     up_s = time.monotonic() - t0
-    client = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line and not line.startswith("#"))
+    # `env`: the client's settings with its credentials (the servers authenticate every client)
+    client = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
+                  for line in _stack(d, "env").stdout.splitlines())
     state = Path(client["TRAINGATE_STATE_DIR"])
     try:
-        with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"]}):
+        with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"],
+                                         PREFECT_API_AUTH_STRING: client["PREFECT_API_AUTH_STRING"]}):
             start = time.time()
             run = run_deployment("ladder/ladder-cpu", timeout=0,
                                  parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"})

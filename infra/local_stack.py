@@ -20,12 +20,16 @@ The compose file is the source: every service's ``command``, ``entrypoint``, ``e
   is no Docker engine; ``status`` says so.
 
 Non-secret settings come from infra/stack.env (the compose file's ``env_file`` and
-``--env-file``); secrets (POSTGRES_PASSWORD, S3_ACCESS_KEY, S3_SECRET_KEY) from the environment,
-else generated once into ``<dir>/secrets.env`` (mode 0600). Nothing prints them.
+``--env-file``); secrets (``SECRET_VARS``: the superuser's and each service's database password, the
+S3 root key and each service's S3 key, Prefect's API auth string and Secret encryption key, MLflow's
+admin and platform passwords and session key) from the environment, else generated once into
+``<dir>/secrets.env`` (mode 0600). ``up`` and ``status`` never print them; ``env`` prints what a
+client needs, its credentials included (``eval "$(infra/local-stack.sh env)"``).
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -48,7 +52,16 @@ ROOT = INFRA.parent
 COMPOSE = INFRA / "docker-compose.yml"
 SETTINGS = INFRA / "stack.env"
 DOCKERFILE = INFRA / "Dockerfile"
-SECRET_VARS = ("POSTGRES_PASSWORD", "S3_ACCESS_KEY", "S3_SECRET_KEY")
+SECRET_VARS = (
+    "POSTGRES_PASSWORD", "PREFECT_DB_PASSWORD", "MLFLOW_DB_PASSWORD", "OPTUNA_DB_PASSWORD",
+    "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_MLFLOW_ACCESS_KEY", "S3_MLFLOW_SECRET_KEY",
+    "S3_WORKER_ACCESS_KEY", "S3_WORKER_SECRET_KEY",
+    "PREFECT_AUTH_STRING", "PREFECT_ENCRYPTION_KEY",
+    "MLFLOW_ADMIN_PASSWORD", "MLFLOW_PLATFORM_PASSWORD", "MLFLOW_SECRET_KEY",
+)
+# What a client of the stack sets to reach it as the platform (the workers' own credentials).
+CLIENT_CREDENTIALS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD")
 PG_BIN = Path(os.environ.get("TRAINGATE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 DOCKER_SOCKET = "/var/run/docker.sock"
 BIN = Path(sys.executable).parent
@@ -57,6 +70,15 @@ RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # util-linux; often of
 
 class StackError(Exception):
     """A one-line reason the stack cannot come up (exit 2)."""
+
+
+def new_secret(var: str) -> str:
+    """A fresh value for one of ``SECRET_VARS``, in the form its consumer needs."""
+    if var == "PREFECT_ENCRYPTION_KEY":  # a Fernet key: 32 random bytes, url-safe base64
+        return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+    if var == "PREFECT_AUTH_STRING":  # HTTP basic credentials, user:password
+        return f"traingate:{secrets.token_hex(16)}"
+    return secrets.token_hex(16)
 
 
 # ---------------------------------------------------------------- compose: parse and interpolate
@@ -235,7 +257,7 @@ class Stack:
         missing = [v for v in SECRET_VARS if not out[v]]
         if missing and create:
             for v in missing:
-                out[v] = secrets.token_hex(16)
+                out[v] = new_secret(v)
             self.dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
@@ -479,13 +501,16 @@ class Stack:
             print(f"{p.name}: {'healthy' if ok else 'running, unhealthy' if running else 'stopped'}{where}", file=out)
         return all_ok
 
-    def client_env(self) -> dict[str, str]:
-        """What a client on this machine sets to use the stack (no secret: those are in secrets.env)."""
+    def client_env(self, credentials: bool = False) -> dict[str, str]:
+        """What a client on this machine sets to use the stack: its locations, and with ``credentials`` the
+        workers' own (the platform identity: Prefect's auth string, MLflow user and password, S3 key,
+        the Optuna database's password)."""
         compose, plans = self.plans()
         by = {p.name: p for p in plans}
         worker = next(p for p in plans if p.argv[:3] == ["prefect", "worker", "start"])
         keys = ("PREFECT_API_URL", "TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_S3_ENDPOINT_URL",
-                "TRAINGATE_STATE_DIR", "AWS_DEFAULT_REGION", "TRAINGATE_BUCKET")
+                "TRAINGATE_OPTUNA_STORAGE", "TRAINGATE_STATE_DIR", "AWS_DEFAULT_REGION", "TRAINGATE_BUCKET")
+        keys += CLIENT_CREDENTIALS if credentials else ()
         out = {k: worker.env[k] for k in keys if k in worker.env}
         out["MLFLOW_S3_ENDPOINT_URL"] = by["mlflow"].env.get("MLFLOW_S3_ENDPOINT_URL", "")
         return out
@@ -616,11 +641,52 @@ class Stack:
         shim.chmod(0o755)
 
 
+def _mc_iam(alias: dict[str, str]):
+    import boto3
+    return boto3.client("iam", endpoint_url=alias["url"], aws_access_key_id=alias["key"],
+                        aws_secret_access_key=alias["secret"], region_name="us-east-1")
+
+
+def mc_admin(argv: list[str], aliases: dict[str, dict[str, str]]) -> int:
+    """``mc admin policy create|attach`` and ``mc admin user add`` on moto's IAM: the policy document is
+    checked and stored, the user created and the policy attached to it. moto's S3 does not enforce them:
+    it cannot take an access key chosen by the caller, and its server lets any client switch its IAM
+    checks off (``/moto-api/reset-auth``); MinIO, the compose stack's store, enforces them."""
+    words = [a for a in argv if not a.startswith("--")]
+    if len(words) < 3 or words[2] not in aliases:
+        print(f"mc admin: expected `admin user|policy ... ALIAS ...` with a known alias, got {argv[:4]}", file=sys.stderr)
+        return 1
+    iam = _mc_iam(aliases[words[2]])
+    if words[:2] == ["user", "add"] and len(words) == 5:
+        if words[3] not in {u["UserName"] for u in iam.list_users()["Users"]}:
+            iam.create_user(UserName=words[3])
+        print(f"Added user `{words[3]}` successfully.")
+        return 0
+    if words[:2] == ["policy", "create"] and len(words) == 5:
+        doc = Path(words[4]).read_text()
+        json.loads(doc)
+        if words[3] not in {p["PolicyName"] for p in iam.list_policies(Scope="Local")["Policies"]}:
+            iam.create_policy(PolicyName=words[3], PolicyDocument=doc)
+        print(f"Created policy `{words[3]}` successfully.")
+        return 0
+    if words[:2] == ["policy", "attach"] and len(words) == 5 and argv[-2:-1] == ["--user"]:
+        user = words[4]
+        arn = next(p["Arn"] for p in iam.list_policies(Scope="Local")["Policies"] if p["PolicyName"] == words[3])
+        iam.attach_user_policy(UserName=user, PolicyArn=arn)
+        print(f"Attached Policies: [{words[3]}] To User: {user}")
+        return 0
+    print(f"mc admin: this native stand-in knows `user add`, `policy create` and `policy attach --user`, "
+          f"not {argv[:2]}", file=sys.stderr)
+    return 1
+
+
 def mc(argv: list[str]) -> int:
-    """The two `mc` commands the compose file's create-bucket service runs, on boto3."""
+    """The `mc` commands the compose file's create-bucket service runs, on boto3."""
     import boto3
     conf = Path(os.environ.get("MC_CONFIG_DIR", Path.home() / ".mc")) / "aliases.json"
     aliases = json.loads(conf.read_text()) if conf.exists() else {}
+    if argv[:1] == ["admin"]:
+        return mc_admin(argv[1:], aliases)
     if argv[:2] == ["alias", "set"] and len(argv) == 6:
         conf.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -735,14 +801,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             for k, v in stack.client_env().items():
                 print(f"{k}={v}")
-            print(f"# secrets: {stack.dir / 'secrets.env'} (mode 0600) unless given in the environment")
+            print(f"# secrets: {stack.dir / 'secrets.env'} (mode 0600) unless given in the environment; "
+                  "`env` prints a client's settings with its credentials")
         elif args.action == "down":
             stack.down()
         elif args.action == "status":
             return 0 if stack.status() else 1
-        else:
-            for k, v in stack.client_env().items():
-                print(f"{k}={v}")
+        else:  # for `eval "$(infra/local-stack.sh env)"`: the values are shell-quoted
+            for k, v in stack.client_env(credentials=True).items():
+                print(f"export {k}={shlex.quote(v)}")
     except StackError as e:
         print(f"local-stack: {e}", file=sys.stderr)
         return 2

@@ -1,11 +1,17 @@
 """The production stack of infra/docker-compose.yml, run natively by infra/local-stack.sh: every service's
 command, environment and healthcheck from the compose file, PostgreSQL 15 from Debian, moto as the S3
 endpoint, on free loopback ports with its state under a tmp dir. The ladder deployment runs on the
-stack's worker; the pools bootstrap waits for a server that starts late; compose and script agree."""
+stack's worker; the pools bootstrap waits for a server that starts late; compose and script agree. Every
+service authenticates its clients (an anonymous walk over both servers' route tables), MLflow keeps teams
+apart and lets only the platform identity move @champion, and every service has least-privilege
+credentials."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,7 +21,6 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port, stop_tree, tail, wait_healthy
 
 sys.path.insert(0, str(ROOT / "infra"))
@@ -105,12 +110,39 @@ def stack(tmp_path_factory):
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         client = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line and not line.startswith("#"))
-        yield {"dir": d, "up": up, "up_s": up_s, "client": client, "secrets": _secrets(d)}
+        env = _stack(d, "env", timeout=120)
+        assert env.returncode == 0, env.stdout + env.stderr
+        # `env` is for a shell's eval: `export NAME=<shell-quoted value>`
+        creds = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in env.stdout.splitlines())
+        assert {k: creds[k] for k in client} == client
+        yield {"dir": d, "up": up, "up_s": up_s, "client": client, "creds": creds, "secrets": _secrets(d)}
     finally:
         procs += _tree(d)
         down = _stack(d, "down", timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
         _assert_gone(procs, d)
+
+
+@contextlib.contextmanager
+def _as_client(stack, mlflow_user: tuple[str, str] | None = None):
+    """This process as a client of the stack: Prefect's auth string and an MLflow user (default: the platform
+    identity the workers use), as `eval "$(infra/local-stack.sh env)"` gives a shell."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    creds = stack["creds"]
+    user, password = mlflow_user or (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"])
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: creds["PREFECT_API_URL"],
+                                         PREFECT_API_AUTH_STRING: creds["PREFECT_API_AUTH_STRING"]}):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _s3(stack):
@@ -139,7 +171,6 @@ def _pg_count(stack, db: str, sql: str) -> int:
 def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_worker_and_down_leaves_no_process(stack):
     from mlflow.tracking import MlflowClient
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     d, client = stack["dir"], stack["client"]
     # every service healthy by its compose healthcheck, run natively
@@ -158,7 +189,7 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     s3.head_bucket(Bucket=bucket)
 
     t0 = time.monotonic()
-    with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"]}):
+    with _as_client(stack):
         run = run_deployment("ladder/ladder-cpu", parameters={"spec": yaml.safe_load(TINY_DIGITS), "until": "smoke"},
                              timeout=RUN_TIMEOUT_S, poll_interval=2)
     run_s = time.monotonic() - t0
@@ -166,8 +197,9 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     print(f"\nstack up {stack['up_s']:.1f} s; ladder-cpu until smoke on the stack's worker {run_s:.1f} s")
 
     mlflow = MlflowClient(client["TRAINGATE_TRACKING_URI"])
-    exp = mlflow.get_experiment_by_name("tests")
-    (pipeline,) = mlflow.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'")
+    with _as_client(stack):
+        exp = mlflow.get_experiment_by_name("tests")
+        (pipeline,) = mlflow.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'")
     assert pipeline.data.tags["traingate.reached_stage"] == "smoke"
     # the tracking server's store is the stack's PostgreSQL, its artifacts the stack's bucket
     assert _pg_count(stack, settings["MLFLOW_DB"], "select count(*) from runs") >= 1
@@ -177,14 +209,15 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     assert _keys(s3, bucket, "checkpoints/"), "no checkpoint in the bucket"
     # the pool got the locations from the bootstrap, no secret among them
     from prefect import get_client
-    with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"]}):
+    with _as_client(stack):
         with get_client(sync_client=True) as c:
             pool_env = c.read_work_pool("cpu-local").base_job_template["variables"]["properties"]["env"]["default"]
-        # pool-secrets stored the credentials a container pool's flow runs load by name
+        # pool-secrets stored the credentials a container pool's flow runs load by name: the workers' own
         from prefect.blocks.system import Secret
         blocks = dict(e.split("=", 1) for e in settings["TRAINGATE_SECRET_BLOCKS"].split(","))
-        assert Secret.load(blocks["PGPASSWORD"]).get() == stack["secrets"]["POSTGRES_PASSWORD"]
-        assert Secret.load(blocks["AWS_SECRET_ACCESS_KEY"]).get() == stack["secrets"]["S3_SECRET_KEY"]
+        assert Secret.load(blocks["PGPASSWORD"]).get() == stack["secrets"]["OPTUNA_DB_PASSWORD"]
+        assert Secret.load(blocks["AWS_SECRET_ACCESS_KEY"]).get() == stack["secrets"]["S3_WORKER_SECRET_KEY"]
+        assert Secret.load(blocks["MLFLOW_TRACKING_PASSWORD"]).get() == stack["secrets"]["MLFLOW_PLATFORM_PASSWORD"]
     assert pool_env["TRAINGATE_STATE_DIR"] == client["TRAINGATE_STATE_DIR"] == str(d / "volumes" / "state")
     assert pool_env["TRAINGATE_SECRET_BLOCKS"] == settings["TRAINGATE_SECRET_BLOCKS"]
     assert not any(v in str(pool_env) for v in stack["secrets"].values())
@@ -196,9 +229,184 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     _assert_gone(procs, d)
     again = _stack(d, "up")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert [r.info.run_id for r in mlflow.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'")] \
-        == [pipeline.info.run_id]
+    with _as_client(stack):
+        assert [r.info.run_id for r in mlflow.search_runs([exp.experiment_id], "tags.`traingate.kind` = 'pipeline'")] \
+            == [pipeline.info.run_id]
     assert _keys(_s3(stack), bucket, "mlartifacts/") == _keys(s3, bucket, "mlartifacts/")
+
+
+def _prefect_routes() -> set[tuple[str, str]]:
+    """Every (method, path) of the Prefect server's API app, from its route table and its OpenAPI paths."""
+    from prefect.server.api.server import create_api_app
+
+    api = create_api_app(ignore_cache=True)
+    routes = {(m.upper(), path) for path, ops in api.openapi()["paths"].items() for m in ops}
+    return routes | {(m, r.path) for r in api.routes if getattr(r, "path", None) for m in getattr(r, "methods", None)
+                     or {"GET"}}
+
+
+def _mlflow_routes() -> set[tuple[str, str]]:
+    """Every (method, path) the MLflow server serves: its FastAPI routes, the Flask app's URL map and the
+    auth app's own routes (users, permissions, roles)."""
+    import mlflow.server.auth.routes as auth_routes
+    from mlflow.server import app as flask_app
+    from mlflow.server.fastapi_app import create_fastapi_app
+
+    routes = {(m, r.path) for r in create_fastapi_app(flask_app).routes for m in getattr(r, "methods", None) or ()}
+    routes |= {(m, rule.rule) for rule in flask_app.url_map.iter_rules() for m in rule.methods - {"HEAD", "OPTIONS"}}
+    return routes | {(m, path) for name, path in vars(auth_routes).items()
+                     if name.isupper() and isinstance(path, str) and path.startswith("/") for m in ("GET", "POST")}
+
+
+def _anonymous_answers(base: str, routes: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    import httpx
+
+    out = {}
+    with httpx.Client(base_url=base, timeout=60) as h:
+        for method, path in sorted(routes):
+            url = re.sub(r"\{[^}]+\}|<[^>]+>", "00000000-0000-0000-0000-000000000000", path)
+            body = {} if method in ("POST", "PUT", "PATCH") else None
+            out[method, path] = h.request(method, url, json=body).status_code
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_route_of_both_servers_refuses_an_anonymous_client_except_health(stack):
+    prefect = _anonymous_answers(stack["client"]["PREFECT_API_URL"], _prefect_routes())
+    mlflow = _anonymous_answers(stack["client"]["TRAINGATE_TRACKING_URI"], _mlflow_routes())
+    assert len(prefect) > 150 and len(mlflow) > 400, (len(prefect), len(mlflow))
+    open_prefect = {k: v for k, v in prefect.items() if v not in (401, 403)}
+    open_mlflow = {k: v for k, v in mlflow.items() if v not in (401, 403)}
+    print(f"\nanonymous: Prefect {len(prefect)} routes, {len(open_prefect)} open {sorted(open_prefect)}; "
+          f"MLflow {len(mlflow)} routes, {len(open_mlflow)} open {sorted(open_mlflow)}")
+    assert open_prefect == {("GET", "/health"): 200, ("GET", "/ready"): 200}
+    # MLflow's: health, the UI's static files and server-info, which the auth app serves to anyone (how the
+    # server is configured, before a login: no tenant data)
+    assert {k for k, v in open_mlflow.items() if v == 200} == {
+        ("GET", "/health"), ("GET", "/api/3.0/mlflow/server-info"), ("GET", "/ajax-api/3.0/mlflow/server-info")}
+    assert {k for k, v in open_mlflow.items() if v != 200} <= {(m, p) for m, p in mlflow if p.startswith("/static")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_team_a_cannot_move_or_delete_team_b_models_and_only_the_platform_identity_moves_champion(stack):
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
+    uri = stack["client"]["TRAINGATE_TRACKING_URI"]
+    settings = local_stack.read_env_file(local_stack.SETTINGS)
+    admin = (settings["MLFLOW_AUTH_ADMIN_USERNAME"], stack["secrets"]["MLFLOW_ADMIN_PASSWORD"])
+    tag = secrets.token_hex(3)  # fresh names: the test also runs against a stack that lives on
+    teams = {team: (f"{team}-{tag}", secrets.token_hex(12)) for team in ("team-a", "team-b")}
+    model = f"team-b-model-{tag}"
+    with _as_client(stack, admin):
+        for user, password in teams.values():
+            AuthServiceClient(uri).create_user(user, password)
+
+    def refused(call, *args) -> str | None:
+        try:
+            call(*args)
+        except MlflowException as e:
+            return e.error_code
+        return None
+
+    # the platform identity (the workers' flow runs) registers team B's model and promotes v1
+    with _as_client(stack):
+        c = MlflowClient(uri)
+        run = c.create_run(c.create_experiment(f"team-b-ladder-{tag}"))
+        c.set_terminated(run.info.run_id)
+        c.create_registered_model(model)
+        v1, v2 = (c.create_model_version(model, f"{run.info.artifact_uri}/model", run.info.run_id).version
+                  for _ in range(2))
+        c.set_registered_model_alias(model, "champion", v1)
+    for team in ("team-a", "team-b"):
+        with _as_client(stack, teams[team]):
+            c = MlflowClient(uri)
+            assert c.get_model_version_by_alias(model, "champion").version == v1  # every team reads
+            assert refused(c.set_registered_model_alias, model, "champion", v2) == "PERMISSION_DENIED"
+            assert refused(c.delete_registered_model_alias, model, "champion") == "PERMISSION_DENIED"
+            assert refused(c.delete_model_version, model, v1) == "PERMISSION_DENIED"
+            assert refused(c.delete_registered_model, model) == "PERMISSION_DENIED"
+            assert refused(c.log_param, run.info.run_id, "forged", "1") == "PERMISSION_DENIED"
+    # what team B creates itself, team A cannot change
+    with _as_client(stack, teams["team-b"]):
+        own = MlflowClient(uri).create_run(MlflowClient(uri).create_experiment(f"team-b-own-{tag}"))
+    with _as_client(stack, teams["team-a"]):
+        c = MlflowClient(uri)
+        assert refused(c.log_metric, own.info.run_id, "forged", 1.0) == "PERMISSION_DENIED"
+        assert refused(c.delete_run, own.info.run_id) == "PERMISSION_DENIED"
+    with _as_client(stack):
+        c = MlflowClient(uri)
+        c.set_registered_model_alias(model, "champion", v2)
+        assert c.get_model_version_by_alias(model, "champion").version == v2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_stack_gives_each_service_least_privilege_and_keeps_its_secret_files_private(stack):
+    import boto3
+    import httpx
+    import psycopg2
+
+    d, sec, creds = stack["dir"], stack["secrets"], stack["creds"]
+    settings = local_stack.read_env_file(local_stack.SETTINGS)
+    st = local_stack.Stack(d, env={})
+    port = st.state["ports"]["postgres"]
+    # files holding secrets or data: owner only
+    assert (d / "secrets.env").stat().st_mode & 0o777 == 0o600
+    assert (d / "home" / "mlflow" / "mlflow-auth.ini").stat().st_mode & 0o777 == 0o600
+    assert Path(st._pgdata()).stat().st_mode & 0o777 == 0o700
+
+    def connect(user: str, password: str, db: str):
+        return psycopg2.connect(host="127.0.0.1", port=port, dbname=db, user=user, password=password)
+
+    # one role per service, none a superuser; each reaches its own database only
+    with connect(settings["POSTGRES_USER"], sec["POSTGRES_PASSWORD"], "postgres") as conn, conn.cursor() as cur:
+        cur.execute("select rolname, rolsuper, rolcreaterole, rolcreatedb from pg_roles where rolname = any(%s)",
+                    ([settings["POSTGRES_DB"], settings["MLFLOW_DB"], settings["OPTUNA_DB"]],))
+        assert sorted(cur.fetchall()) == sorted((r, False, False, False) for r in (
+            settings["POSTGRES_DB"], settings["MLFLOW_DB"], settings["OPTUNA_DB"]))
+    conn.close()
+    connect(settings["OPTUNA_DB"], creds["PGPASSWORD"], settings["OPTUNA_DB"]).close()  # the workers' role
+    for db in (settings["POSTGRES_DB"], settings["MLFLOW_DB"], settings["MLFLOW_AUTH_DB"]):
+        with pytest.raises(psycopg2.OperationalError, match="permission denied for database"):
+            connect(settings["OPTUNA_DB"], creds["PGPASSWORD"], db)
+    with pytest.raises(psycopg2.OperationalError, match="permission denied for database"):
+        connect(settings["MLFLOW_DB"], sec["MLFLOW_DB_PASSWORD"], settings["POSTGRES_DB"])
+    # Prefect's Secret blocks (pool-secrets stored some) are encrypted with a key kept outside its database
+    with connect(settings["POSTGRES_DB"], sec["PREFECT_DB_PASSWORD"], settings["POSTGRES_DB"]) as conn, \
+            conn.cursor() as cur:
+        cur.execute("select count(*) from configuration where key = 'ENCRYPTION_KEY'")
+        assert cur.fetchone()[0] == 0
+        cur.execute("select count(*) from block_document where name like 'traingate-%'")
+        assert cur.fetchone()[0] >= 3
+    conn.close()
+    # Prefect: a state-changing request with the auth string but without a CSRF token is refused; the UI is
+    # told to ask for the auth string at login and to send CSRF tokens
+    api = creds["PREFECT_API_URL"]
+    ui = httpx.get(api.removesuffix("/api") + "/ui-settings", timeout=60).json()
+    assert (ui["auth"], ui["csrf_enabled"]) == ("BASIC", True)
+    auth = tuple(creds["PREFECT_API_AUTH_STRING"].split(":", 1))
+    with httpx.Client(base_url=api, auth=auth, timeout=60) as h:
+        assert h.post("/flows/filter", json={}).status_code == 403
+        token = h.get("/csrf-token", params={"client": "tg-test"}).json()["token"]
+        assert h.post("/flows/filter", json={}, headers={"Prefect-Csrf-Token": token,
+                                                         "Prefect-Csrf-Client": "tg-test"}).status_code == 200
+    # S3: a user per service with the bucket's policy, never the root key. moto (the native store) keeps
+    # them but cannot enforce them (it cannot take a caller's access key, and any client may switch its
+    # checks off): MinIO does, in the compose stack.
+    iam = boto3.client("iam", endpoint_url=creds["TRAINGATE_S3_ENDPOINT_URL"], region_name="us-east-1",
+                       aws_access_key_id=sec["S3_ACCESS_KEY"], aws_secret_access_key=sec["S3_SECRET_KEY"])
+    for key in (sec["S3_MLFLOW_ACCESS_KEY"], sec["S3_WORKER_ACCESS_KEY"]):
+        (policy,) = iam.list_attached_user_policies(UserName=key)["AttachedPolicies"]
+        version = iam.get_policy(PolicyArn=policy["PolicyArn"])["Policy"]["DefaultVersionId"]
+        doc = iam.get_policy_version(PolicyArn=policy["PolicyArn"], VersionId=version)["PolicyVersion"]["Document"]
+        resources = {r for s in doc["Statement"] for r in s["Resource"]}
+        bucket = settings["TRAINGATE_BUCKET"]
+        assert resources == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"}
+    assert creds["AWS_ACCESS_KEY_ID"] == sec["S3_WORKER_ACCESS_KEY"] != sec["S3_ACCESS_KEY"]
 
 
 def _late_server(port: int, tmp: Path):
@@ -261,7 +469,7 @@ def test_the_pools_bootstrap_gives_up_in_one_line_when_the_api_never_answers(tmp
                                "(TRAINGATE_API_WAIT_S)\n")
 
 
-SECRETS = {"POSTGRES_PASSWORD": "pw-0123456789abcdef", "S3_ACCESS_KEY": "key-0123456789", "S3_SECRET_KEY": "sk-0123456789"}
+SECRETS = {var: f"s{i}-{var.lower()}-0123456789" for i, var in enumerate(local_stack.SECRET_VARS)}
 
 
 def test_the_native_stack_runs_every_compose_service_with_its_environment_and_healthcheck(tmp_path):
@@ -284,7 +492,7 @@ def test_the_native_stack_runs_every_compose_service_with_its_environment_and_he
         if svc.get("healthcheck"):
             assert p.healthcheck, name
         if p.kind == "command":
-            assert p.argv[0] in {"prefect", "mlflow", "traingate", "bash", "/bin/sh"}, (name, p.argv)
+            assert p.argv[0] in {"prefect", "python", "traingate", "bash", "/bin/sh"}, (name, p.argv)
     # healthchecks where the brief's services need them; the bootstrap waits for a healthy server
     assert {n for n, s in raw["services"].items() if s.get("healthcheck")} >= {"postgres", "minio", "prefect-server",
                                                                              "mlflow"}
@@ -292,8 +500,8 @@ def test_the_native_stack_runs_every_compose_service_with_its_environment_and_he
     boot = by["pools-bootstrap"].env
     assert boot["TRAINGATE_IMAGE"] and Path(boot["TRAINGATE_STATE_DIR"]).is_absolute()
     assert compose["services"]["pools-bootstrap"]["environment"]["TRAINGATE_STATE_DIR"] == "/var/lib/traingate"
-    # the bootstrap writes its environment into the pools' job templates: no secret in it
-    assert not any(s in v for v in boot.values() for s in SECRETS.values())
+    # the bootstrap writes its environment's locations into the pools' job templates: no secret among them
+    assert not any(s in v for k, v in boot.items() if k != "PREFECT_API_AUTH_STRING" for s in SECRETS.values())
     # a worker for every pool of the pools config
     settings = local_stack.read_env_file(local_stack.SETTINGS)
     pools = set(yaml.safe_load((ROOT / settings["TRAINGATE_POOLS_CONFIG"]).read_text())["pools"])
@@ -312,6 +520,58 @@ def test_the_native_stack_refuses_a_missing_secret_in_one_line_and_compose_inter
     with pytest.raises(local_stack.StackError, match=r"^\$\{X\}: set X$"):
         local_stack.interpolate("${X:?set X}", {"X": ""})
     stack = local_stack.Stack(tmp_path / "s", env={"PATH": "/usr/bin:/bin"})
-    with pytest.raises(local_stack.StackError, match=r"POSTGRES_PASSWORD"):
+    with pytest.raises(local_stack.StackError, match=r"^\$\{(\w+)\}: set \1 in infra/\.env$"):
         stack.plans(create=False)
     assert not (tmp_path / "s" / "secrets.env").exists()
+
+
+def test_every_service_of_the_stack_gets_only_its_own_credentials_and_the_servers_demand_them(tmp_path):
+    stack = local_stack.Stack(tmp_path / "stack", env={"PATH": "/usr/bin:/bin", **SECRETS})
+    compose, plans = stack.plans()
+    by = {p.name: p for p in plans}
+
+    def holders(var: str) -> set[str]:
+        return {p.name for p in plans if any(SECRETS[var] in v for v in [*p.env.values(), *p.argv])}
+
+    # the superuser's password and the S3 root key stay with the store that owns them and its one-shot setup
+    assert holders("POSTGRES_PASSWORD") == {"postgres"}
+    assert holders("S3_ACCESS_KEY") == holders("S3_SECRET_KEY") == {"minio", "create-bucket"}
+    assert holders("PREFECT_DB_PASSWORD") == {"postgres", "prefect-server"}
+    assert holders("MLFLOW_DB_PASSWORD") == {"postgres", "mlflow"}
+    assert holders("S3_MLFLOW_SECRET_KEY") == {"create-bucket", "mlflow"}
+    assert holders("PREFECT_ENCRYPTION_KEY") == {"prefect-server"}
+    assert holders("MLFLOW_ADMIN_PASSWORD") == {"mlflow", "mlflow-users"}
+    assert holders("MLFLOW_SECRET_KEY") == {"mlflow"}
+    workers = {p.name for p in plans if p.argv[:3] == ["prefect", "worker", "start"]}
+    assert holders("OPTUNA_DB_PASSWORD") == {"postgres", "pool-secrets", *workers}
+    assert holders("S3_WORKER_SECRET_KEY") == {"create-bucket", "pool-secrets", *workers}
+    assert holders("MLFLOW_PLATFORM_PASSWORD") == {"mlflow-users", "pool-secrets", *workers}
+    # no service connects to PostgreSQL as the superuser: each as the role named after its database
+    settings = local_stack.read_env_file(local_stack.SETTINGS)
+    pg_urls = {(p.name, u) for p in plans for u in re.findall(r"postgresql[+\w]*://[^\s'\"]+", " ".join(
+        [*p.env.values(), *p.argv]))}
+    assert pg_urls and not any(f"//{settings['POSTGRES_USER']}" in u for _, u in pg_urls), pg_urls
+    for _, u in pg_urls:
+        role, db = re.match(r"postgresql[+\w]*://([^:@]+)[^/]*/(\w+)", u).groups()
+        assert role == db or (role, db) == (settings["MLFLOW_DB"], settings["MLFLOW_AUTH_DB"]), u
+    # the Docker socket: only the docker workers mount it (to start containers); no flow-run container gets it
+    mounts = {n: [str(v) for v in s.get("volumes") or []] for n, s in compose["services"].items()}
+    assert {n for n, vols in mounts.items() if any(local_stack.DOCKER_SOCKET in v for v in vols)} == \
+        {p.name for p in plans if p.argv[:3] == ["prefect", "worker", "start"] and "docker" in p.argv}
+    assert local_stack.DOCKER_SOCKET not in settings["TRAINGATE_DOCKER_VOLUMES"]
+    # the servers demand credentials, CSRF tokens and keep Prefect's Secret key outside its database
+    server = by["prefect-server"].env
+    assert server["PREFECT_SERVER_API_AUTH_STRING"] == SECRETS["PREFECT_AUTH_STRING"]
+    assert server["PREFECT_SERVER_ENCRYPTION_KEY"] == SECRETS["PREFECT_ENCRYPTION_KEY"]
+    assert server["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
+    assert by["mlflow"].argv[:2] == ["bash", str(ROOT / "infra" / "mlflow" / "server.sh")]
+    assert "--app-name basic-auth" in (ROOT / "infra" / "mlflow" / "server.sh").read_text()
+    # every Prefect client authenticates; every MLflow client is the platform identity, not the admin
+    for p in plans:
+        client = "PREFECT_API_URL" in p.env or p.argv[:1] == ["prefect"] and p.name != "prefect-server"
+        if p.kind == "command" and client:
+            assert p.env.get("PREFECT_API_AUTH_STRING") == SECRETS["PREFECT_AUTH_STRING"], p.name
+    for name in {"pool-secrets", *workers}:
+        assert by[name].env["MLFLOW_TRACKING_USERNAME"] == settings["MLFLOW_TRACKING_USERNAME"] != \
+            settings["MLFLOW_AUTH_ADMIN_USERNAME"]
+        assert by[name].env["MLFLOW_TRACKING_PASSWORD"] == SECRETS["MLFLOW_PLATFORM_PASSWORD"]

@@ -133,6 +133,11 @@ def test_an_experiment_that_stores_artifacts_elsewhere_is_refused_naming_both(tm
     assert str(e.value) == (f"experiment 'vision' stores its artifacts at {(tmp_path / 'art').as_uri()}/vision, but "
                             "TRAINGATE_ARTIFACT_URI puts them at s3://tg-prod/mlartifacts/vision; use a new "
                             f"identity.experiment, or set TRAINGATE_ARTIFACT_URI to {(tmp_path / 'art').as_uri()}")
+    # a tracking server's own store places its experiments by id (its auth app reads who may write from it):
+    # one stored elsewhere is refused the same way
+    with pytest.raises(ArtifactLocationError, match=r"^experiment 'vision' stores its artifacts at file:.*, but "
+                       r"TRAINGATE_ARTIFACT_URI puts them in the tracking server's store \(mlflow-artifacts:/\); "):
+        experiment_id(c, "vision", "mlflow-artifacts:/")
 
 
 def _installed_copy(dest: Path) -> Path:

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from traingate.job.catalog import CheckpointCatalog, step_dir
 from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
-from traingate.settings import export_s3_endpoint
+from traingate.settings import SERVER_ARTIFACTS, export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
 from traingate.tracking import plots
@@ -57,11 +57,22 @@ def experiment_id(c: MlflowClient, name: str, artifact_uri: str | None) -> str:
 
     An existing experiment keeps the location it was created with (MLflow cannot move it), so one that
     lies elsewhere is refused: its models and reports would land outside the configured store.
+
+    In a tracking server's own store (``mlflow-artifacts:/``) the server places the experiment
+    (``mlflow-artifacts:/<experiment id>``): its auth app decides who may write an artifact from the
+    experiment id that leads the path, and lets no one but its admin write under a name.
     """
-    wanted = f"{artifact_uri.rstrip('/')}/{name}" if artifact_uri else None
+    server_store = artifact_uri is not None and artifact_uri.rstrip("/") == SERVER_ARTIFACTS.rstrip("/")
+    wanted = f"{artifact_uri.rstrip('/')}/{name}" if artifact_uri and not server_store else None
     exp = c.get_experiment_by_name(name)
     if exp is None:
         return c.create_experiment(name, artifact_location=wanted)
+    if server_store and not exp.artifact_location.startswith(SERVER_ARTIFACTS.rstrip("/")):
+        raise ArtifactLocationError(
+            f"experiment {name!r} stores its artifacts at {redact(exp.artifact_location)}, but TRAINGATE_ARTIFACT_URI "
+            f"puts them in the tracking server's store ({SERVER_ARTIFACTS}); use a new identity.experiment, or set "
+            f"TRAINGATE_ARTIFACT_URI to {redact(exp.artifact_location.rstrip('/').rsplit('/', 1)[0])}"
+        )
     if wanted is not None and exp.artifact_location.rstrip("/") != wanted:
         raise ArtifactLocationError(
             f"experiment {name!r} stores its artifacts at {redact(exp.artifact_location)}, but TRAINGATE_ARTIFACT_URI "
