@@ -46,7 +46,7 @@ from traingate.job.files import read_result
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
 from traingate.ladder.gates import decide
-from traingate.ladder.plan import ResumePoint, resume_point, stages_until
+from traingate.ladder.plan import ResumePoint, record_flow_run, resume_point, run_of_flow_run, stages_until
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.redact import redact, register_secret
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
@@ -171,6 +171,10 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         settings = flow_settings()
     except LocationError as e:
         return stopped(Failed(message=str(e)), {})
+    if resume_from is None and (started := run_of_flow_run(settings, str(flow_run.id))) is not None:
+        # Prefect's Retry runs this flow run again with its parameters: continue the run it started.
+        log.info("flow run %s retried: continuing run %s from its last completed stage", flow_run.id, started)
+        resume_from = ResumeFrom(run_id=started)
     if spec is not None and resume_from is None:  # validation once, before anything is created
         spec = with_newest_data(spec)
         check_spec(spec)
@@ -193,6 +197,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri)
         write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
+        record_flow_run(settings, str(flow_run.id), run_id)  # after spec.yaml: a retry finds a resumable run
         stages = stages_until(until)
     else:
         raise SpecError("ladder: pass a spec, or resume_from with a run id")

@@ -102,3 +102,27 @@ def resume_point(settings: Settings, run_id: str, stage: str | None = None) -> R
         if stage is None:  # every stage ran; the orchestrator may have died before promoting and closing
             return ResumePoint(run_id, spec, "full", [], ids)
     return ResumePoint(run_id, spec, stage, list(STAGES[STAGES.index(stage) :]), ids)
+
+
+FLOW_RUNS = "flow-runs"  # under the state dir: one file per ladder flow run, holding the run id it started
+
+
+def record_flow_run(settings: Settings, flow_run_id: str, run_id: str) -> None:
+    """Remember that flow run ``flow_run_id`` started run ``run_id`` (written whole, then renamed into place)."""
+    d = settings.state_dir / FLOW_RUNS
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{flow_run_id}.tmp"
+    tmp.write_text(run_id)
+    tmp.replace(d / flow_run_id)
+
+
+def run_of_flow_run(settings: Settings, flow_run_id: str) -> str | None:
+    """The run flow run ``flow_run_id`` started, or None. Prefect's Retry runs a failed or crashed flow run
+    again under its own id and parameters: this is how the ladder knows it has a run to continue.
+
+    >>> import tempfile; s = Settings.from_env({"TRAINGATE_STATE_DIR": tempfile.mkdtemp()})
+    >>> record_flow_run(s, "f1", "r1"); run_of_flow_run(s, "f1"), run_of_flow_run(s, "f2")
+    ('r1', None)
+    """
+    p = settings.state_dir / FLOW_RUNS / flow_run_id
+    return p.read_text().strip() or None if p.is_file() else None
