@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-import os
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-
 from tgtest import PYTHON
+
 from traingate.capacity import records
-from traingate.capacity.authority import paths
+from traingate.capacity.authority import paths, stop
 from traingate.capacity.channel import AuthorityError, Seat, write_config
 from traingate.capacity.pools import parse_config
 from traingate.capacity.queue import RUNNING, Entry
@@ -69,13 +67,7 @@ def _start(state: Path, lease_s: float) -> subprocess.Popen:
 def state(tmp_path):
     """A state directory of this test's own; every authority started in it is stopped afterwards."""
     yield tmp_path
-    lock = paths(tmp_path, "p")["lock"]
-    pid = int(lock.read_text() or 0) if lock.exists() else 0
-    if pid:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop(tmp_path, "p")
 
 
 def _waiter(seat: Seat, admitted: dict[str, float]) -> threading.Thread:
@@ -195,7 +187,8 @@ import sys, time
 from pathlib import Path
 from traingate.capacity.channel import Seat
 from traingate.capacity.queue import Entry
-seat = Seat(Path(sys.argv[1]), Entry("h1-full", "h1", "full", "a", "research", "p", 1, submit_s=time.time()), lambda _: None)
+entry = Entry("h1-full", "h1", "full", "a", "research", "p", 1, submit_s=time.time())
+seat = Seat(Path(sys.argv[1]), entry, lambda _: None)
 assert seat.wait(lambda: None) is None
 print("held", flush=True)
 time.sleep(600)

@@ -26,17 +26,18 @@ def _config(pool: str, **extra):
 
 @pytest.fixture
 def pool(prefect_harness):
-    """A pool name of this test's own. The harness is shared by the session: the capacity config and
-    queue variables are removed after the test, or every later stage on it would be scheduled."""
+    """A pool name of this test's own. The harness is shared by the session: the capacity config is removed
+    after the test, or every later stage on it would be scheduled; the pool's authority is stopped."""
     from prefect import get_client
 
     from tasks import slots
+    from traingate.capacity.authority import stop
 
-    yield f"p{uuid.uuid4().hex[:8]}"
+    name = f"p{uuid.uuid4().hex[:8]}"
+    yield name
     with get_client(sync_client=True) as c:
-        for v in c.read_variables():
-            if v.name == slots.CONFIG_VAR or v.name.startswith("tgq-"):
-                slots.delete_variable(c, v.name)
+        slots.delete_variable(c, slots.CONFIG_VAR)
+    stop(Settings.from_env().state_dir, name)
 
 
 def _job(tiny_spec, tmp_path, pool: str, name: str, procs: int, team: str = "a", priority: str = "research"):
@@ -246,9 +247,9 @@ def test_queue_view_shows_running_and_waiting_jobs_in_policy_order_with_position
 def test_queue_view_without_a_bootstrapped_server_says_what_to_run(prefect_harness, capsys):
     import argparse
 
-    from flows.cli import queue
     from prefect import get_client
 
+    from flows.cli import queue
     from tasks import slots
 
     with get_client(sync_client=True) as c:

@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -403,6 +404,33 @@ class Authority:
             elif time.monotonic() - idle_since > self.idle_exit_s:
                 self.say(f"idle for {self.idle_exit_s:.0f} s: exiting")
                 return
+
+
+def running_pid(state_dir: str | Path, pool: str) -> int | None:
+    """The pid of the authority serving ``pool`` from ``state_dir``, or None (its lock file names the last
+    one; a pid that is no longer that authority's process is not it)."""
+    lock = paths(state_dir, pool)["lock"]
+    text = lock.read_text().strip() if lock.is_file() else ""
+    if not text.isdigit():
+        return None
+    try:
+        argv = Path(f"/proc/{text}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    want = [b"traingate.capacity.authority", pool.encode(), str(state_dir).encode()]
+    return int(text) if all(w in argv for w in want) else None
+
+
+def stop(state_dir: str | Path, pool: str) -> bool:
+    """SIGTERM the pool's authority if one runs (tests, benchmarks); True when one was stopped."""
+    pid = running_pid(state_dir, pool)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def run(pool: str, state_dir: Path, lease_s: float, idle_exit_s: float) -> int:
