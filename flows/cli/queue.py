@@ -2,7 +2,9 @@
 
 Waiting jobs are listed in the order the pool's policy serves them, each with its position,
 class, team, slots, time waited so far and an estimated start (the earliest time it fits if the
-running jobs end as predicted; "unknown" without predictions). A Slurm pool shows Slurm's queue of
+running jobs end as predicted; "unknown" without predictions). A local pool's jobs are read from its
+authority's signed records; a record the authority did not sign is left out and reported on an
+``ignored:`` line. A Slurm pool shows Slurm's queue of
 its partition: each job's QOS, account, pending reason (Priority, Resources, AssocGrpGRES, QOS...)
 and Slurm's own start estimate.
 """
