@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -140,8 +141,20 @@ def _sacct_start(jid: str) -> int:
     return a.start
 
 
-def _idle(state: Path) -> tuple[float, float]:
-    """One stage on the idle pool: (submit -> Slurm start, Slurm start -> first training step)."""
+def _launched(job: Any) -> float:
+    """When the batch step's supervisor started torchrun (its first attempt)."""
+    return float(json.loads((Path(job.stage_dir) / "supervisor.json").read_text())["attempts"][0]["launched_at"])
+
+
+def _batch_python(job: Any) -> tuple[float, float] | None:
+    """(the batch step's python start, its imports done), as the batch step printed them."""
+    out = "".join(p.read_text() for p in Path(job.stage_dir).glob("slurm-*.out"))
+    m = re.search(r"python started at ([0-9.]+) \(epoch s\), ready ([0-9.]+) s later", out)
+    return (float(m.group(1)), float(m.group(1)) + float(m.group(2))) if m else None
+
+
+def _idle(state: Path) -> dict[str, float]:
+    """One stage on the idle pool, as a timeline from its sbatch (seconds since the submit)."""
     job = _job(state, f"idle-{time.monotonic_ns()}", _tree())
     stop = threading.Event()
     t, box = _start(job, stop)
@@ -150,11 +163,17 @@ def _idle(state: Path) -> tuple[float, float]:
     rec = _record(job)["jobs"][-1]
     start, first = _sacct_start(rec["id"]), _first_step(job)
     assert first is not None
-    return start - rec["submitted"], first - start
+    sub = rec["submitted"]
+    times = {"slurm_start": start - sub, "torchrun": _launched(job) - sub, "first_step": first - sub}
+    py = _batch_python(job)
+    if py is not None:
+        times["python"], times["imports"] = py[0] - sub, py[1] - sub
+    return times
 
 
-def _urgent(state: Path) -> tuple[float, float]:
-    """(submit -> first step of an urgent stage while a victim holds all GPUs, victim's step when preempted)."""
+def _urgent(state: Path) -> tuple[float, float, float]:
+    """(submit -> first step of an urgent stage while a victim holds all GPUs, submit -> its Slurm start,
+    victim's step when preempted)."""
     victim = _job(state, f"victim-{time.monotonic_ns()}", _tree(nodes=2, steps=200), "slow@0")
     stop = threading.Event()
     tv, _ = _start(victim, stop)
@@ -167,7 +186,8 @@ def _urgent(state: Path) -> tuple[float, float]:
     assert bu["result"].status == "completed", bu["result"].error
     first = _first_step(urgent)
     assert first is not None
-    return first - _record(urgent)["jobs"][0]["submitted"], float(_step(victim))
+    rec = _record(urgent)["jobs"][0]
+    return first - rec["submitted"], _sacct_start(rec["id"]) - rec["submitted"], float(_step(victim))
 
 
 def _ladder(spec: Path) -> float:
@@ -186,6 +206,23 @@ def _local_launch_to_first_step(state_dir: Path) -> float:
     sup = json.loads((runs[-1] / "full" / "supervisor.json").read_text())
     a = sup["attempts"][0]
     return float(a["first_step_time"] - a["launched_at"])
+
+
+def _timeline(t: dict[str, float]) -> list[str]:
+    """Where (a)'s seconds go, each row the time since the previous mark (sacct's start: whole seconds)."""
+    marks = [
+        ("slurm_start", "submit -> Slurm's start of the job (Slurm's scheduling; sacct, 1 s resolution)"),
+        ("python", "-> the batch step's python started (slurmd's prolog and job launch: Slurm's)"),
+        ("imports", "-> its imports done (traingate)"),
+        ("torchrun", "-> torchrun started by the supervisor (traingate: job file, stage set-up)"),
+        ("first_step", "-> first training step (torchrun, ranks' imports, rendezvous, build: as on the local engine)"),
+    ]
+    rows, prev = [], 0.0
+    for key, what in marks:
+        if key in t:
+            rows.append(f"| (a) timeline: {what} | {t[key] - prev:.2f} |")
+            prev = t[key]
+    return rows
 
 
 def main() -> str:
@@ -211,8 +248,9 @@ def main() -> str:
     cluster_s = time.perf_counter() - t0
     try:
         os.environ.update(cluster.env)
-        sched, added = _idle(tmp / "direct")
-        urgent_s, victim_step = _urgent(tmp / "direct")
+        idle = _idle(tmp / "direct")
+        sched, added = idle["slurm_start"], idle["first_step"] - idle["slurm_start"]
+        urgent_s, urgent_start, victim_step = _urgent(tmp / "direct")
         spec = tmp / "spec.yaml"
         spec.write_text(yaml.safe_dump(_tree()))
         with prefect_test_harness(server_startup_timeout=180):
@@ -235,9 +273,12 @@ def main() -> str:
             "|---|---|",
             f"| (a) idle pool: submit -> Slurm starts the job (Slurm's scheduling) | {sched:.1f} |",
             f"| (a) idle pool: Slurm's start -> first training step (traingate's batch step) | {added:.1f} |",
+            *_timeline(idle),
             f"| (a) local engine, same stage: launch -> first training step | {local_first:.1f} |",
             f"| (b) urgent submit -> urgent first step, victim on all 4 GPUs (victim at step {victim_step:.0f}) "
             f"| {urgent_s:.1f} |",
+            f"| (b) of which urgent submit -> its Slurm start (victim signalled, checkpointed, requeued, gone) "
+            f"| {urgent_start:.1f} |",
             f"| (c) tiny digits ladder on the local engine | {local_s:.1f} |",
             f"| (c) the same ladder on the Slurm pool | {slurm_s:.1f} |",
             "",

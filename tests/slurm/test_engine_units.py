@@ -1,12 +1,13 @@
 """The Slurm engine's mapping, on JSON and text the real Slurm 22.05 test cluster printed (tests/slurm/data)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tgtest import TINY_DIGITS
+from tgtest import PYTHON, TINY_DIGITS
 from traingate.capacity import slurm
 from traingate.capacity.pools import SlurmPool
 from traingate.capacity.slurm import AccountedJob, Ending, SlurmError
@@ -147,3 +148,12 @@ def test_after_the_end_a_preemption_without_requeue_is_resubmitted_and_an_admins
     assert done.sup.status == Status.COMPLETED and not done.resubmit
     timeout = after_end(job, _acct("TIMEOUT"), None, False, True)
     assert timeout.sup.status == Status.FAILED and "--time limit" in timeout.sup.error
+
+
+def test_the_batch_step_and_its_supervisor_start_without_importing_torch():
+    # Every allocation pays the batch step's imports before torchrun starts; torch alone is seconds of them.
+    probe = ("import sys, traingate.ladder.slurm_batch\n"
+             "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch'))")
+    p = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]"

@@ -10,6 +10,19 @@ from typing import Any
 from traingate.job.vocab import Status
 
 NEXT_STAGE = {"unit": "smoke", "smoke": "canary", "canary": "full"}
+# The step profile a training stage's metrics carry (ladder.outcomes reads them from the trainer's result).
+# Kept here, torch-free, so the Slurm batch step that reports them does not import what preflight checks with.
+PROFILE_METRICS = (
+    "step_time_mean_s",
+    "step_time_p50_s",
+    "step_time_p90_s",
+    "step_time_p99_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "peak_memory_mb",
+    "startup_s",
+    "data_wait_fraction",
+)
 
 
 @dataclass

@@ -11,10 +11,9 @@ from typing import Any
 
 from traingate.cost.ledger import Attempt, attempts_of
 from traingate.job import files, sizing
-from traingate.job.result import NEXT_STAGE, StageResult
+from traingate.job.result import NEXT_STAGE, PROFILE_METRICS, StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
-from traingate.ladder.preflight import PROFILE_METRICS
 from traingate.launch.proc import ProcResult
 from traingate.recipes.script import extract_metrics, series_of_attempts, summarize, unmatched
 from traingate.spec import RunSpec

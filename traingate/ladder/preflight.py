@@ -31,15 +31,16 @@ from urllib.parse import urlsplit
 import boto3
 import fsspec
 import psutil
-import torch
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from traingate.job.envvars import SCRIPT_ARG_VARS
+from traingate.job.result import PROFILE_METRICS
 from traingate.job.world import stage_world
 from traingate.places import KINDS, check_local_data, place_problem, special_kind
-from traingate.recipes import SCRIPT, get_recipe
-from traingate.recipes.script import check_args, check_glob
+from traingate.recipes import SCRIPT
+from traingate.recipes.facts import RecipeFacts, recipe_facts
+from traingate.recipes.script import TOTAL, check_args, check_glob
 from traingate.redact import REF, redact
 from traingate.secrets import check_refs, resolve
 from traingate.settings import S3_ENDPOINT_VAR, Settings
@@ -66,17 +67,6 @@ RUNTIME_METRICS = (
     "final_loss",
     "loss_decrease_fraction",
 )  # the trainer's summary
-PROFILE_METRICS = (
-    "step_time_mean_s",
-    "step_time_p50_s",
-    "step_time_p90_s",
-    "step_time_p99_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "peak_memory_mb",
-    "startup_s",
-    "data_wait_fraction",
-)  # outcomes reports these
 SUPERVISED_METRICS = ("restarts",)  # every supervised stage, script or built-in
 EVAL_METRICS = {"digits-cnn": ("val_loss", "val_accuracy"), "char-gpt": ("val_loss", "val_bits_per_char")}
 MANIFEST_METRICS = ("train_loss",)  # what a checkpoint manifest records, so what keep_best can rank by
@@ -118,7 +108,7 @@ def _check_world(spec: RunSpec, offline: bool = False) -> dict[str, int]:
         return _check_script(spec)
     if offline and remote_data(spec) and spec.recipe.name != "digits-cnn":  # digits refuses any data.uri below
         return {}  # its size and vocabulary are read from the data: `run` checks them
-    recipe = get_recipe(spec)
+    recipe = recipe_facts(spec)
     n_train = recipe.check_data()
     _check_model_size(spec, recipe)
     per_stage = {}
@@ -154,7 +144,7 @@ BYTES_PER_PARAM = 16
 MAX_DEVICE_BYTES = 192 << 30
 
 
-def _check_model_size(spec: RunSpec, recipe: Any) -> None:
+def _check_model_size(spec: RunSpec, recipe: RecipeFacts) -> None:
     """A model whose training state cannot fit where it runs fails minutes in with an out-of-memory kill."""
 
     gpu = spec.pool.gpus_per_node > 0
@@ -164,18 +154,13 @@ def _check_model_size(spec: RunSpec, recipe: Any) -> None:
         if gpu
         else f"this machine (for {spec.resources.procs_per_node} processes, each with a full copy)"
     )
-    try:
-        with torch.device("meta"):  # shapes only: nothing is allocated, whatever the size
-            model = recipe.build_model()
-    except RuntimeError as e:
-        if "overflow" not in str(e):
-            raise
-        # One tensor alone has more bytes than a 64-bit size holds.
+    sizes = recipe.tensor_sizes()  # counted from the params: nothing is built or allocated, whatever the size
+    if any(4 * size >= 2**63 for size in sizes):  # fp32: one tensor alone has more bytes than a 64-bit size holds
         raise SpecError(
             f"recipe.params = {_shown(spec.recipe.params)}: a layer of this model has more than 2^63 "
             f"bytes, beyond the {room / 2**30:.0f} GiB of memory of {where}; make the model smaller"
-        ) from None
-    n = sum(p.numel() for p in model.parameters())
+        )
+    n = sum(sizes)
     per_node = BYTES_PER_PARAM * n * (1 if gpu else spec.resources.procs_per_node)
     if per_node > room:
         raise SpecError(
@@ -198,7 +183,7 @@ def stage_metrics(spec: RunSpec, stage: str) -> set[str]:
     if script is None:
         return {*RUNTIME_METRICS, *PROFILE_METRICS, *SUPERVISED_METRICS, *EVAL_METRICS.get(spec.recipe.name, ())}
     # recipes.script.summarize: each named group, its first/min/max, and the loss trend.
-    groups = {g for p in script.metrics for g in re.compile(p).groupindex} - {"step"}
+    groups = {g for p in script.metrics for g in re.compile(p).groupindex} - {"step", TOTAL}
     out = {f"{g}{suffix}" for g in groups for suffix in ("", "_first", "_min", "_max")}
     if groups & {"loss", "train_loss"}:
         out.add("loss_decrease_fraction")

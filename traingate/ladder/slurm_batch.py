@@ -23,7 +23,10 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from traingate.capacity import slurm_cli
 from traingate.capacity.slurm import SIGNALLED, STOP_FILE, SlurmError
@@ -81,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         f"job {job_id} on {os.environ.get('SLURM_JOB_NODELIST')}: {job.stage} of run {job.run_id}"
         + (f", allocation {restarts + 1} (requeued {restarts}x)" if restarts else "")
     )
+    # Start-up is latency a stage pays on every allocation (a slow shared filesystem shows here); bench reads it.
+    started = psutil.Process().create_time()
+    _say(f"python started at {started:.2f} (epoch s), ready {time.time() - started:.2f} s later")
     try:
         job = allocated(job, os.environ.get("SLURM_JOB_NODELIST", ""))
     except SlurmError as e:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from traingate.recipes.base import Recipe, TensorData
-from traingate.recipes.chargpt import CharGPT
-from traingate.recipes.digits import DigitsCNN
 from traingate.spec import SpecError
 
 if TYPE_CHECKING:
+    from traingate.recipes.base import Recipe
     from traingate.spec import RunSpec
 
 SCRIPT = "script"
 
 
 def _registry() -> dict[str, type[Recipe]]:
-    return {DigitsCNN.name: DigitsCNN, CharGPT.name: CharGPT}
+    # Importing the package (for recipes.script, say) must not import torch: the Slurm batch step and the
+    # supervisor read script metrics through it and never build a model.
+    from traingate.recipes import chargpt, digits  # lazy: torch
+
+    return {digits.DigitsCNN.name: digits.DigitsCNN, chargpt.CharGPT.name: chargpt.CharGPT}
 
 
 def recipe_names() -> list[str]:
@@ -40,4 +42,4 @@ def get_recipe(spec: RunSpec) -> Recipe:
     return cls(spec)
 
 
-__all__ = ["Recipe", "TensorData", "get_recipe", "recipe_names", "SCRIPT"]
+__all__ = ["get_recipe", "recipe_names", "SCRIPT"]

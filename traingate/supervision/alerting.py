@@ -19,12 +19,12 @@ from traingate.alerts.rules import Action, Firing, stale_checkpoint
 from traingate.capacity import slurm_cli
 from traingate.capacity.slurm import SlurmError
 from traingate.job import files
+from traingate.job.catalog import CheckpointCatalog
 from traingate.job.stagejob import Rollback, StageJob
 from traingate.job.vocab import Cause
 from traingate.launch import proc
 from traingate.monitor import notify
 from traingate.monitor.live import StageMonitor, alert_payload
-from traingate.runtime.checkpoint import Checkpointer
 from traingate.supervision import heartbeat
 from traingate.supervision.attempts import Attempt, Hooks
 from traingate.supervision.checkpoints import latest_checkpoint
@@ -107,7 +107,7 @@ class AlertActions:
             action = Action.PAUSE
             outcome = f"paused: alerts.rollback.max_rollbacks ({rb.max_rollbacks}) roll-backs already done"
         elif action == Action.ROLLBACK:
-            steps = Checkpointer(self.job.checkpoint_uri, async_save=False).list_steps()
+            steps = CheckpointCatalog(self.job.checkpoint_uri).list_steps()
             at = int(f.at)
             to = max((s for s in steps if s < at), default=None)
             if to is None:
@@ -224,6 +224,8 @@ def roll_back(job: StageJob, rb: Rollback, attempt: Attempt, hooks: Hooks, monit
     it, and return the next attempt's job carrying the mitigation."""
     attempt.cause, attempt.retryable = Cause.ROLLBACK, True
     attempt.detail = f"{rb.rule} at step {rb.at_step}: back to step {rb.to_step}"
+    from traingate.runtime.checkpoint import Checkpointer  # lazy: torch, which a supervisor needs only here
+
     aside = Checkpointer(job.checkpoint_uri, async_save=False).set_aside_after(rb.to_step)
     text = (
         f"rolled back from step {attempt.end_step} to step {rb.to_step} after {rb.rule} at step {rb.at_step}: "

@@ -7,13 +7,13 @@ import errno
 import shutil
 from pathlib import Path
 
+from traingate.job.catalog import CheckpointCatalog, step_dir
 from traingate.job.stagejob import StageJob
-from traingate.runtime.checkpoint import Checkpointer, step_dir
 
 
 def latest_checkpoint(uri: str) -> tuple[int | None, float | None]:
     """The newest checkpoint's step and creation time (None, None: there is none)."""
-    ck = Checkpointer(uri, async_save=False)
+    ck = CheckpointCatalog(uri)
     steps = ck.list_steps()
     if not steps:
         return None, None
@@ -31,7 +31,7 @@ def disk_full_detail(job: StageJob) -> str:
     if ckpt_dir:
         places.append(("the checkpoint store (checkpoint.uri / TRAINGATE_CHECKPOINT_URI)", Path(ckpt_dir)))
     # A checkpoint is written beside the previous one before retention removes it: about one more of its size.
-    step = Checkpointer(job.checkpoint_uri, async_save=False).find_latest(verify=False) if ckpt_dir else None
+    step = CheckpointCatalog(job.checkpoint_uri).find_latest(verify=False) if ckpt_dir else None
     need = _tree_bytes(Path(ckpt_dir) / step_dir(step)) if step is not None and ckpt_dir else 0
     name, where, free = min(((n, p, _free(p)) for n, p in places), key=lambda x: x[2])
     # Sized by the newest checkpoint (the next one is written beside it); before the first checkpoint
