@@ -84,7 +84,8 @@ class ScriptRecipe(_Section):
     workdir: str = Field(default=".", description="relative to the spec file's directory")
     launcher: Literal["torchrun", "plain"] = "plain"
     stage_args: dict[Literal["smoke", "canary", "full"], list[str]] = Field(default_factory=dict)
-    # Regexes with named groups; each named group is a metric, a group named `step` is the step.
+    # Regexes with named groups; each named group is a metric, a group named `step` is the step and one named
+    # `total` the script's own step total (progress and ETA count to it instead of the stage's max_steps).
     metrics: list[str] = Field(default_factory=list)
     tests: list[str] = Field(default_factory=list, description="pytest paths, relative to workdir")
     timeout_s: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
@@ -143,7 +144,7 @@ class ScriptRecipe(_Section):
                 rx = re.compile(p)
             except re.error as e:
                 raise ValueError(f"regex {p!r} does not compile ({e}); fix the pattern") from None
-            if not set(rx.groupindex) - {"step"}:
+            if not set(rx.groupindex) - {"step", "total"}:  # the step and the script's step total are no metrics
                 raise ValueError(f"regex {p!r} has no named metric group; write e.g. 'loss=(?P<loss>[0-9.eE+-]+)'")
         return patterns
 

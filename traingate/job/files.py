@@ -41,6 +41,7 @@ RESULT = "result.json"
 PROGRESS = "progress.jsonl"
 METRICS = "metrics.jsonl"
 SCRIPT_METRICS = "script_metrics.jsonl"  # a script's metric points, read from its output as it ran (all attempts)
+SCRIPT_TOTAL = "script_total.json"  # the step total a script reports in its output (a `total` group)
 ALERTS = "alerts.jsonl"
 LOGBOOK = "logbook.jsonl"
 SUPERVISOR = "supervisor.json"
@@ -210,6 +211,17 @@ def append_script_points(stage_dir: Path, points: list[ScriptPoint]) -> None:
 
 def read_script_points(stage_dir: Path) -> list[ScriptPoint]:
     return [p for d in _read_lines(stage_dir / SCRIPT_METRICS) if (p := _build(ScriptPoint, d)) is not None]
+
+
+def write_script_total(stage_dir: Path, total: int) -> None:
+    write_json(stage_dir / SCRIPT_TOTAL, {"total": total})
+
+
+def read_script_total(stage_dir: Path) -> int | None:
+    """The step total the stage's script last reported (None: it reports none)."""
+    d = read_json(stage_dir / SCRIPT_TOTAL)
+    total = d.get("total") if isinstance(d, dict) else None
+    return total if isinstance(total, int) and total > 0 else None
 
 
 def append_progress(stage_dir: Path, record: dict[str, Any]) -> None:

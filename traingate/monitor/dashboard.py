@@ -191,6 +191,25 @@ class _StageFollower:
         return self.metrics
 
 
+class _ScriptSteps:
+    """The steps a script stage's output named (its metric points), with when each line arrived: a script's
+    progress and rate. Cut back when a restarted attempt runs steps again."""
+
+    def __init__(self, stage_dir: Path):
+        self.lines = files.Follower(stage_dir / files.SCRIPT_METRICS)
+        self.steps: deque[files.ScriptPoint] = deque(maxlen=RATE_WINDOW)
+
+    def read(self) -> list[files.ScriptPoint]:
+        for d in self.lines.new():
+            p = files.ScriptPoint(**d)
+            if self.steps and self.steps[-1].step == p.step:
+                continue  # another metric of the same step: the step's first line says when it arrived
+            while self.steps and self.steps[-1].step > p.step:
+                self.steps.pop()
+            self.steps.append(p)
+        return list(self.steps)
+
+
 class RunReader:
     """Snapshots of one run directory, each from the files as they are now.
 
@@ -202,6 +221,7 @@ class RunReader:
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.followers: dict[str, _StageFollower] = {}
+        self.script_steps: dict[str, _ScriptSteps] = {}
         self.experiment: str | None = None
 
     def stage_lines(self) -> list[StageLine]:
@@ -225,7 +245,9 @@ class RunReader:
             if status == Status.COMPLETED and job.get("stop_at_step") is not None:
                 # A launch told to stop early (smoke's first half) completed its part, not the stage.
                 status, detail = str(Status.STOPPED), f"stopped at step {job['stop_at_step']} as planned"
-            out.append(StageLine(name, status, step, job.get("max_steps"), detail.splitlines()[0] if detail else ""))
+            # A script that reports its own step total (a `total` group) counts to it, not to the spec's max_steps.
+            total = files.read_script_total(d) or job.get("max_steps")
+            out.append(StageLine(name, status, step, total, detail.splitlines()[0] if detail else ""))
         return out
 
     def snapshot(self, now: float | None = None) -> Snapshot:
@@ -253,14 +275,17 @@ class RunReader:
         global_batch = int(optim.get("batch_size") or 0) * int(optim.get("grad_accum") or 1) * world
         metrics = self.followers.setdefault(shown.name, _StageFollower(d)).read()
         beats = files.read_heartbeats(d)
-        step = max(shown.step or 0, metrics[-1].step if metrics else 0)
-        max_steps = int(job.get("max_steps") or 0)
+        script_steps = self.script_steps.setdefault(shown.name, _ScriptSteps(d)).read()
+        step = max(shown.step or 0, metrics[-1].step if metrics else 0, script_steps[-1].step if script_steps else 0)
+        max_steps = int(shown.max_steps or 0)
         state = files.read_supervisor_state(d)
         attempts = state.attempts if state is not None else []
         recent = list(metrics)[-RATE_WINDOW:]
         # The rate of this launch: a window reaching back over a restart would count its downtime as slow steps.
         launched = _running_since(state, job) or 0.0
         rate = _rate([m for m in recent if m.time >= launched]) or _rate(recent)
+        if rate is None and script_steps:  # a script's rate: its output's steps over the time their lines arrived
+            rate = _rate([p for p in script_steps if p.time >= launched]) or _rate(script_steps)
         if rate is None and 0 in beats and beats[0].step_time_s:
             rate = 1.0 / beats[0].step_time_s
         running = shown.status == "running"
@@ -351,7 +376,7 @@ def _running_since(state: files.SupervisorState | None, job: dict[str, Any]) -> 
     return float(launched) if launched is not None and float(launched) > max(recorded, default=0.0) else None
 
 
-def _rate(metrics: list[files.StepMetrics]) -> float | None:
+def _rate(metrics: Sequence[files.StepMetrics | files.ScriptPoint]) -> float | None:
     """Steps per second over ``metrics`` (wall clock between their lines: step, logging, checkpoints)."""
     if len(metrics) < 2 or metrics[-1].time <= metrics[0].time:
         return None

@@ -1,7 +1,8 @@
 """The ``script`` recipe: an existing training command, run unmodified, read through its output.
 
 Metrics come from named-group regexes declared in the spec; a group named ``step``
-gives the step, every other named group is a metric.
+gives the step, one named ``total`` the script's own step total (``step 10/200``: progress and ETA
+count to it), every other named group is a metric.
 
 >>> series = extract_metrics("step 1 loss=2.5\\nstep 2 loss=1.5\\n", [r"step (?P<step>\\d+) loss=(?P<loss>\\S+)"])
 >>> series["loss"]
@@ -128,6 +129,27 @@ def extract_metrics(text: str, patterns: list[str]) -> dict[str, list[tuple[int,
     return series
 
 
+TOTAL = "total"  # the named group that holds a script's own step total
+
+
+def reported_total(line: str, patterns: list[re.Pattern[str]]) -> int | None:
+    """The step total a line reports through a ``total`` group (the last one it matches), or None.
+
+    >>> reported_total("step 10/200 loss 2.5", [re.compile(r"step (?P<step>\\d+)/(?P<total>\\d+) loss (?P<loss>\\S+)")])
+    200
+    >>> reported_total("step 10 loss 2.5", [re.compile(r"step (?P<step>\\d+)(/(?P<total>\\d+))? loss (?P<loss>\\S+)")])
+    """
+    total = None
+    for rx in patterns:
+        if TOTAL not in rx.groupindex:
+            continue
+        for m in rx.finditer(line):
+            raw = m.group(TOTAL)
+            if raw is not None and raw.isdigit() and int(raw) > 0:
+                total = int(raw)
+    return total
+
+
 def _line_points(compiled: list[re.Pattern[str]], line: str, counts: dict[str, int]) -> list[tuple[str, int, float]]:
     """(metric, step, value) for every named group the patterns match in one line; a metric without a
     ``step`` group gets its running index (``counts``, updated)."""
@@ -136,6 +158,7 @@ def _line_points(compiled: list[re.Pattern[str]], line: str, counts: dict[str, i
         for m in rx.finditer(line):
             groups = m.groupdict()
             step = groups.pop("step", None)
+            groups.pop(TOTAL, None)  # the script's step total: progress, not a metric
             for name, raw in groups.items():
                 if raw is None:
                     continue
@@ -237,6 +260,7 @@ class OutputProgress:
         self._lock = threading.Lock()
         self._stage_dir, self._attempt = stage_dir, attempt
         self._counts: dict[str, int] = {}  # points per metric without a step group (their running index)
+        self.total: int | None = None  # the step total the script reports (a ``total`` group), if any
 
     def feed(self, line: str) -> None:
         step = None
@@ -244,8 +268,13 @@ class OutputProgress:
             for m in rx.finditer(line):
                 if m.group("step") is not None:
                     step = int(m.group("step"))
+        total = reported_total(line, self._rx)
         if self._stage_dir is not None:
             self._record(line, time.time())
+            if total is not None and total != self.total:  # written when it changes, not every line
+                files.write_script_total(self._stage_dir, total)
+        if total is not None:
+            self.total = total
         with self._lock:
             self.lines += 1
             if step is not None and step != self.step:
