@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port
-from traingate.recipes.chargpt import MAX_CORPUS_BYTES
+from traingate.recipes.facts import MAX_CORPUS_BYTES
 
 DIGITS = TINY_DIGITS
 CHARGPT = TINY_DIGITS.replace("recipe: {name: digits-cnn, params: {channels: 8, hidden: 32}}",

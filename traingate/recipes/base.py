@@ -5,16 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ValidationError
 
-from traingate.spec import SpecError
-from traingate.specbase import bool_for_number
-
-if TYPE_CHECKING:
-    from traingate.spec import RunSpec
+from traingate.recipes.facts import RecipeFacts
 
 
 @dataclass
@@ -50,42 +45,13 @@ def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class Recipe:
-    """Model + data + loss + eval. Subclasses set ``name`` and ``Params``."""
-
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-
-    def __init__(self, spec: RunSpec):
-        self.spec = spec
-        for key, value in spec.recipe.params.items():
-            field = self.Params.model_fields.get(key)
-            why = bool_for_number(field.annotation, value) if field is not None else None
-            if why:  # pydantic would take true/false as 1/0
-                raise SpecError(f"recipe.params.{key} = {value!r}: {why}")
-        try:
-            self.params = self.Params.model_validate(spec.recipe.params)
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise SpecError(
-                f"recipe.params.{loc} = {err.get('input')!r}: {err['msg']} "
-                f"(recipe {self.name!r} takes {sorted(self.Params.model_fields)})"
-            ) from None
-
-    # -- data
-    def data_uri(self) -> str:
-        """Where the data comes from (recorded with the run)."""
-        raise NotImplementedError
+class Recipe(RecipeFacts):
+    """Model + data + loss + eval: a recipe's training code over its facts (``name``, ``Params``, data)."""
 
     def data_snapshot(self) -> str:
         """Content hash of the data this recipe trains on."""
         train, val = self.load_data()
         return hashlib.sha256((train.content_hash() + val.content_hash()).encode()).hexdigest()
-
-    def check_data(self) -> int:
-        """Cheaply confirm the data exists; return the number of training samples. Raises SpecError."""
-        raise NotImplementedError
 
     def load_data(self) -> tuple[TensorData, TensorData]:
         """(train, val)."""
@@ -101,6 +67,3 @@ class Recipe:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, data: TensorData, batch_size: int) -> dict[str, Any]:
         raise NotImplementedError
-
-    def tokens_per_sample(self) -> int:
-        return 1

@@ -6,42 +6,15 @@ reference), so the recipe works offline on a fresh machine.
 
 from __future__ import annotations
 
-import codecs
-import hashlib
 import math
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import fsspec
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from traingate.places import check_local_data
 from traingate.recipes.base import Recipe, TensorData, device_of
-from traingate.redact import redact
-from traingate.secrets import resolve
-from traingate.spec import SpecError
-from traingate.storage import storage_failure, storage_options
-
-# char-gpt keeps the text, its ids and its windows in memory: ~40 bytes per character of corpus.
-MAX_CORPUS_BYTES = 256 << 20
-
-
-def default_corpus_uri() -> str:
-    return Path(str(resources.files("traingate.recipes") / "corpus" / "python_reference.txt")).as_uri()
-
-
-class CharGPTParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    block_size: int = Field(default=64, ge=2)
-    n_layer: int = Field(default=2, ge=1)
-    n_head: int = Field(default=4, ge=1)
-    n_embd: int = Field(default=64, ge=1)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    max_chars: int | None = Field(default=None, ge=2, description="use only the first N characters")
+from traingate.recipes.facts import CharGPTFacts, CharGPTParams
 
 
 class Block(nn.Module):
@@ -82,103 +55,7 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-class CharGPT(Recipe):
-    name = "char-gpt"
-    Params = CharGPTParams
-    params: CharGPTParams
-
-    def __init__(self, spec):
-        super().__init__(spec)
-
-        if self.params.n_embd % self.params.n_head:
-            raise SpecError(
-                f"recipe.params.n_embd = {self.params.n_embd}: must be divisible by "
-                f"n_head = {self.params.n_head}; change one of them"
-            )
-        self._text: str | None = None
-
-    def data_uri(self) -> str:
-        return self.spec.data.uri or default_corpus_uri()
-
-    def _read(self) -> str:
-        if self._text is None:
-            uri = self.data_uri()
-            shown = redact(uri)
-            real = resolve(uri, field="data.uri")
-            # A UTF-8 character is at most 4 bytes: with max_chars, only the prefix that holds them is read.
-            limit = 4 * self.params.max_chars if self.params.max_chars else None
-            try:
-                fs, path = fsspec.core.url_to_fs(real, **storage_options(real))
-                if real.startswith("file:") or "://" not in real:
-                    check_local_data("data.uri", shown, path, dir_ok=False)
-                info = fs.info(path)
-                if info["type"] == "directory":
-                    raise SpecError(
-                        f"data.uri = {shown!r}: is a directory; char-gpt reads one UTF-8 text file, "
-                        "point data.uri at it"
-                    )
-                if info["type"] != "file":
-                    raise SpecError(
-                        f"data.uri = {shown!r}: is not a regular file ({info['type']}), so it cannot be read to "
-                        "its end; point data.uri at a UTF-8 text file"
-                    )
-                size = int(info.get("size") or 0)
-                if limit is None and size > MAX_CORPUS_BYTES:
-                    raise SpecError(
-                        f"data.uri = {shown!r}: is {size / 2**20:.0f} MiB; char-gpt holds its corpus in memory "
-                        f"(~40 bytes per character) and takes at most {MAX_CORPUS_BYTES >> 20} MiB; set "
-                        "recipe.params.max_chars to train on a prefix, or use a smaller corpus"
-                    )
-                raw = fs.cat_file(path, start=0, end=limit) if limit is not None else fs.cat_file(path)
-            except FileNotFoundError:
-                raise SpecError(
-                    f"data.uri = {shown!r}: corpus file not found; point data.uri at a UTF-8 text file"
-                ) from None
-            except Exception as e:  # noqa: BLE001 - storage errors become one line; anything else is re-raised
-                why = storage_failure(e)
-                if why is None:
-                    raise
-                raise SpecError(f"data.uri = {shown!r}: {why}") from None
-            try:
-                # Universal newlines, as text-mode reading gave: the corpus (and its hash) is unchanged.
-                whole = limit is None or len(raw) < limit
-                # A prefix may end inside a character: the incremental decoder keeps that tail out.
-                text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=whole)
-                text = text.replace("\r\n", "\n").replace("\r", "\n")
-            except UnicodeDecodeError as e:
-                raise SpecError(
-                    f"data.uri = {shown!r}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
-                    "char-gpt trains on a text corpus, point data.uri at a UTF-8 text file"
-                ) from None
-            if "\x00" in text:
-                raise SpecError(
-                    f"data.uri = {shown!r}: holds NUL bytes, so it is binary, not a text corpus; point "
-                    "data.uri at a UTF-8 text file"
-                )
-            if self.params.max_chars:
-                text = text[: self.params.max_chars]
-            self._text = text
-        return self._text
-
-    def data_snapshot(self) -> str:
-        return hashlib.sha256(self._read().encode()).hexdigest()
-
-    def _windows(self) -> int:
-        return (len(self._read()) - 1) // self.params.block_size
-
-    def check_data(self) -> int:
-        n = self._windows()
-        n_val = max(1, int(round(n * self.spec.data.val_fraction)))
-        if n - n_val < 1:
-            raise SpecError(
-                f"data.uri = {self.data_uri()!r}: corpus has {len(self._read())} chars, too few for "
-                f"block_size {self.params.block_size}; use a larger corpus or a smaller block_size"
-            )
-        return n - n_val
-
-    def vocab(self) -> list[str]:
-        return sorted(set(self._read()))
-
+class CharGPT(CharGPTFacts, Recipe):
     def load_data(self) -> tuple[TensorData, TensorData]:
         text = self._read()
         stoi = {c: i for i, c in enumerate(self.vocab())}
@@ -199,9 +76,6 @@ class CharGPT(Recipe):
         x, y = batch
         logits = model(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-    def tokens_per_sample(self) -> int:
-        return self.params.block_size
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TensorData, batch_size: int) -> dict[str, Any]:

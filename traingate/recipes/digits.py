@@ -10,20 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from traingate.recipes.base import Recipe, TensorData, device_of
-from traingate.spec import SpecError
-
-BUILTIN_URI = "sklearn://load_digits"
-
-
-class DigitsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    channels: int = Field(default=16, ge=1)
-    hidden: int = Field(default=64, ge=1)
-    dropout: float = Field(default=0.1, ge=0, lt=1)
+from traingate.recipes.facts import DigitsFacts, DigitsParams
 
 
 class DigitsNet(nn.Module):
@@ -42,20 +32,7 @@ class DigitsNet(nn.Module):
         return self.fc2(x)
 
 
-class DigitsCNN(Recipe):
-    name = "digits-cnn"
-    Params = DigitsParams
-    params: DigitsParams
-
-    def data_uri(self) -> str:
-        return self.spec.data.uri or BUILTIN_URI
-
-    def check_data(self) -> int:
-        if self.data_uri() != BUILTIN_URI:
-            raise SpecError(f"data.uri = {self.spec.data.uri!r}: digits-cnn reads only {BUILTIN_URI}; remove data.uri")
-        n = 1797
-        return n - max(1, int(round(n * self.spec.data.val_fraction)))
-
+class DigitsCNN(DigitsFacts, Recipe):
     def load_data(self) -> tuple[TensorData, TensorData]:
         images, target = _read_digits()
         x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0

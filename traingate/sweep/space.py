@@ -19,7 +19,8 @@ import optuna
 import yaml
 from pydantic import BaseModel
 
-from traingate.recipes import SCRIPT, get_recipe
+from traingate.recipes import SCRIPT
+from traingate.recipes.facts import recipe_facts
 from traingate.spec import RecipeSpec, RunSpec, SpecError, apply_overrides, parse_spec
 from traingate.sweepspec import ParamSpec
 
@@ -147,7 +148,7 @@ def field_type(base: RunSpec, name: str) -> Any:
                     f"sweep.space.{name}: a script recipe is not given recipe.params; search its "
                     "arguments through recipe.script.stage_args instead"
                 )
-            model, annotation = get_recipe(base).Params, dict
+            model, annotation = recipe_facts(base).Params, dict
             continue
         field = model.model_fields.get(part)
         if field is None:
