@@ -39,3 +39,24 @@ def test_version_prints_the_installed_distributions_version():
     p = subprocess.run([PYTHON, "-m", "flows.cli", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"traingate {version('traingate')}"
+
+
+# What each command's process needs: none of them trains, so none imports torch; validate sends nothing anywhere,
+# so it imports no tracking client either. (`resume`, `sweep` and `ci` start the ladder flow in their process.)
+NEEDS = {"validate": ("prefect", "mlflow", "torch", "optuna"), "queue": ("mlflow", "torch", "optuna"),
+         **{cmd: ("torch",) for cmd in ("run", "show", "runs", "cost", "watch", "terminal")}}
+
+
+@pytest.mark.parametrize("cmd", sorted(NEEDS))
+def test_a_commands_module_imports_no_torch(cmd):
+    code = f"import json, sys, flows.cli.{cmd}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert set(json.loads(p.stdout)) & set(NEEDS[cmd]) == set()
+
+
+def test_validating_the_demo_spec_imports_neither_prefect_mlflow_torch_nor_optuna():
+    p = _run("validate", "examples/digits.yaml")
+    assert p.returncode == 0, p.stderr
+    assert "# spec ok: hash" in p.stderr
+    assert json.loads(p.stderr.strip().splitlines()[-1]) == [], p.stderr
