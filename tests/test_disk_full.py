@@ -209,6 +209,10 @@ def test_a_checkpoint_store_that_fills_mid_run_pauses_the_run_in_one_line_and_re
     assert line.endswith(f"then continue with `traingate resume {run_id}`"), line
     assert re.search(r"[\d.]+ MiB free, needs about [\d.]+ MiB more", line), line
 
+    shown = subprocess.run([*cli, "show", run_id], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "stopped in canary: disk_full: paused by the supervisor: no space left on device" in shown, shown
+    assert f"then continue with `traingate resume {run_id}`" in shown, shown  # who paused it, why, and the fix
+
     (disk / "filler").unlink()
     p = subprocess.run([*cli, "resume", run_id, "--until", "canary"], env=env, capture_output=True, text=True,
                        timeout=300)

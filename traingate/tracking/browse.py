@@ -142,6 +142,10 @@ def show_run(c: MlflowClient, run_id: str) -> str:
         "",
         "identity:",
     ]
+    if t.get("traingate.outcome") == "stopped" and t.get("traingate.stop_reason"):
+        # Who stopped or paused the run and why (a gate, an alert, a budget, a full disk), with its fix.
+        reason = t["traingate.stop_reason"].splitlines()[0]
+        lines[1:1] = [f"stopped in {t.get('traingate.reached_stage', '?')}: {reason}"]
     dirty = t.get("traingate.code_dirty") == "true"
     for label, value in [
         ("experiment", exp.name),
