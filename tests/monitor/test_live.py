@@ -26,14 +26,17 @@ def _decay(n, start=1):
     return [2.0 / math.sqrt(s) for s in range(start, start + n)]
 
 
+SPIKE = [5.0, 5.2, 4.9, 5.1, 5.0, 4.8]  # six steps up: the default rule looks at the median of the latest 6
+
+
 def test_a_healthy_curve_raises_nothing_and_a_spike_raises_one_roll_back_once(tmp_path):
     m = _monitor(tmp_path)
     _steps(tmp_path, _decay(60))
     assert m.poll(now=2000.0, held_s=10) == []
-    _steps(tmp_path, [5.0], first=61)
+    _steps(tmp_path, SPIKE, first=61)
     [f] = m.poll(now=2001.0, held_s=11)
     assert (f.rule, f.action, f.at) == (Rule.LOSS_SPIKE, Action.ROLLBACK, 61)
-    _steps(tmp_path, _decay(5, 62), first=62)
+    _steps(tmp_path, _decay(5, 67), first=67)
     assert m.poll(now=2002.0, held_s=12) == []  # the same spike is not news
 
 
@@ -41,35 +44,35 @@ def test_polls_closer_than_every_s_do_not_evaluate(tmp_path):
     m = _monitor(tmp_path, every_s=5)
     _steps(tmp_path, _decay(60))
     assert m.poll(now=100.0, held_s=1) == []
-    _steps(tmp_path, [5.0], first=61)
+    _steps(tmp_path, SPIKE, first=61)
     assert m.poll(now=102.0, held_s=3) == []
     assert [f.rule for f in m.poll(now=105.0, held_s=6)] == [Rule.LOSS_SPIKE]
 
 
 def test_the_steps_after_a_spike_still_high_against_its_baseline_are_not_each_a_new_alert(tmp_path):
     m = _monitor(tmp_path)
-    _steps(tmp_path, _decay(60) + [5.0])
+    _steps(tmp_path, _decay(60) + SPIKE)
     assert [f.at for f in m.poll(now=1.0, held_s=1)] == [61]
-    _steps(tmp_path, [4.8, 4.9, 4.7], first=62)
+    _steps(tmp_path, [4.8, 4.9, 4.7], first=67)
     assert m.poll(now=2.0, held_s=2) == []
 
 
 def test_after_a_roll_back_the_rolled_back_steps_are_forgotten_and_a_new_spike_at_the_same_step_is_news(tmp_path):
     m = _monitor(tmp_path)
-    _steps(tmp_path, _decay(60) + [5.0])
+    _steps(tmp_path, _decay(60) + SPIKE)
     [first] = m.poll(now=10.0, held_s=1)
-    _steps(tmp_path, [6.0, 6.5], first=62)  # the rolled-back attempt's last lines, read after the roll-back
+    _steps(tmp_path, [6.0, 6.5], first=67)  # the rolled-back attempt's last lines, read after the roll-back
     m.rewind(to_step=50, next_attempt=1)
     assert max(x for x, _ in m.loss) == 50
     _steps(tmp_path, _decay(10, 51), attempt=1, first=51)
     assert m.poll(now=20.0, held_s=2) == []
-    _steps(tmp_path, [5.0], attempt=1, first=61)
+    _steps(tmp_path, SPIKE, attempt=1, first=61)
     [again] = m.poll(now=30.0, held_s=3)
     assert (again.rule, again.at) == (first.rule, first.at)
 
 
 def test_an_event_already_in_alerts_jsonl_is_not_raised_again_by_a_later_supervision(tmp_path):
-    _steps(tmp_path, _decay(60) + [5.0])
+    _steps(tmp_path, _decay(60) + SPIKE)
     [f] = _monitor(tmp_path).poll(now=10.0, held_s=1)
     files.append_alert(tmp_path, files.AlertRecord(time=10.0, stage="full", rule=str(f.rule), severity="critical",
                                                    action="pause", at=f.at, message=f.message))

@@ -80,14 +80,15 @@ def test_a_nan_spliced_into_the_real_loss_fires_nonfinite_loss_and_notifies(reco
     assert f.message.endswith("[notify; runbook docs/runbooks.md#nonfinite-loss]")
 
 
-def test_a_spike_spliced_into_the_real_loss_fires_loss_spike_at_that_step(recorded):
-    loss = _splice(recorded.metrics["train_loss"], 100, lambda v: 4.0)
+def test_a_spike_spliced_into_the_real_loss_fires_loss_spike_at_its_first_step(recorded):
+    loss = [(s, 4.0 if s >= 100 else v) for s, v in recorded.metrics["train_loss"]]
     fired = rules.evaluate(_signals(recorded, loss=loss), SPEC, now=_end(recorded))
     assert [f.rule for f in fired] == [Rule.LOSS_SPIKE]
     f = fired[0]
-    assert (f.at, f.action) == (100, Action.ROLLBACK)
-    assert f.values["value"] == 4.0 and f.values["z"] > SPEC.loss_spike.z
-    assert re.search(r"train_loss 4 at step 100 is [0-9.]+ robust z above the median [0-9.]+ of the 50 points",
+    assert (f.at, f.values["decided_at"], f.action) == (100, 102, Action.ROLLBACK)
+    assert f.values["value"] == 4.0 and f.values["ratio"] > SPEC.loss_spike.ratio
+    assert re.search(r"train_loss from step 100: median [0-9.]+ over steps 97-102 is [0-9.]+x the median [0-9.]+ of the "
+                     r"15 points before \(limit 2x\) and gives back [0-9.]+% of the fall from the start level",
                      f.message), f.message
 
 
@@ -184,7 +185,8 @@ def test_loss_spike_needs_a_rise_above_the_noise_and_ignores_nan():
     # On a perfectly flat curve the MAD is 0: a 1% wiggle has an infinite z but is no spike.
     flat = [(s, 1.0) for s in range(1, 60)] + [(60, 1.01)]
     assert rules.loss_spike(flat, SPEC.loss_spike) is None
-    assert rules.loss_spike(flat + [(61, 1.5)], SPEC.loss_spike).at == 61
+    assert rules.loss_spike(flat + [(s, 1.5) for s in range(61, 67)], SPEC.loss_spike) is None  # 1.5x < 2x
+    assert rules.loss_spike(flat + [(s, 2.5) for s in range(61, 67)], SPEC.loss_spike).at == 61
     assert rules.loss_spike(healthy[:50] + [(51, math.nan)] + healthy[51:], SPEC.loss_spike) is None
 
 
@@ -231,8 +233,8 @@ def test_alerts_spec_refuses_an_action_a_rule_cannot_take_and_unknown_keys():
         AlertsSpec.model_validate({"straggler": {"action": "rollback"}})
     with pytest.raises(ValidationError, match="loss_spike.zz"):
         AlertsSpec.model_validate({"loss_spike": {"zz": 3}})
-    with pytest.raises(ValidationError, match="greater than 0"):
-        AlertsSpec.model_validate({"loss_spike": {"z": 0}})
+    with pytest.raises(ValidationError, match="greater than 1"):
+        AlertsSpec.model_validate({"loss_spike": {"ratio": 1}})
     assert AlertsSpec.model_validate({"loss_spike": {"action": "pause"}}).loss_spike.action == Action.PAUSE
 
 
@@ -254,7 +256,7 @@ def test_every_rule_names_its_runbook_section_in_its_message():
     t0 = 1_000.0
     cases = {
         Rule.NONFINITE_LOSS: rules.nonfinite_loss([(1, 1.0), (2, math.inf)], SPEC.nonfinite_loss),
-        Rule.LOSS_SPIKE: rules.loss_spike(_decaying(60) + [(61, 9.0)], SPEC.loss_spike),
+        Rule.LOSS_SPIKE: rules.loss_spike(_decaying(60) + [(s, 9.0) for s in range(61, 67)], SPEC.loss_spike),
         Rule.STAGNATION: rules.stagnation([(s, 1.0) for s in range(400)], SPEC.stagnation),
         Rule.VAL_NOT_IMPROVED: rules.val_not_improved([(s, 1.0 + s) for s in range(6)], SPEC.val_not_improved),
         Rule.GRAD_NORM_EXPLOSION: rules.grad_norm_explosion([(s, 1.0) for s in range(20)] + [(20, 50.0)],

@@ -12,11 +12,11 @@ is one line that names the numbers and the runbook section (``docs/runbooks.md#<
 Nothing here carries an action out: the caller does (notify, pause, stop, roll back, quarantine).
 
 >>> spec = AlertsSpec()
->>> loss = [(s, 2.0 / s ** 0.5) for s in range(1, 80)] + [(80, 3.0)]
+>>> loss = [(s, 2.0 / s ** 0.5) for s in range(1, 80)] + [(s, 3.0) for s in range(80, 84)]
 >>> f = loss_spike(loss, spec.loss_spike)
 >>> f.rule, str(f.action), f.at
 (<Rule.LOSS_SPIKE: 'loss-spike'>, 'rollback', 80)
->>> loss_spike(loss[:-1], spec.loss_spike) is None
+>>> loss_spike(loss[:-3], spec.loss_spike) is None  # one high point is one noisy batch
 True
 """
 
@@ -126,13 +126,22 @@ class NonfiniteLossSpec(_StateRuleSpec):
 
 
 class LossSpikeSpec(_StateRuleSpec):
-    window: int = Field(default=50, ge=5, description="points before a candidate that make its baseline")
-    min_points: int = Field(default=10, ge=3, description="no verdict on fewer finite points than this")
-    z: float = Field(default=6.0, gt=0, description="robust z-score (median/MAD) above which a point is a spike")
-    min_rise: float = Field(
-        default=0.25,
+    # Defaults chosen from recorded clean runs and 3x jumps spliced into them (python -m bench spike,
+    # docs/benchmarks.md): one batch's loss swings several x on small batches, a short window follows an
+    # early fall, and near zero loss a few x is noise however it is measured: the give-back test is what
+    # tells a spike from the late wiggle of a loss that has fallen 100x.
+    window: int = Field(default=15, ge=3, description="points before the candidate run that make its baseline")
+    min_points: int = Field(
+        default=10, ge=3, description="no verdict before this many finite points; their median is the start level"
+    )
+    steps: int = Field(
+        default=6, ge=1, description="the median of this many latest points is tested: one noisy batch is no spike"
+    )
+    ratio: float = Field(default=2.0, gt=1, description="that median is at least this x the baseline's median")
+    min_give_back: float = Field(
+        default=0.1,
         ge=0,
-        description="and at least this fraction above the median: a flat curve's tiny wiggle has a huge z",
+        description="and gives back at least this fraction of the fall from the start level to the baseline",
     )
 
 
@@ -305,47 +314,86 @@ def nonfinite_loss(loss: Series, spec: NonfiniteLossSpec, metric: str = "train_l
     return None
 
 
-def spike_of(history: Sequence[float], v: float, spec: LossSpikeSpec) -> tuple[float, float] | None:
-    """(robust z, baseline median) when ``v``, the point after the finite ``history``, is a spike; else None.
-    The one test :func:`loss_spike` applies to each point, and the training process to each step."""
-    if len(history) < spec.min_points:
+@dataclass(frozen=True)
+class Spike:
+    """What :func:`spike_of` found: the run's first high point (an index into ``recent``) and the numbers."""
+
+    first: int
+    level: float  # median of the latest ``steps`` points
+    median: float  # of the baseline before them
+    ratio: float
+    given_back: float  # fraction of the fall from the start level to the baseline median
+
+
+def spike_of(head: Sequence[float], recent: Sequence[float], spec: LossSpikeSpec) -> Spike | None:
+    """Whether the latest ``spec.steps`` of the finite values ``recent`` are a loss spike; None if not.
+
+    ``head``: the series' first ``min_points`` finite values (their median is the start level);
+    ``recent``: its latest values, at least ``steps + min(window, min_points)`` of them for a verdict.
+    The baseline is the median of the ``window`` values before the latest ``steps``. A spike: the
+    median of the latest ``steps`` is ``ratio`` x the baseline and gives back at least ``min_give_back``
+    of what the loss fell from the start level to the baseline. The one test :func:`loss_spike` applies to
+    each point, and the training process (``traingate.runtime.spike_guard``) to each step.
+
+    >>> spec = LossSpikeSpec()
+    >>> flat = [2.0] * 10 + [1.0] * 15
+    >>> spike_of(flat[:10], flat + [1.0, 3.0, 3.0, 2.9, 3.1, 3.0], spec)
+    Spike(first=26, level=3.0, median=1.0, ratio=3.0, given_back=2.0)
+    >>> spike_of(flat[:10], flat + [1.0, 1.0, 9.0, 1.0, 1.0, 1.0], spec) is None  # one batch
+    True
+    """
+    k = spec.steps
+    if len(head) < spec.min_points or len(recent) < k + min(spec.window, spec.min_points):
         return None
-    base = history[-spec.window :]
+    base = recent[-(k + spec.window) : -k]
     med = statistics.median(base)
-    scale = 1.4826 * statistics.median(abs(b - med) for b in base)
-    rise = v - med
-    if rise > spec.min_rise * abs(med) and (scale == 0 or rise / scale > spec.z):
-        return (rise / scale if scale else math.inf), med
-    return None
+    run = recent[-k:]
+    level = statistics.median(run)
+    floor = med + (spec.ratio - 1) * abs(med)
+    if level < floor:
+        return None
+    start = statistics.median(head[: spec.min_points])
+    fell = start - med
+    given_back = (level - med) / fell if fell > 0 else math.inf
+    if given_back < spec.min_give_back:
+        return None
+    # The run's first point at the spike's level: where it began, for the checkpoint to roll back to.
+    cut = max(floor, med + spec.min_give_back * fell)
+    first = len(recent) - k + next(i for i, v in enumerate(run) if v >= cut)
+    return Spike(first, level, med, level / med if med > 0 else math.inf, given_back)
 
 
 def loss_spike(loss: Series, spec: LossSpikeSpec, metric: str = "train_loss") -> Firing | None:
-    """The first point whose robust z-score against the ``window`` finite points before it exceeds ``z``.
-
-    The baseline is the median; the scale is 1.4826 x the median absolute deviation (the standard
-    deviation, for normal noise), so one earlier spike does not hide the next one.
-    """
+    """The first run of ``steps`` finite points that :func:`spike_of` calls a spike; ``at`` is its first high
+    point. Non-finite points are the non-finite rule's business and are left out of every baseline."""
     if not spec.enabled:
         return None
-    history: list[float] = []
-    for x, v in loss:
-        v = float(v)
-        if not math.isfinite(v):
-            continue  # the non-finite rule's business; it must not poison the baseline
-        if (found := spike_of(history, v, spec)) is not None:
-            z, med = found
-            return _fire(
-                Rule.LOSS_SPIKE,
-                spec,
-                x,
-                f"{metric} {_g(v)} at step {_x(x)} is {_g(z)} robust z above the median {_g(med)} "
-                f"of the {len(history[-spec.window :])} points before it (threshold {_g(spec.z)})",
-                step=x,
-                value=v,
-                median=med,
-                z=z,
-            )
-        history.append(v)
+    pts = _finite(loss)
+    keep = spec.steps + spec.window
+    head = [v for _, v in pts[: spec.min_points]]
+    for i in range(len(pts)):
+        lo = max(0, i + 1 - keep)
+        recent = [v for _, v in pts[lo : i + 1]]
+        if (found := spike_of(head, recent, spec)) is None:
+            continue
+        x = pts[lo + found.first][0]
+        run = pts[i + 1 - spec.steps : i + 1]
+        return _fire(
+            Rule.LOSS_SPIKE,
+            spec,
+            x,
+            f"{metric} from step {_x(x)}: median {_g(found.level)} over steps {_x(run[0][0])}-{_x(run[-1][0])} is "
+            f"{_g(found.ratio)}x the median {_g(found.median)} of the {len(recent) - spec.steps} points before "
+            f"(limit {_g(spec.ratio)}x) and gives back {_g(100 * found.given_back)}% of the fall from the start "
+            f"level {_g(statistics.median(head))} (limit {_g(100 * spec.min_give_back)}%)",
+            step=x,
+            decided_at=run[-1][0],  # the step whose loss completed the run: when a per-step test acts
+            value=pts[lo + found.first][1],
+            level=found.level,
+            median=found.median,
+            ratio=found.ratio,
+            given_back=found.given_back,
+        )
     return None
 
 

@@ -61,6 +61,7 @@ class StageMonitor:
             spec.step_time_regression.recent,
         )
         self.loss: deque[tuple[float, float]] = deque(maxlen=n)
+        self.loss_head: list[tuple[float, float]] = []  # the stage's first losses: the spike rule's start level
         self.grad: deque[tuple[float, float]] = deque(maxlen=n)
         self.step_time: deque[tuple[float, float]] = deque(maxlen=n)
         self.data_wait: deque[tuple[float, float]] = deque(maxlen=n)
@@ -91,6 +92,8 @@ class StageMonitor:
                 continue  # a rolled-back attempt's last lines
             x = float(d["step"])
             self.loss.append((x, float(d["loss"])))
+            if len(self.loss_head) < self.spec.loss_spike.min_points and math.isfinite(float(d["loss"])):
+                self.loss_head.append((x, float(d["loss"])))
             self.grad.append((x, float(d["grad_norm"])))
             if d.get("step_time_s") is not None:
                 self.step_time.append((x, float(d["step_time_s"])))
@@ -126,6 +129,7 @@ class StageMonitor:
             series.clear()
             series.extend(kept)
         self.val = [p for p in self.val if p[0] <= to_step]
+        self.loss_head = [p for p in self.loss_head if p[0] <= to_step]
         for times in self.ranks.values():
             for s in [s for s in times if s > to_step]:
                 del times[s]
@@ -146,12 +150,14 @@ class StageMonitor:
         self.spend.append((now, self.spent_usd(held_s)))
         head_end = self.step_time_head[-1][0] if self.step_time_head else -math.inf
         step_time = self.step_time_head + [p for p in self.step_time if p[0] > head_end]
+        loss_head_end = self.loss_head[-1][0] if self.loss_head else -math.inf
+        loss = self.loss_head + [p for p in self.loss if p[0] > loss_head_end]
         ranks = {r: sorted(t.items()) for r, t in self.ranks.items()} if len(self.ranks) > 1 else {}
         # A storm counts the restarts after the last one raised: the next needs `count` more.
         last_storm = max((at for r, at in self.seen if r == Rule.RESTART_STORM), default=-math.inf)
         restart_times = [t for t in restart_times if t > last_storm]
         signals = Signals(
-            loss=list(self.loss),
+            loss=loss,
             val=self.val,
             grad_norm=list(self.grad),
             step_time=step_time,

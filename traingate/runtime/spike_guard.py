@@ -42,7 +42,9 @@ class SpikeGuard:
         # The supervisor evaluates at its next tick (0.2 s) when rank 0 holds; the limit is for a supervisor
         # that does not agree (its rule already raised this event) or is slow to read the flushed lines.
         self.hold_s = HOLD_S
-        self.history: deque[float] = deque(maxlen=self.spec.window)
+        self.head: list[float] = []  # the stage's first min_points losses: the start level
+        self.steps: deque[int] = deque(maxlen=self.spec.window + self.spec.steps)
+        self.recent: deque[float] = deque(maxlen=self.spec.window + self.spec.steps)
         self.quiet = 0  # points left before another firing counts: the supervisor raises one per window
         self.pin_before, self.flush, self.stopping = pin_before, flush, stopping
 
@@ -50,27 +52,40 @@ class SpikeGuard:
         """A relaunch resumed at step ``upto``: the baseline is the losses rank 0 wrote up to there (the
         newest line per step: a rolled-back attempt's later steps are not part of the run), not nothing."""
         by_step = {m.step: m.loss for m in earlier if m.step <= upto}
-        self.history.extend(v for _, v in sorted(by_step.items()) if math.isfinite(v))
+        for step, v in sorted(by_step.items()):
+            self._add(step, v)
+
+    def _add(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        if len(self.head) < self.spec.min_points:
+            self.head.append(loss)
+        self.steps.append(step)
+        self.recent.append(loss)
 
     def observe(self, step: int, loss: float) -> bool:
-        """Test the loss of ``step``; True when it was a spike and rank 0 held for the supervisor."""
+        """Test the loss of ``step``; True when it made a spike and rank 0 held for the supervisor."""
         if not self.armed or not math.isfinite(loss):
             return False
-        found = spike_of(list(self.history), loss, self.spec) if self.quiet == 0 else None
-        self.history.append(loss)
+        self._add(step, loss)
         if self.quiet:
             self.quiet -= 1
+            return False
+        found = spike_of(self.head, list(self.recent), self.spec)
         if found is None:
             return False
         self.quiet = self.spec.window
-        pinned = self.pin_before(step)
+        began = self.steps[found.first]
+        pinned = self.pin_before(began)
         self.flush()
         log.warning(
-            "loss spike at step %d (robust z %.1f over the median %.4g): checkpoint %s kept for a roll-back; "
-            "waiting up to %.0f s for the supervisor to act",
-            step,
-            found[0],
-            found[1],
+            "loss spike from step %d (median %.4g over the latest %d steps, %.1fx the median %.4g before): "
+            "checkpoint %s kept for a roll-back; waiting up to %.0f s for the supervisor to act",
+            began,
+            found.level,
+            self.spec.steps,
+            found.ratio,
+            found.median,
             pinned if pinned is not None else "(none before it)",
             self.hold_s,
         )
