@@ -86,10 +86,6 @@ def _spec(team: str, priority: str, procs: int, steps: int) -> dict:
     tree["stages"]["full"] = {"max_steps": steps}
     tree["gates"] = {}
     tree["checkpoint"] = {"every_steps": 10}
-    # Scheduling is the subject here. The default loss-spike rule fires on R1's clean curve at step 345
-    # (a 4x single-step batch loss at loss ~0.02, robust z 7.4): a known false positive of that rule,
-    # tested and measured with the alerts (docs/monitoring.md), not something to let cancel this scenario.
-    tree["alerts"] = {"loss_spike": {"enabled": False}}
     return json.loads(parse_spec(tree).model_dump_json())
 
 
