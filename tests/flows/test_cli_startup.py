@@ -41,10 +41,11 @@ def test_version_prints_the_installed_distributions_version():
     assert p.stdout.strip() == f"traingate {version('traingate')}"
 
 
-# What each command's process needs: none of them trains, so none imports torch; validate sends nothing anywhere,
-# so it imports no tracking client either. (`resume`, `sweep` and `ci` start the ladder flow in their process.)
-NEEDS = {"validate": ("prefect", "mlflow", "torch", "optuna"), "queue": ("mlflow", "torch", "optuna"),
-         **{cmd: ("torch",) for cmd in ("run", "show", "runs", "cost", "watch", "terminal")}}
+# What each command's module must not import: none of them trains, so none imports torch; validate sends nothing
+# anywhere and watch (and run's progress view, terminal) reads the stage directories, so neither imports a tracking
+# client. (`resume`, `sweep` and `ci` start the ladder flow in their process.)
+NEEDS = {**{cmd: ("prefect", "mlflow", "torch", "optuna") for cmd in ("validate", "watch", "terminal")},
+         "queue": ("mlflow", "torch", "optuna"), **{cmd: ("torch",) for cmd in ("run", "show", "runs", "cost")}}
 
 
 @pytest.mark.parametrize("cmd", sorted(NEEDS))

@@ -26,11 +26,14 @@ import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
-from mlflow.tracking import MlflowClient
 
 from traingate.job.files import read_json, read_supervisor_state, write_json
+
+if TYPE_CHECKING:  # the caller hands a client in: reading an orchestrator record (the dashboard) needs no MLflow
+    from mlflow.tracking import MlflowClient
 
 ORCHESTRATOR = "orchestrator.json"
 # Not under "traingate.": stage runs opened later copy their parent's traingate.* tags, and a resumed
