@@ -205,6 +205,17 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     assert _pg_count(stack, settings["MLFLOW_DB"], "select count(*) from runs") >= 1
     assert _pg_count(stack, settings["MLFLOW_DB"], "select count(*) from metrics") > 0
     assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+    # an operator's shell is a client with `eval "$(infra/local-stack.sh env)"`: the traingate and prefect CLIs
+    # authenticate with what it exports; without it the Prefect CLI is refused
+    cli = f'eval "$({SCRIPT} env)" && {BIN}/traingate runs --experiment tests && {BIN}/prefect work-pool ls'
+    shell = subprocess.run(["bash", "-c", cli], env=_bare_env(TRAINGATE_STACK_DIR=str(d), PREFECT_HOME=str(
+        d.parent / "cli-home")), cwd=d.parent, capture_output=True, text=True, timeout=300)
+    assert shell.returncode == 0 and pipeline.info.run_id in shell.stdout and "cpu-local" in shell.stdout, \
+        shell.stdout + shell.stderr
+    anonymous = subprocess.run([str(BIN / "prefect"), "work-pool", "ls"], env=_bare_env(
+        PREFECT_API_URL=client["PREFECT_API_URL"], PREFECT_HOME=str(d.parent / "anonymous-home")),
+        capture_output=True, text=True, timeout=300)
+    assert anonymous.returncode != 0 and "cpu-local" not in anonymous.stdout, anonymous.stdout + anonymous.stderr
     assert _keys(s3, bucket, "mlartifacts/"), "no MLflow artifact in the bucket"
     assert _keys(s3, bucket, "checkpoints/"), "no checkpoint in the bucket"
     # the pool got the locations from the bootstrap, no secret among them
