@@ -254,7 +254,7 @@ class Authority:
             )
             c.job = e.job_id
             self.conns[e.job_id] = c
-            self._dirty = True
+            self._write(now)  # recorded before the job hears it is queued
             self._send(c, {"queued": self._where(e.job_id, now)})
         elif op == "hold":  # a holder's reconnection after an authority restart
             job = str(msg["job_id"])
@@ -280,6 +280,7 @@ class Authority:
             self._send(c, {"status": self._where(c.job, now) if c.job in s.entries else ""})
         elif op == "release":
             self._release(c, bool(msg.get("requeue")), msg.get("kind"), msg.get("held_s"), now)
+            self._write(now)  # recorded before the job hears its slots are back
             self._send(c, {"released": True})
         else:
             self._send(c, {"refused": f"unknown request {op!r}"})
