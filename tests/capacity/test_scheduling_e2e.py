@@ -89,8 +89,9 @@ def _spec(team: str, priority: str, procs: int, steps: int) -> dict:
     # Scheduling is the subject here, not alerts. The tiny spec (lr 0.05, batch 16 per rank) makes real loss
     # bumps of 2x and more that last many steps: the default loss-spike rule fires on 2 of 10 clean 400-step
     # runs of it (docs/benchmarks.md#loss-spike-rule) and fired on R1 at step 170 of 1000, which cancelled
-    # this scenario. The rule is measured on the demo and char-gpt there and tested in tests/monitor.
-    tree["alerts"] = {"loss_spike": {"enabled": False}}
+    # this scenario; without it the gradient-norm rule fired on the same bump (grad norm 3.27, over 10x its
+    # median). Both rules are measured and tested with the alerts (tests/monitor), not here.
+    tree["alerts"] = {"loss_spike": {"enabled": False}, "grad_norm_explosion": {"enabled": False}}
     return json.loads(parse_spec(tree).model_dump_json())
 
 
