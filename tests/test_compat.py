@@ -26,7 +26,7 @@ PRIVATE_NAMES = {"_trial_id", "_storage", "_tracking_client", "_metric_objs"}
 
 def _pin(dist: str) -> str:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = [m.group(1) for d in deps if (m := re.fullmatch(rf"{dist}==([\w.]+)", d.split(";")[0].strip()))]
+    pins = [m.group(1) for d in deps if (m := re.fullmatch(rf"{dist}(?:\[[\w,]+\])?==([\w.]+)", d.split(";")[0].strip()))]
     assert len(pins) == 1, f"pyproject.toml must pin {dist} exactly once with ==, found {pins}"
     return pins[0]
 
