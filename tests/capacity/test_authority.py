@@ -271,3 +271,19 @@ def test_a_holder_that_cannot_renew_its_lease_is_told_to_stop_within_half_a_leas
     assert why is not None and why.startswith("slots lost: the lease on p could not be renewed for 2 s"), why
     assert time.monotonic() - lost < 4  # before the lease (4 s) could have lapsed
     holder.release()
+
+
+def test_a_state_directory_deeper_than_a_unix_socket_path_allows_still_admits_a_job(tmp_path):
+    # AF_UNIX takes 107 bytes of path; pytest's own temp dirs under xdist reach 110 for a pool's socket.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    assert len(str(paths(deep, "p")["sock"])) > 107
+    write_config(deep, "p", _cfg())
+    seat = Seat(deep, _entry("h"), print)
+    try:
+        assert seat.wait(lambda: None) is None  # the authority is started on demand and reached
+        assert [e.job_id for e in _held(deep)] == ["h-full"]
+        seat.release()
+        assert _held(deep) == []
+    finally:
+        stop(deep, "p")

@@ -64,6 +64,9 @@ HISTORY_N = 20
 PERSIST_RENEWALS_S = 1.0  # lease renewals alone are written at most this often
 
 
+UNIX_PATH_MAX = 107  # bytes of a socket path AF_UNIX takes (sun_path less its terminating NUL)
+
+
 def paths(state_dir: str | Path, pool: str) -> dict[str, Path]:
     d = records.authority_dir(state_dir)
     return {
@@ -73,6 +76,21 @@ def paths(state_dir: str | Path, pool: str) -> dict[str, Path]:
         "log": d / f"{pool}.log",
         "records": records.records_path(state_dir, pool),
     }
+
+
+def unix_address(path: Path, fd: int | None) -> str:
+    """``path`` as an AF_UNIX address. The kernel takes at most 107 bytes; a socket under a deeper state
+    directory is reached through ``fd``, an O_PATH descriptor of its folder (``/proc/self/fd/N/name``)."""
+    if fd is None:
+        return str(path)
+    return f"/proc/self/fd/{fd}/{path.name}"
+
+
+def folder_fd(path: Path) -> int | None:
+    """An O_PATH descriptor of ``path``'s folder when ``path`` is too long for AF_UNIX, else None."""
+    if len(os.fsencode(str(path))) <= UNIX_PATH_MAX:
+        return None
+    return os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -449,10 +467,13 @@ def run(pool: str, state_dir: Path, lease_s: float, idle_exit_s: float) -> int:
     p["sock"].unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o077)
+    fd = folder_fd(p["sock"])
     try:
-        listener.bind(str(p["sock"]))
+        listener.bind(unix_address(p["sock"], fd))
     finally:
         os.umask(old)
+        if fd is not None:
+            os.close(fd)
     listener.listen(1024)
     try:
         Authority(pool, state_dir, lease_s, idle_exit_s).serve(listener)

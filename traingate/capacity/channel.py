@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from traingate.capacity.authority import LEASE_S, paths
+from traingate.capacity.authority import LEASE_S, folder_fd, paths, unix_address
 from traingate.capacity.pools import CapacityConfig, CapacityError
 from traingate.capacity.queue import Entry
 
@@ -72,16 +72,21 @@ def start_authority(state_dir: Path, pool: str, lease_s: float = LEASE_S) -> Non
 
 def connect(state_dir: Path, pool: str, timeout_s: float = START_TIMEOUT_S) -> socket.socket:
     """A connection to the pool's authority, started when none answers."""
-    path = str(paths(state_dir, pool)["sock"])
+    path = paths(state_dir, pool)["sock"]
     deadline = time.monotonic() + timeout_s
     started = 0.0
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd = None
         try:
-            s.connect(path)
+            fd = folder_fd(path)
+            s.connect(unix_address(path, fd))
             return s
         except (FileNotFoundError, ConnectionRefusedError):
             s.close()
+        finally:
+            if fd is not None:
+                os.close(fd)
         if time.monotonic() > deadline:
             raise AuthorityError(
                 f"the authority of pool {pool} did not answer on {path} within {timeout_s:.0f} s; "
