@@ -74,31 +74,15 @@ def after_end(
     resume = f"continue with `traingate resume {job.run_id}`"
     if end == Ending.CANCELLED:
         who = "traingate (the flow run was cancelled)" if stopped_by_us else "scancel outside traingate (an admin)"
-        if not launched:
-            return AfterEnd(
-                supervision_of(
-                    job,
-                    None,
-                    acct,
-                    status=Status.PREEMPTED,
-                    cause=Cause.PREEMPTED,
-                    error=f"Slurm job {jid} cancelled by {who} before it started; {resume}",
-                ),
-                False,
-                f"cancelled by {who} while pending",
-            )
-        written = "written" if final == Status.PREEMPTED else "not confirmed"
+        if launched:
+            written = "written" if final == Status.PREEMPTED else "not confirmed"
+            seen, error = state, f"Slurm job {jid} cancelled by {who}; emergency checkpoint {written}; {resume}"
+            note = f"cancelled by {who}"
+        else:
+            seen, error = None, f"Slurm job {jid} cancelled by {who} before it started; {resume}"
+            note = f"cancelled by {who} while pending"
         return AfterEnd(
-            supervision_of(
-                job,
-                state,
-                acct,
-                status=Status.PREEMPTED,
-                cause=Cause.PREEMPTED,
-                error=f"Slurm job {jid} cancelled by {who}; emergency checkpoint {written}; {resume}",
-            ),
-            False,
-            f"cancelled by {who}",
+            supervision_of(job, seen, acct, status=Status.PREEMPTED, cause=Cause.PREEMPTED, error=error), False, note
         )
     last = (state.final if state is not None else None) or {}
     signalled = final == Status.PREEMPTED and str(last.get("stop_reason") or "").startswith(SIGNALLED)
