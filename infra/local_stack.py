@@ -483,6 +483,8 @@ class Stack:
             self._save()
             print(f"{p.name}: stopped", file=out)
         self._save()
+        for proc in _pool_authorities(self.dir):
+            print(f"pool authority {proc.pid}: stopped", file=out)
 
     def status(self, out=sys.stdout) -> bool:
         compose, plans = self.plans()
@@ -746,6 +748,37 @@ def _same_process(rec: dict[str, Any]) -> bool:
         return abs(proc.create_time() - rec["create_time"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _pool_authorities(stack_dir: Path, grace_s: float = 10.0) -> list[Any]:
+    """Stop the pool authorities of the stack's state dir. A job on a worker starts its pool's authority in a
+    session of its own so that it outlives the job; in a container it ends with the worker's container, here
+    ``down`` ends it (SIGTERM: it saves its records; SIGKILL after the grace period)."""
+    import psutil
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "traingate.capacity.authority" not in argv or "--state-dir" not in argv[:-1]:
+            continue
+        try:
+            state = Path(proc.cwd()) / argv[argv.index("--state-dir") + 1]
+        except psutil.Error:
+            continue
+        if state.resolve().is_relative_to(stack_dir):
+            found.append(proc)
+    for proc in found:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+    return found
 
 
 def _stop(rec: dict[str, Any], sig: int, grace_s: float) -> None:
