@@ -6,6 +6,7 @@ jobs are threads or small subprocesses holding slots without training."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -287,3 +288,35 @@ def test_a_state_directory_deeper_than_a_unix_socket_path_allows_still_admits_a_
         assert _held(deep) == []
     finally:
         stop(deep, "p")
+
+
+def test_a_job_of_another_os_user_is_refused_in_one_line_instead_of_waiting_forever(state):
+    """The authority's socket is 0600: a job of another OS user cannot connect, and says so at once rather
+    than retrying for ever (a PermissionError is not a missing authority). The socket is handed to user 65534
+    and the job runs as root without the capabilities that override file permissions: the kernel's check
+    for another user's socket, on a machine where the venv lives under root's private home."""
+    write_config(state, "p", _cfg())
+    proc = _start(state, lease_s=30)
+    os.chown(paths(state, "p")["sock"], 65534, 65534)
+    code = (
+        "import sys\n"
+        "from traingate.capacity.channel import AuthorityError, connect\n"
+        "try:\n"
+        f"    connect({str(state)!r}, 'p', timeout_s=20)\n"
+        "except AuthorityError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    drop = "-dac_override,-dac_read_search"
+    t0 = time.monotonic()
+    out = subprocess.run(
+        ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert time.monotonic() - t0 < 15
+    line = out.stdout.strip()
+    assert "refuses this OS user" in line and "TRAINGATE_STATE_DIR" in line and "\n" not in line
+    proc.terminate()
+    proc.wait(10)

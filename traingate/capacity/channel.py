@@ -84,6 +84,13 @@ def connect(state_dir: Path, pool: str, timeout_s: float = START_TIMEOUT_S) -> s
             return s
         except (FileNotFoundError, ConnectionRefusedError):
             s.close()
+        except PermissionError as e:  # another OS user's authority (its socket is 0600): retrying cannot help
+            s.close()
+            raise AuthorityError(
+                f"the authority of pool {pool} at {path} refuses this OS user ({e.strerror}): every job of a local "
+                f"pool runs as the user that owns its state dir; run as that user or give this user a state dir "
+                f"of its own (TRAINGATE_STATE_DIR)"
+            ) from None
         finally:
             if fd is not None:
                 os.close(fd)
