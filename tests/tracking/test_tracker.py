@@ -1,4 +1,5 @@
 """The rank-0 writer: journaled, replayed after a kill, never logs a step twice; other ranks write nothing."""
+
 from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
@@ -83,3 +84,30 @@ def test_a_process_relaunched_without_a_run_id_continues_the_run_its_checkpoint_
     assert run_to_resume("handed-over", ckpt) == "handed-over"  # MLFLOW_RUN_ID wins
     assert run_to_resume(None, None) is None  # ranks without a checkpointer
     ckpt.close()
+
+
+def test_a_process_that_continues_after_the_planned_stop_is_logged_at_info_and_a_real_restart_at_warning(
+    tmp_path, caplog
+):
+    uri = fresh_store(tmp_path / "mlflow.db")
+    run_id = new_run(uri)
+    journal_dir = tmp_path / "tracking"
+    first = MlflowTracker(uri, run_id, journal_dir)
+    first.start_session(0)
+    first.log_metrics({"train_loss": 1.0}, 3)
+    first.end_session("stopped")  # the smoke stage's half-way stop at a checkpoint
+    first.close()
+    caplog.set_level("INFO", logger="traingate.tracking.tracker")
+    second = MlflowTracker(uri, run_id, journal_dir)
+    second.start_session(3)
+    second.close()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "traingate.tracking.tracker"]
+    assert said == [
+        ("INFO", "process 2 of this run continues from step 3 after the planned stop at that checkpoint (stopped)")
+    ]
+    caplog.clear()
+    third = MlflowTracker(uri, run_id, journal_dir)
+    third.start_session(3, restart_cause="worker_lost")
+    third.close()
+    levels = [r.levelname for r in caplog.records if r.name == "traingate.tracking.tracker"]
+    assert levels == ["WARNING"] and "restart 2 of this run (cause worker_lost)" in caplog.records[-1].getMessage()

@@ -18,6 +18,7 @@ no tracker of its own, and a built-in one are counted alike, everywhere.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,26 @@ def is_restart(cause: str | None) -> bool:
     (True, True, False)
     """
     return cause not in _DELIBERATE_ENDS
+
+
+def restart_message(n: int, cause: str, resumed_from_step: int, lost_s: float) -> tuple[int, str]:
+    """(log level, line) for the ``n``-th new process of a run: a restart after a failure or a preemption is a
+    WARNING; a process that continues after a deliberate end (the smoke stage's planned stop at its half-way
+    checkpoint) is normal progress, said at INFO and not called a restart.
+
+    >>> restart_message(1, "worker_lost", 20, 3.5)
+    (30, 'restart 1 of this run (cause worker_lost): resumed from step 20, 3.5 s lost')
+    >>> restart_message(1, "stopped", 3, 0.0)
+    (20, 'process 2 of this run continues from step 3 after the planned stop at that checkpoint (stopped)')
+    """
+    if is_restart(cause):
+        line = f"restart {n} of this run (cause {cause}): resumed from step {resumed_from_step}, {lost_s:.1f} s lost"
+        return logging.WARNING, line
+    return (
+        logging.INFO,
+        f"process {n + 1} of this run continues from step {resumed_from_step} after the planned stop at that "
+        f"checkpoint ({cause})",
+    )
 
 
 def records(attempts: Sequence[Mapping[str, Any]], final: bool) -> list[dict[str, str]]:

@@ -37,6 +37,7 @@ from traingate.redact import redact
 from traingate.secrets import resolve
 from traingate.tracking.compat_mlflow import latest_metrics
 from traingate.tracking.journal import History, Journal
+from traingate.tracking.restarts import restart_message
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +208,7 @@ class MlflowTracker(NullTracker):
                 }
             )
             metrics = {"restart.resumed_from_step": float(resumed_from_step), "restart.time_lost_s": lost}
-            log.warning(
-                "restart %d of this run (cause %s): resumed from step %d, %.1f s lost",
-                r,
-                cause,
-                resumed_from_step,
-                lost,
-            )
+            log.log(*restart_message(r, cause, resumed_from_step, lost))
         self.journal.append([session])
         self.set_tags(tags)
         if metrics:
