@@ -5,6 +5,8 @@ import argparse
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from flows.cli import arguments
 from flows.cli import simulate as command
 from tgtest import PYTHON, ROOT
@@ -60,3 +62,30 @@ def test_an_unknown_policy_exits_2_naming_the_choices(tmp_path, capsys):
     trace.write_text("job_id,submit_s,duration_s,gpus\nj1,0,60,1\n")
     assert main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-a100", "--policies", "fifo,edf"]) == 2
     assert "policy 'edf': 'edf' is not an order; use one of ['fifo', 'priority', 'sjf', 'fairshare']" in capsys.readouterr().err
+
+
+H = b"job_id,submit_s,duration_s,gpus\n"
+
+
+@pytest.mark.parametrize("data, message", [
+    (H + b"j1,0,60,1\nj2,1,6\xe90,1\n", "line 3: duration_s: byte b'\\xe9' is not UTF-8"),
+    ("job_id,submit_s\n".encode("utf-16"), "line 1: the file is UTF-16"),
+    (b"job_id;submit_s;duration_s;gpus\nj1,0,60,1\n", "this line is separated by commas, the header by semicolons"),
+    (b"job_id,submit_s,gpus\nj1,0,1\n", "line 1: column 'duration_s' is missing"),
+    (H + b"j1,0,60,1,x\n", "line 2: 5 fields, the header has 4: field 5 ('x') has no column"),
+    (H + b"j1,0,60\n", "line 2: 3 fields, the header has 4: column 'gpus' is missing"),
+    (H + b"j1,-1,60,1\n", "line 2: submit_s = '-1': must be >= 0"),
+    (H + b"j1,0,nan,1\n", "line 2: duration_s = 'nan': not a finite number"),
+    (H + b"j1,0,60,1e400\n", "line 2: gpus = '1e400': not a plausible GPU count"),
+    (H + b"j1,0,6e9,1\n", "line 2: duration_s = '6e9': over 31,622,400 s"),
+    (b"", "empty file"),
+], ids=["latin-1", "utf-16", "delimiter", "missing column", "extra field", "short row", "negative", "nan", "inf",
+        "absurd", "empty"])
+def test_each_kind_of_malformed_trace_exits_2_with_one_line_and_starts_nothing(tmp_path, capsys, data, message):
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(data)
+    rc = main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-a100", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"traingate simulate: {trace}") and message in err
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,8 @@
 """Trace CSV: defaults, one-line errors naming line, column, value and fix; the generator's shape."""
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,59 @@ def test_about_two_thirds_of_generated_jobs_recur_with_their_templates_team_clas
         assert len({(j["team"], j["priority"], j["gpus"]) for j in group}) == 1
     spread = [np.std(np.log([j["duration_s"] for j in g])) for g in by_template.values() if len(g) > 20]
     assert 0.05 < np.median(spread) < 0.15                                      # recur_jitter 0.1
+
+
+H = b"job_id,submit_s,duration_s,gpus\n"
+BAD_INPUT = {
+    "latin-1 byte": (H + b"j1,0,60,1\nj\xe9,1,60,1\n", "line 3: job_id: byte b'\\xe9' is not UTF-8"),
+    "latin-1 after a BOM": (codecs.BOM_UTF8 + H + b"j1,0,6\xb50,1\n", "line 2: duration_s: byte b'\\xb5' is not UTF-8"),
+    "UTF-16": ("job_id,submit_s,duration_s,gpus\nj1,0,60,1\n".encode("utf-16"), "line 1: the file is UTF-16"),
+    "mixed delimiters": (b"job_id;submit_s;duration_s;gpus\nj1,0,60,1\n",
+                         "line 2: 1 field, the header has 4: this line is separated by commas, the header by semicolons"),
+    "decimal comma": (b"job_id;submit_s;duration_s;gpus\nj1;0;12,5;1\n", "line 2: duration_s = '12,5': not a number"),
+    "no trace column": (b"a|b\n1|2\n", "line 1: the header 'a|b' names no trace column"),
+    "blank header": (b"\n" + H + b"j1,0,60,1\n", "line 1: blank; the first line is the header"),
+    "missing column": (b"job_id,submit_s,gpus\nj1,0,1\n", "line 1: column 'duration_s' is missing"),
+    "unnamed column": (b"job_id,submit_s,duration_s,gpus,\nj1,0,60,1,\n", "line 1: column 5 has no name"),
+    "short row": (H + b"j1,0,60\n", "line 2: 3 fields, the header has 4: column 'gpus' is missing"),
+    "long row": (H + b"j1,0,60,1,x\n", "line 2: 5 fields, the header has 4: field 5 ('x') has no column"),
+    "unclosed quote": (H + b'j1,0,60,1\nj2,"0,1\n', "line 3: not CSV"),
+    "NUL byte": (H + b"j1,0\x00,60,1\n", "line 2: submit_s = '0\\x00': not a number"),
+    "negative": (H + b"j1,-5,60,1\n", "line 2: submit_s = '-5': must be >= 0"),
+    "NaN": (H + b"j1,0,nan,1\n", "line 2: duration_s = 'nan': not a finite number"),
+    "inf": (H + b"j1,inf,60,1\n", "line 2: submit_s = 'inf': not a finite number"),
+    "infinite estimate": (b"job_id,submit_s,duration_s,gpus,est_duration_s\nj1,0,60,1,inf\n",
+                          "line 2: est_duration_s = 'inf': not a finite number"),
+    "NaN GPUs": (H + b"j1,0,60,nan\n", "line 2: gpus = 'nan': not a plausible GPU count"),
+    "overflowing GPUs": (H + b"j1,0,60,1e400\n", "line 2: gpus = '1e400': not a plausible GPU count"),
+    "milliseconds": (H + b"j1,1.7e12,60,1\n", "line 2: submit_s = '1.7e12': over 10,000,000,000 s"),
+    "absurd duration": (H + b"j1,0,6e9,1\n", "line 2: duration_s = '6e9': over 31,622,400 s"),
+    "empty": (b"", "empty file"),
+    "whitespace only": (b"  \n\n", "empty file"),
+}
+
+
+@pytest.mark.parametrize("data, message", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_malformed_bytes_are_one_line_naming_line_and_column(tmp_path, data, message):
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    with pytest.raises(CapacityError) as e:
+        read_trace(path, ONE)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("data", [
+    codecs.BOM_UTF8 + H + b"j1,0,60,1\n",
+    b"job_id;submit_s;duration_s;gpus\nj1;0;60;1\n",
+    b"job_id\tsubmit_s\tduration_s\tgpus\r\nj1\t0\t60\t1\r\n",
+], ids=["UTF-8 BOM", "semicolons", "tabs and CRLF"])
+def test_a_utf8_bom_is_skipped_and_semicolon_or_tab_delimiters_are_detected(tmp_path, data):
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    (tj,) = read_trace(path, ONE)
+    assert (tj.job.job_id, tj.job.submit_s, tj.duration_s, tj.job.slots) == ("j1", 0.0, 60.0, 1)
+
+
+def test_unix_epoch_submissions_are_plausible(tmp_path):
+    (tj,) = read(tmp_path, "job_id,submit_s,duration_s,gpus\nj1,1700000000.25,60,1\n")
+    assert tj.job.submit_s == 1700000000.25

@@ -1,6 +1,7 @@
 """Job traces: the CSV format, its reader (one-line errors), its writer, and a generator.
 
-Format: CSV with a header. Required columns ``job_id,submit_s,duration_s,gpus``; optional
+Format: CSV in UTF-8 with a header, separated by commas, semicolons or tabs (the one that splits
+the header into trace columns). Required columns ``job_id,submit_s,duration_s,gpus``; optional
 ``team,priority,pool,est_duration_s``. ``gpus`` is whole GPUs (traingate does not share a GPU
 between jobs). A missing ``team`` column means team ``default``; a missing ``priority`` the
 config's ``default_class``; a missing ``pool`` the pool passed as ``default_pool`` (needed only
@@ -27,7 +28,9 @@ target ``load``) is our choice, stated in ``TraceParams``; it is not taken from 
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,35 +46,43 @@ from traingate.capacity.simulate import TraceJob
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus")
 OPTIONAL = ("team", "priority", "pool", "est_duration_s")
 DEFAULT_TEAM = "default"
+# Bounds past which a value is a unit or column mix-up, not a job: submissions up to ~317 years
+# (Unix-epoch seconds pass, epoch milliseconds do not), runs and estimates up to a year, and
+# no more GPUs than a few of the largest clusters together.
+MAX_SUBMIT_S = 1e10
+MAX_DURATION_S = 366 * 86400.0
+MAX_GPUS = 1_000_000
 
 
 def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | None = None) -> list[TraceJob]:
     """Read and check a trace against the config; the first problem is one ``CapacityError`` line
-    naming the file, line, column, value and fix."""
+    naming the file, line, column, value and fix.
+
+    The file is UTF-8 (a UTF-8 byte-order mark is skipped); the delimiter is the one of comma,
+    semicolon or tab that splits the header into trace columns.
+    """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise CapacityError(f"trace {str(path)!r} does not exist; pass a CSV with columns {','.join(REQUIRED)}")
+    if not p.is_file():
+        raise CapacityError(f"trace {str(path)!r} is not a file; pass a CSV with columns {','.join(REQUIRED)}")
     if default_pool is not None and default_pool not in config.pools:
         raise CapacityError(f"--pool {default_pool!r} is not in the pools config; use one of {sorted(config.pools)}")
-    with p.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        if not header or header == [""]:
-            raise CapacityError(f"{path}: empty file; the first line is the header {','.join(REQUIRED)}")
-        missing = [c for c in REQUIRED if c not in header]
-        if missing:
-            raise CapacityError(
-                f"{path} line 1: column {missing[0]!r} is missing; the header needs "
-                f"{','.join(REQUIRED)} (optional: {','.join(OPTIONAL)})"
-            )
-        for c in header:
-            if c not in REQUIRED + OPTIONAL:
-                raise CapacityError(
-                    f"{path} line 1: column {c!r} is not a trace column; remove it or use "
-                    f"{','.join(REQUIRED + OPTIONAL)}"
-                )
-            if header.count(c) > 1:
-                raise CapacityError(f"{path} line 1: column {c!r} appears twice; keep one")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise CapacityError(f"trace {str(path)!r} cannot be read ({e.strerror or e}); check its permissions") from None
+    text = _decode(path, data)
+    first = text.split("\n", 1)[0].rstrip("\r")
+    if not text.strip():
+        raise CapacityError(f"{path}: empty file; the first line is the header {','.join(REQUIRED)}")
+    if not first.strip():
+        raise CapacityError(f"{path} line 1: blank; the first line is the header {','.join(REQUIRED)}")
+    delimiter = _delimiter(path, first)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = [h.strip() for h in next(reader)]
+        _check_header(path, header)
         pool_fallback = default_pool
         if "pool" not in header and pool_fallback is None:
             if len(config.pools) != 1:
@@ -87,12 +98,99 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
             if not row or all(not c.strip() for c in row):
                 continue
             if len(row) != len(header):
-                raise CapacityError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}; fix the row")
+                raise CapacityError(_width(path, line, row, header, delimiter))
             cells = dict(zip(header, (c.strip() for c in row)))
             jobs.append(_row(path, line, cells, config, pool_fallback, seen))
+    except csv.Error as e:
+        raise CapacityError(
+            f"{path} line {reader.line_num}: not CSV ({e}); quote fields that hold the delimiter or a line break"
+        ) from None
     if not jobs:
         raise CapacityError(f"{path}: no jobs after the header; add rows")
     return jobs
+
+
+_DELIMITERS = {",": "commas", ";": "semicolons", "\t": "tabs"}
+_BOMS = {
+    codecs.BOM_UTF32_LE: "UTF-32",  # before UTF-16: its BOM starts with UTF-16 LE's
+    codecs.BOM_UTF32_BE: "UTF-32",
+    codecs.BOM_UTF16_LE: "UTF-16",
+    codecs.BOM_UTF16_BE: "UTF-16",
+}
+
+
+def _decode(path: str | Path, data: bytes) -> str:
+    for bom, name in _BOMS.items():
+        if data.startswith(bom):
+            raise CapacityError(
+                f"{path} line 1: the file is {name} (it starts with a {name} byte-order mark); save it as UTF-8"
+            )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        offset = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)  # e: after the BOM
+        line_start = data.rfind(b"\n", 0, offset) + 1
+        line = data.count(b"\n", 0, offset) + 1
+        head = data.split(b"\n", 1)[0].decode("utf-8-sig", errors="replace").strip("\r")
+        before = data[line_start:offset].decode("utf-8", errors="replace")
+        delimiter = next((d for d in _DELIMITERS if len(head.split(d)) > len(head.split(","))), ",")
+        names = [h.strip() for h in head.split(delimiter)]
+        index = before.count(delimiter)
+        column = names[index] if index < len(names) and line > 1 else f"field {index + 1}"
+        raise CapacityError(
+            f"{path} line {line}: {column}: byte {data[offset : offset + 1]!r} is not UTF-8 (text in another "
+            f"encoding, e.g. Latin-1 or Windows-1252); save the file as UTF-8"
+        ) from None
+
+
+def _delimiter(path: str | Path, header_line: str) -> str:
+    """The delimiter that splits the header into the most trace columns."""
+    known = set(REQUIRED + OPTIONAL)
+    best = max(_DELIMITERS, key=lambda d: (sum(h.strip() in known for h in header_line.split(d)), d == ","))
+    if sum(h.strip() in known for h in header_line.split(best)) == 0:
+        raise CapacityError(
+            f"{path} line 1: the header {header_line[:80]!r} names no trace column; the first line is the header "
+            f"{','.join(REQUIRED)} (separated by commas, semicolons or tabs)"
+        )
+    return best
+
+
+def _check_header(path: str | Path, header: list[str]) -> None:
+    for k, c in enumerate(header):
+        if not c:
+            raise CapacityError(
+                f"{path} line 1: column {k + 1} has no name (a trailing delimiter?); remove it or name it one of "
+                f"{','.join(REQUIRED + OPTIONAL)}"
+            )
+        if c not in REQUIRED + OPTIONAL:
+            raise CapacityError(
+                f"{path} line 1: column {c!r} is not a trace column; remove it or use {','.join(REQUIRED + OPTIONAL)}"
+            )
+        if header.count(c) > 1:
+            raise CapacityError(f"{path} line 1: column {c!r} appears twice; keep one")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise CapacityError(
+            f"{path} line 1: column {missing[0]!r} is missing; the header needs "
+            f"{','.join(REQUIRED)} (optional: {','.join(OPTIONAL)})"
+        )
+
+
+def _width(path: str | Path, line: int, row: list[str], header: list[str], delimiter: str) -> str:
+    """The one line for a row with too few or too many fields."""
+    where = f"{path} line {line}: {len(row)} field{'s' if len(row) != 1 else ''}, the header has {len(header)}"
+    other = next((d for d in _DELIMITERS if d != delimiter and any(d in c for c in row)), None)
+    if other is not None and len(row) < len(header):
+        return (
+            f"{where}: this line is separated by {_DELIMITERS[other]}, the header by {_DELIMITERS[delimiter]}; "
+            f"use one delimiter throughout"
+        )
+    if len(row) < len(header):
+        return f"{where}: column {header[len(row)]!r} is missing; fill in {','.join(header[len(row) :])}"
+    return (
+        f"{where}: field {len(header) + 1} ({row[len(header)].strip()[:40]!r}) has no column; remove it "
+        f"or quote a value that holds a {_DELIMITERS[delimiter][:-1]}"
+    )
 
 
 def _row(
@@ -106,13 +204,17 @@ def _row(
     def bad(col: str, why: str) -> CapacityError:
         return CapacityError(f"{path} line {line}: {col} = {cells.get(col, '')!r}: {why}")
 
-    def number(col: str, positive: bool) -> float:
+    def number(col: str, positive: bool, most: float) -> float:
         try:
             v = float(cells[col])
         except ValueError:
             raise bad(col, "not a number; write seconds like 3600 or 12.5") from None
-        if not math.isfinite(v) or v < 0 or (positive and v == 0):
-            raise bad(col, f"must be {'> 0' if positive else '>= 0'} and finite")
+        if not math.isfinite(v):
+            raise bad(col, "not a finite number; write seconds like 3600 or 12.5")
+        if v < 0 or (positive and v == 0):
+            raise bad(col, f"must be {'> 0' if positive else '>= 0'} (seconds)")
+        if v > most:
+            raise bad(col, f"over {most:,.0f} s, not a plausible trace time; is it in milliseconds? divide by 1000")
         return v
 
     def name(col: str, fallback: str) -> str:
@@ -128,17 +230,19 @@ def _row(
     if job_id in seen:
         raise bad("job_id", "appears twice; job ids are unique")
     seen.add(job_id)
-    submit = number("submit_s", positive=False)
-    duration = number("duration_s", positive=True)
+    submit = number("submit_s", positive=False, most=MAX_SUBMIT_S)
+    duration = number("duration_s", positive=True, most=MAX_DURATION_S)
     try:
         gpus_f = float(cells["gpus"])
     except ValueError:
         raise bad("gpus", "not a number; write whole GPUs like 1, 8 or 16") from None
+    if not math.isfinite(gpus_f) or gpus_f > MAX_GPUS:
+        raise bad("gpus", f"not a plausible GPU count (at most {MAX_GPUS:,}); write whole GPUs like 1, 8 or 16")
     if not gpus_f.is_integer() or gpus_f < 1:
         raise bad("gpus", f"slots are whole GPUs, at least 1; round up to {max(1, math.ceil(gpus_f))}")
     est: float | None = None
     if cells.get("est_duration_s"):
-        est = number("est_duration_s", positive=True)
+        est = number("est_duration_s", positive=True, most=MAX_DURATION_S)
     priority = name("priority", config.default_class)
     if priority not in config.priority_classes:
         raise bad("priority", f"not a priority class; use one of {sorted(config.priority_classes)}")
