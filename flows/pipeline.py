@@ -48,6 +48,7 @@ from traingate.job.vocab import Cause, Status
 from traingate.ladder.gates import decide
 from traingate.ladder.plan import ResumePoint, record_flow_run, resume_point, run_of_flow_run, stages_until
 from traingate.ladder.preflight import check_spec, preflight
+from traingate.promotion.refusal import refusal
 from traingate.redact import redact, register_secret
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
@@ -225,7 +226,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             )
             close_pipeline_run(run_id, True, "full")
             return Completed(
-                message=f"run {run_id}: every stage had passed; promotion and close finished", data=summary
+                message=f"run {run_id}: every stage had passed; {_promotion(run_id, summary['model'])}", data=summary
             )
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     pending: list[PrefectFuture] = []
@@ -348,12 +349,15 @@ def _promotion(run_id: str, model: dict[str, Any]) -> str:
     """The promotion outcome in words, also as the run's last artifact: a refused promotion must not read
     as a plain success (the stages passed, but the run produced no candidate model)."""
 
+    findings = ""
     if model.get("registered"):
         line = f"model promoted: models:/{model['name']}@{model['alias']} (version {model['version']})"
     else:
-        line = f"model NOT promoted: {'; '.join(model.get('reasons', [])) or 'no reason recorded'}"
+        line = refusal(model.get("reasons", []))
+        findings = "".join(f"\n- {r}" for r in model.get("reasons", []))
+        findings = f"\n## What the checks found\n{findings}\n" if findings else ""
     create_markdown_artifact(
-        markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n",
+        markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n{redact(findings)}",
         key=f"tg-{run_id}-5-promotion",
         description=f"traingate run {run_id}: promotion",
     )

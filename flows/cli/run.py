@@ -56,10 +56,8 @@ def main(args: argparse.Namespace) -> int:
         if summary.get("checkpoint_uri"):
             print(f"  checkpoint:      {redact(summary['checkpoint_uri'])}")
         model = summary.get("model") or {}
-        if model.get("registered"):
+        if model.get("registered"):  # a refusal, with its fix, is in the headline above (flows.pipeline)
             print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
-        elif model:
-            print(f"  model not registered: {redact('; '.join(model.get('reasons', [])))}")
         print(f"  prefect flow run: {summary['flow_run_id']}")
         print(f"  stage outputs:   {summary['run_dir']}")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")

@@ -103,8 +103,8 @@ def test_a_pipeline_whose_promotion_was_refused_says_so_in_its_final_state_and_a
     p = _run(install, state)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     line = next(x for x in p.stdout.splitlines() if x.startswith("pipeline "))
-    assert line.startswith("pipeline PASSED: all 4 stages passed; model NOT promoted: identity incomplete: "
-                           "traingate.code_version"), line
+    assert line.startswith("pipeline PASSED: all 4 stages passed; not promoted: no code version - run from a git "
+                           "checkout"), line
     _, run = _pipeline_run(MlflowClient(f"sqlite:///{state}/mlflow.db"))
     assert run.data.tags["traingate.code_source"] == "none"
     flow_run_id = next(x.split(":", 1)[1].strip() for x in p.stdout.splitlines() if "prefect flow run:" in x)
@@ -112,6 +112,6 @@ def test_a_pipeline_whose_promotion_was_refused_says_so_in_its_final_state_and_a
         state_of_run = c.read_flow_run(flow_run_id).state
         (artifact,) = c.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[f"tg-{run.info.run_id}-5-promotion"])))
-    assert state_of_run.is_completed() and "model NOT promoted: identity incomplete: traingate.code_version" \
-        in state_of_run.message
-    assert "model NOT promoted: identity incomplete: traingate.code_version" in artifact.data
+    assert state_of_run.is_completed() and "not promoted: no code version - " in state_of_run.message
+    assert "not promoted: no code version - " in artifact.data
+    assert "- identity incomplete: traingate.code_version" in artifact.data  # what the checks found, each

@@ -329,3 +329,22 @@ def test_a_script_that_declares_no_checkpoints_is_still_refused_promotion_with_i
     assert out["reasons"] == [f"no model checkpoint: the script wrote no file matching recipe.script.checkpoints "
                               f"('ckpt_*.pt') under {empty}"]
     assert not tracked.client.search_registered_models()
+
+
+def test_a_script_run_without_data_uri_is_refused_promotion_in_one_line_naming_data_uri_as_the_fix(tmp_path, state_dir):
+    from traingate.job.result import StageResult
+    from traingate.promotion.refusal import refusal
+
+    workdir = copy_project(tmp_path, JSONL_LATEST)
+    spec = script_spec(workdir, {"command": ["python", "train.py", "--ckpt-dir", "${TRAINGATE_CHECKPOINT_DIR}"],
+                                 "metrics": [r'"step": (?P<step>\d+), "loss": (?P<loss>[0-9.eE+-]+)'],
+                                 "checkpoints": "ckpt_*.pt"})  # no data: section
+    tracked = Tracked(spec)
+    result = StageResult(stage="full", status=Status.COMPLETED, metrics={"nonfinite_steps": 0.0, "steps": 80.0})
+    runs.record_stage(tracked.client, tracked.stage_run, result, decide(result, spec.gate("full")))
+    out = register_candidate(tracked.client, spec, tracked.stage_run, (tmp_path / "ck").as_uri())
+    assert not out["registered"] and len(out["reasons"]) == 4  # data snapshot and URI, on the stage and pipeline runs
+    assert refusal(out["reasons"]) == (
+        "not promoted: no data snapshot - set data.uri (the file or directory the script trains on; its content hash "
+        "is the snapshot)"
+    )
