@@ -44,8 +44,9 @@ from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
 from traingate.job.stagejob import derive
-from traingate.job.vocab import Cause, Status
+from traingate.job.vocab import Status
 from traingate.ladder.gates import decide
+from traingate.ladder.outcomes import resumable_stop
 from traingate.ladder.plan import ResumePoint, record_flow_run, resume_point, run_of_flow_run, stages_until
 from traingate.ladder.preflight import check_spec, preflight
 from traingate.promotion.refusal import refusal
@@ -267,12 +268,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
             _settle(pending)
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
-            if result.details.get("supervision", {}).get("cause") == Cause.DISK_FULL:  # the error names the fix
-                return stopped(Cancelled(message=f"{stage} {result.error}"), summary)
-            return stopped(
-                Cancelled(message=f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}"),
-                summary,
-            )
+            return stopped(Cancelled(message=resumable_stop(stage, result, run_id)), summary)
         if not decision.passed:
             _settle(pending)
             close_pipeline_run(run_id, False, stage, decision.summary())

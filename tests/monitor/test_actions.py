@@ -17,6 +17,7 @@ import pytest
 from traingate.job import files
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Cause, Status
+from traingate.ladder.outcomes import from_supervision, resumable_stop
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.spec import load_spec
@@ -82,6 +83,8 @@ def test_a_spike_with_action_pause_stops_at_an_emergency_checkpoint_and_resume_f
     sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@33", "alerts.loss_spike.action=pause", name="paused")
     assert sup.status == Status.PREEMPTED
     assert sup.error.startswith("paused by alert loss-spike") and "traingate resume paused" in sup.error
+    assert sup.paused_by == "alert loss-spike"  # the ladder's final state says so, not "preempted"
+    assert resumable_stop("full", from_supervision(job, sup, 1.0), "paused").startswith("full paused by alert loss-spike")
     ck = Checkpointer(job.checkpoint_uri, async_save=False)
     stopped_at = ck.list_steps()[-1]
     assert 34 < stopped_at < 60  # an emergency checkpoint where it stopped, past the spike
@@ -103,6 +106,7 @@ def test_a_run_crossing_its_budget_mid_stage_is_paused_and_resumes_when_the_budg
     sup, job, events, _ = _run(tiny_spec, tmp_path, "slow@0", price, steps, name="budget",
                                budget_usd=0.35, spent_before_usd=0.05)
     assert sup.status == Status.PREEMPTED and sup.error.startswith("paused by alert budget-exhausted"), sup.error
+    assert sup.paused_by == "alert budget-exhausted"
     rules = [a.rule for a in files.read_alerts(Path(job.stage_dir))]
     assert rules == ["budget-warning", "budget-exhausted"]
     paused_at = Checkpointer(job.checkpoint_uri, async_save=False).list_steps()[-1]

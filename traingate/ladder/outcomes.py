@@ -139,6 +139,24 @@ def restart_records(job: StageJob, sup: Supervision) -> list[dict[str, str]]:
     return restart_record.records(attempts, final=True)
 
 
+def resumable_stop(stage: str, result: StageResult, run_id: str) -> str:
+    """How a stage that stopped at a checkpoint, resumable, reads in the ladder's final state: a pause (an
+    alert, a budget's alert among them, or a full disk) names who paused it and why, with its supervisor's
+    words; anything else (Ctrl-C, a cancelled flow run, a higher priority class) was preempted.
+
+    >>> paused = StageResult(stage="smoke", status=Status.PREEMPTED, error="paused by alert loss-spike: loss 9 "
+    ...     "> 4x median; continue with `traingate resume r1`",
+    ...     details={"supervision": {"paused_by": "alert loss-spike"}})
+    >>> resumable_stop("smoke", paused, "r1")
+    'smoke paused by alert loss-spike: loss 9 > 4x median; continue with `traingate resume r1`'
+    >>> resumable_stop("smoke", StageResult(stage="smoke", status=Status.PREEMPTED, error="preempted: SIGINT"), "r1")
+    'smoke preempted at a checkpoint; continue with: traingate resume r1'
+    """
+    if result.details.get("supervision", {}).get("paused_by") and result.error:
+        return f"{stage} {result.error}"
+    return f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}"
+
+
 def from_pytest(proc: ProcResult, junit_path: Path, duration_s: float) -> StageResult:
     """The unit stage: counts from pytest's JUnit XML."""
     passed = failed = skipped = 0

@@ -75,6 +75,9 @@ class Supervision:
     proc: proc.ProcResult  # the last launch
     stop_reason: str | None = None
     job: StageJob | None = None  # the last attempt's job
+    # Who paused a resumable stage: "alert <rule>" (a budget's rule too) or "disk full"; None when it was
+    # preempted (Ctrl-C, a cancelled flow run, a higher priority class) or did not pause.
+    paused_by: str | None = None
 
     @property
     def restarts(self) -> int:
@@ -86,6 +89,7 @@ class Supervision:
             "cause": self.cause,
             "error": self.error,
             "stop_reason": self.stop_reason,
+            "paused_by": self.paused_by,
             "restarts": self.restarts,
             "attempts": [asdict(a) for a in self.attempts],
         }

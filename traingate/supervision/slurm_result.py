@@ -59,7 +59,14 @@ def supervision_of(
     st = status or (Status(final["status"]) if final.get("status") else Status.FAILED)
     c = cause if status is not None else (Cause(final["cause"]) if final.get("cause") else None)
     return Supervision(
-        st, c, error if status is not None else final.get("error"), attempts, proc, final.get("stop_reason"), job
+        st,
+        c,
+        error if status is not None else final.get("error"),
+        attempts,
+        proc,
+        final.get("stop_reason"),
+        job,
+        None if status is not None else final.get("paused_by"),
     )
 
 

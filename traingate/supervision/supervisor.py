@@ -277,12 +277,13 @@ class _Run:
                 f"{how} {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
                 f"continue with `traingate resume {job.run_id}`"
             )
-            return self.finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED)
+            paused_by = f"alert {watch.alert_stop.rule}" if watch.alert_stop is not None else None
+            return self.finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED, paused_by)
         if verdict.cause == Cause.DISK_FULL:
             # A full disk stays full until someone frees it: a restart cannot help, and the work saved so far
             # is good. The stage pauses, as a budget or an alert pauses it: resumable from its latest checkpoint.
             err = f"{Cause.DISK_FULL}: paused by the supervisor: {self.attempts[-1].detail}"
-            return self.finish(result, Status.PREEMPTED, err, "disk full", Cause.DISK_FULL)
+            return self.finish(result, Status.PREEMPTED, err, "disk full", Cause.DISK_FULL, "disk full")
         if not verdict.retryable:
             error = _stop_error(verdict.cause, self.attempts[-1].detail, result)
             return self.finish(result, status_for(verdict.cause), error, None, verdict.cause)
@@ -334,11 +335,23 @@ class _Run:
         return parse_spec(apply_overrides(self.job.spec.to_dict(), self.overrides))
 
     def finish(
-        self, result: proc.ProcResult, status: Status, error: str | None, stop_reason: str | None, cause: Cause | None
+        self,
+        result: proc.ProcResult,
+        status: Status,
+        error: str | None,
+        stop_reason: str | None,
+        cause: Cause | None,
+        paused_by: str | None = None,
     ) -> Supervision:
-        final = {"status": str(status), "cause": cause, "error": error, "stop_reason": stop_reason}
+        final = {
+            "status": str(status),
+            "cause": cause,
+            "error": error,
+            "stop_reason": stop_reason,
+            "paused_by": paused_by,
+        }
         self.record.write(self.attempts, final)
-        return Supervision(status, cause, error, self.attempts, result, stop_reason, self.job)
+        return Supervision(status, cause, error, self.attempts, result, stop_reason, self.job, paused_by)
 
 
 def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> str | None:
