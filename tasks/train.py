@@ -74,6 +74,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         hooks = Hooks(
             on_line=log.info,
             info=log.info,
+            error=log.error,
             on_restart=lambda e: _emit("traingate.run.restarted", job, e),
             on_alert=lambda name, e: _alert(name, job, e, log),
             stop_requested=_either(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from traingate.alerts.rules import Action, Firing, stale_checkpoint
+from traingate.alerts.rules import Action, Firing, Severity, stale_checkpoint
 from traingate.capacity import slurm_cli
 from traingate.capacity.slurm import SlurmError
 from traingate.job import files
@@ -211,7 +211,9 @@ class AlertActions:
                 time=now, stage=self.job.stage, kind="alert", text=f"{f.message} -> {outcome}", data=payload
             ),
         )
-        self.hooks.info(f"{self.job.stage}: ALERT {f.severity} {f.message} -> {outcome}")
+        line = f"{self.job.stage}: ALERT {f.severity} {f.message} -> {outcome}"
+        say = self.hooks.error if f.severity == Severity.CRITICAL and self.hooks.error is not None else self.hooks.info
+        say(line)
         if self.hooks.on_alert is not None:
             self.hooks.on_alert(f"alert.{f.rule}", payload)
         if self.job.spec.alerts.webhook_url:

@@ -58,6 +58,7 @@ class Hooks:
 
     on_line: Callable[[str], None] | None = None
     info: Callable[[str], None] = log.info
+    error: Callable[[str], None] | None = None  # a critical alert's line (ERROR in a log); None: through info
     on_restart: Callable[[dict[str, Any]], None] | None = None
     on_alert: Callable[[str, dict[str, Any]], None] | None = None
     # Polled while the tree runs and during backoff; a reason string means "preempt it now, do not restart".
