@@ -7,9 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from traingate.capacity.figures import figures, timeseries
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import CapacityConfig, CapacityError, load_config
-from traingate.capacity.report import COMPARED, plots, report, write_schedule
+from traingate.capacity.report import COMPARED, plots, report, write_figures, write_schedule, write_timeseries
 from traingate.capacity.simulate import simulate
 from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
 from traingate.settings import Settings
@@ -39,18 +40,25 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = [simulate(trace, config, p, args.half_life_h) for p in policies]
     pools = sorted({tj.job.pool for tj in trace})
+    figs = [figures(r) for r in results]
+    series = [timeseries(r) for r in results]
     text = report(
         results,
         f"{len(trace)} jobs from {trace_path.name} on "
         + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools),
         default,
+        figs,
     )
     (out / "table.md").write_text(text)
-    for r in results:
+    for r, s in zip(results, series):
         write_schedule(r, out / f"schedule-{r.policy.name}.csv")
-    written = plots(results, out)
+        write_timeseries(s, out / f"timeseries-{r.policy.name}.csv")
+    written = write_figures(results, figs, out) + plots(results, out, series)
     print(text)
-    print(f"written: {out / 'table.md'}, {', '.join(p.name for p in written)}, schedule-<policy>.csv in {out}")
+    print(
+        f"written: {out / 'table.md'}, {', '.join(p.name for p in written)}, schedule-<policy>.csv, "
+        f"timeseries-<policy>.csv in {out}"
+    )
     return 0
 
 

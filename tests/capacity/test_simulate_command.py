@@ -31,10 +31,15 @@ def test_simulate_prints_the_comparison_and_writes_table_plots_and_schedules(tmp
     assert "| 1.00 | 1.00 |" in out          # FIFO against itself
     assert "| fairshare+backfill+preempt (config default) | " in out
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["ratios.png", "schedule-fairshare+backfill+preempt.csv", "schedule-fifo.csv",
-                       "table.md", "team_share.png", "wait_cdf.png"]
+    assert written == ["figures.csv", "ratios.png", "schedule-fairshare+backfill+preempt.csv", "schedule-fifo.csv",
+                       "table.md", "team_share.png", "timeseries-fairshare+backfill+preempt.csv",
+                       "timeseries-fifo.csv", "timeseries.png", "wait_cdf.png", "waits_by_size.csv"]
     assert (tmp_path / "out" / "wait_cdf.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "out" / "timeseries.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "out" / "schedule-fifo.csv").read_text().splitlines()) == 121
+    assert len((tmp_path / "out" / "timeseries-fifo.csv").read_text().splitlines()) == 1 + 2 * 1000  # pool, all
+    assert len((tmp_path / "out" / "figures.csv").read_text().splitlines()) == 1 + 2 * 2  # policies x (pool, all)
+    assert "| fifo | gpu-h100 | 120 | " in out and "Queueing delay by job size" in out
 
 
 def test_the_traingate_cli_exits_2_on_a_bad_trace_with_one_line_and_writes_nothing(tmp_path):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
+from traingate.capacity.figures import BSLD_BOUND_S, SIZE_BUCKETS, Figures, Interval, Waits, figures, timeseries
 from traingate.capacity.policy import Policy
 from traingate.capacity.simulate import SimResult, summarize
 
@@ -93,15 +95,124 @@ def by_team_table(results: Sequence[SimResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(results: Sequence[SimResult], title: str, default: Policy | None = None) -> str:
-    """``default``: the policy the config's ``scheduling`` section names, marked in the table."""
+def pools_table(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]]) -> str:
+    """Per pool (and over all pools when there are several): wait percentiles, bounded slowdown,
+    makespan, utilisation, preemptions and GPU-hours they lost."""
+    rows = [(r, f) for r, fs in zip(results, figs) for f in (fs if len(fs) > 2 else fs[:1])]
+    unit, div = _unit([f.waits.max_s for _, f in rows])
+    munit, mdiv = _unit([f.makespan_s for _, f in rows])
+    lines = [
+        f"| policy | pool | jobs | GPUs | p50 wait ({unit}) | p95 wait ({unit}) | p99 wait ({unit}) "
+        f"| max wait ({unit}) | bounded slowdown mean / p95 / max | makespan ({munit}) | utilisation "
+        f"| preemptions (stops) | preemptive starts | GPU-h lost to preemption |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r, f in rows:
+        w = f.waits
+        lines.append(
+            f"| {r.policy.name} | {f.scope} | {f.jobs} | {f.capacity} | {w.p50_s / div:.2f} | {w.p95_s / div:.2f} "
+            f"| {w.p99_s / div:.2f} | {w.max_s / div:.2f} | {f.bsld_mean:.2f} / {f.bsld_p95:.2f} / {f.bsld_max:.2f} "
+            f"| {f.makespan_s / mdiv:.2f} | {f.utilisation:.1%} | {f.preemptions} | {f.preemptive_starts} "
+            f"| {f.lost_gpu_h:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def by_size_table(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]]) -> str:
+    """Over all pools: per GPU-count bucket, jobs and mean / p95 wait."""
+    totals = [fs[-1] for fs in figs]
+    buckets = [name for _, name in SIZE_BUCKETS if any(name in f.waits_by_size for f in totals)]
+    unit, div = _unit([w.p95_s for f in totals for w in f.waits_by_size.values()])
+    lines = [
+        "| policy | "
+        + " | ".join(f"{b} GPU{'s' if b != '1' else ''}: jobs, mean / p95 wait ({unit})" for b in buckets)
+        + " |",
+        "|---" * (len(buckets) + 1) + "|",
+    ]
+    for r, f in zip(results, totals):
+        cells = []
+        for b in buckets:
+            w = f.waits_by_size.get(b)
+            cells.append(f"{w.jobs}, {w.mean_s / div:.2f} / {w.p95_s / div:.2f}" if w else "-")
+        lines.append(f"| {r.policy.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report(
+    results: Sequence[SimResult],
+    title: str,
+    default: Policy | None = None,
+    figs: Sequence[Sequence[Figures]] | None = None,
+) -> str:
+    """``default``: the policy the config's ``scheduling`` section names, marked in the table;
+    ``figs``: each result's :func:`figures` when already computed."""
     r0 = results[0]
+    figs = figs if figs is not None else [figures(r) for r in results]
     return (
         f"{title}\n\nfair-share half-life {r0.half_life_h:g} h; ratios against "
         f"{baseline(results).policy.name}; JCT = job completion time (submission to end)\n\n"
         f"{table(results, default)}\nMean queueing delay by priority class:\n\n{by_class_table(results)}\n"
-        f"GPU-hours held and mean queueing delay by team:\n\n{by_team_table(results)}"
+        f"GPU-hours held and mean queueing delay by team:\n\n{by_team_table(results)}\n"
+        f"Per pool: queueing delay percentiles, bounded slowdown (max(1, (end - submit) / max(work, "
+        f"{BSLD_BOUND_S:g} s))), makespan (first submission to last end), utilisation while jobs arrive, "
+        f"every job stopped by a preemption and every start the preemption rule made:\n\n"
+        f"{pools_table(results, figs)}\nQueueing delay by job size (GPUs asked), all pools:\n\n"
+        f"{by_size_table(results, figs)}"
     )
+
+
+FIGURE_COLUMNS = (
+    "policy,pool,jobs,capacity_gpus,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s,bsld_mean,bsld_p95,"
+    "bsld_max,makespan_s,held_gpu_h,utilisation,preemptions,preemptive_starts,lost_gpu_h"
+).split(",")
+SIZE_COLUMNS = "policy,pool,gpus,jobs,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s".split(",")
+
+
+def _waits_cells(w: Waits) -> list[str]:
+    return [str(w.jobs), *(_num(x) for x in (w.mean_s, w.p50_s, w.p95_s, w.p99_s, w.max_s))]
+
+
+def write_figures(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]], out: Path) -> list[Path]:
+    """``figures.csv`` (one row per policy and pool, ``all`` for every pool together) and
+    ``waits_by_size.csv`` (one row per policy, pool and GPU-count bucket), every digit kept."""
+    paths = [out / "figures.csv", out / "waits_by_size.csv"]
+    with paths[0].open("w", newline="") as f0, paths[1].open("w", newline="") as f1:
+        w0, w1 = csv.writer(f0), csv.writer(f1)
+        w0.writerow(FIGURE_COLUMNS)
+        w1.writerow(SIZE_COLUMNS)
+        for r, fs in zip(results, figs):
+            for g in fs:
+                w = _waits_cells(g.waits)
+                w0.writerow(
+                    [r.policy.name, g.scope, w[0], g.capacity, *w[1:]]
+                    + [_num(x) for x in (g.bsld_mean, g.bsld_p95, g.bsld_max, g.makespan_s, g.held_gpu_h)]
+                    + [_num(g.utilisation), g.preemptions, g.preemptive_starts, _num(g.lost_gpu_h)]
+                )
+                for bucket, ws in g.waits_by_size.items():
+                    w1.writerow([r.policy.name, g.scope, bucket, *_waits_cells(ws)])
+    return paths
+
+
+SERIES_COLUMNS = "pool,start_s,end_s,queued_mean,queued_max,running_mean,busy_gpus_mean,capacity_gpus,utilisation"
+
+
+def write_timeseries(series: Sequence[Interval], path: Path) -> Path:
+    """One row per pool and interval (``all``: every pool together), every digit kept."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(SERIES_COLUMNS.split(","))
+        for i in series:
+            w.writerow(
+                [i.scope, _num(i.start_s), _num(i.end_s), _num(i.queued_mean), i.queued_max, _num(i.running_mean)]
+                + [_num(i.busy_gpus_mean), i.capacity, _num(i.utilisation)]
+            )
+    return path
+
+
+def _num(x: float | None, whole: Literal["0", "-"] = "0") -> str:
+    """Every digit: the shortest text that reads back as the same float, never in exponent form
+    (``1e-07`` would clash with the ``start-end`` of an attempt). ``whole="-"`` writes 100.0 as 100."""
+    return "" if x is None else np.format_float_positional(float(x), trim=whole)
 
 
 def write_schedule(res: SimResult, path: Path) -> Path:
@@ -130,13 +241,13 @@ def write_schedule(res: SimResult, path: Path) -> Path:
                     r.priority,
                     r.pool,
                     r.slots,
-                    r.submit_s,
-                    r.first_start_s,
-                    r.end_s,
-                    r.wait_s,
+                    _num(r.submit_s),
+                    _num(r.first_start_s),
+                    _num(r.end_s),
+                    _num(r.wait_s),
                     r.preemptions,
                     ";".join(
-                        f"{s:g}-{e:g}@{'+'.join(map(str, nodes))}:{how}"
+                        f"{_num(s, '-')}-{_num(e, '-')}@{'+'.join(map(str, nodes))}:{how}"
                         for (s, nodes, how), e in zip(r.attempts, r.preempted_at + [r.end_s])
                     ),
                 ]
@@ -144,9 +255,70 @@ def write_schedule(res: SimResult, path: Path) -> Path:
     return path
 
 
-def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
-    # lazy: matplotlib takes a second to import; only `traingate simulate` draws (a Figure needs no display)
-    from matplotlib.figure import Figure
+def _matplotlib() -> Any:
+    """matplotlib's ``figure`` and ``colormaps`` (a Figure needs no display)."""
+    # lazy: matplotlib takes a second to import; only `traingate simulate` draws
+    import matplotlib.figure
+
+    return matplotlib
+
+
+def _colours(n: int) -> list[tuple[float, ...]]:
+    """``n`` distinct colours: tab10, or tab20 past ten."""
+    cmap = _matplotlib().colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(k % cmap.N) for k in range(n)]
+
+
+PLOT_POINTS = 200
+
+
+def plot_timeseries(results: Sequence[SimResult], series: Sequence[Sequence[Interval]], path: Path) -> Path:
+    """Queue length and utilisation over time: a row per pool (and one over all pools when there
+    are several), a line per policy."""
+    Figure = _matplotlib().figure.Figure
+
+    scopes = list(dict.fromkeys(i.scope for s in series for i in s))
+    if len(scopes) == 2:
+        scopes = scopes[:1]  # one pool: "all" is the same
+    t0 = min((s[0].start_s for s in series if s), default=0.0)
+    unit, div = _unit([i.end_s - t0 for s in series for i in s[-1:]])
+    colours = _colours(len(results))
+    fig = Figure(figsize=(11, 2.6 * len(scopes) + 0.8))
+    axes = fig.subplots(len(scopes), 2, squeeze=False, sharex=True)
+    width = 0.0
+    for row, scope in enumerate(scopes):
+        qax, uax = axes[row]
+        for r, s, colour in zip(results, series, colours):
+            mine = [i for i in s if i.scope == scope]
+            # At most PLOT_POINTS points: the mean of k equal intervals is the mean over their union.
+            group = np.arange(len(mine)) // max(1, -(-len(mine) // PLOT_POINTS))
+            n = np.bincount(group)
+
+            def mean(xs: list[float], g: np.ndarray = group, n: np.ndarray = n) -> np.ndarray:
+                return np.bincount(g, weights=xs) / n
+
+            x = (mean([(i.start_s + i.end_s) / 2 for i in mine]) - t0) / div
+            width = (mine[0].end_s - mine[0].start_s) * n[0] / div if mine else 0.0
+            style = "--" if r.policy.preempt else "-"
+            qax.plot(x, mean([i.queued_mean for i in mine]), style, color=colour, label=r.policy.name)
+            uax.plot(x, 100 * mean([i.utilisation for i in mine]), style, color=colour)
+        cap = next((i.capacity for s in series for i in s if i.scope == scope), 0)
+        qax.set_ylabel("queued jobs")
+        qax.set_title(f"{scope}: queue length (mean per {width:.3g} {unit})", fontsize=9)
+        uax.set_ylabel("utilisation (%)")
+        uax.set_ylim(0, 105)
+        uax.set_title(f"{scope}: GPUs held / {cap} GPUs (mean per {width:.3g} {unit})", fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel(f"time since first submission ({unit})")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plots(results: Sequence[SimResult], out: Path, series: Sequence[Sequence[Interval]] | None = None) -> list[Path]:
+    """``series``: each result's :func:`timeseries` when already computed."""
+    Figure = _matplotlib().figure.Figure
 
     out.mkdir(parents=True, exist_ok=True)
     ms = [summarize(r) for r in results]
@@ -155,13 +327,14 @@ def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
 
     fig = Figure(figsize=(8, 5))
     ax = fig.add_subplot()
-    for r, name in zip(results, names):
+    for r, name, colour in zip(results, names, _colours(len(results))):
         w = np.sort([rec.wait_s / 3600.0 for rec in r.records])
         ax.step(
             np.maximum(w, 1e-3),
             np.arange(1, len(w) + 1) / len(w),
             where="post",
             label=name,
+            color=colour,
             linestyle="--" if r.policy.preempt else "-",
         )
     ax.set_xscale("log")
@@ -201,4 +374,5 @@ def plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out / "team_share.png")
     fig.savefig(paths[-1], dpi=110)
+    paths.append(plot_timeseries(results, series or [timeseries(r) for r in results], out / "timeseries.png"))
     return paths
