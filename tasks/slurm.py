@@ -33,6 +33,7 @@ from mlflow.exceptions import MlflowException
 from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import PoolConfig
 from traingate.capacity.slurm_cli import Unreachable
+from traingate.cost import charged as charged_file
 from traingate.cost import ledger, slurm_cost
 from traingate.job import files
 from traingate.job.result import StageResult
@@ -142,8 +143,8 @@ def run_on_slurm(
     )
     result.attempts = [a.to_record() for a in charged]
     result.cost_usd = ledger.total_usd(charged)
-    record["charged"] = result.attempts  # what `traingate watch` adds up for the ended stage
     files.write_json(stage_dir / slurm.RECORD_FILE, record)
+    charged_file.record(stage_dir, result.attempts, final=True)  # what `traingate watch` adds up for the ended stage
     result.metrics.update(
         slurm_job_id=int(job_id), slurm_requeues=requeues, slurm_resubmits=resubmits, queue_wait_s=round(waited_s, 3)
     )

@@ -24,6 +24,7 @@ from prefect.runtime import flow_run
 
 from tasks import slots, slurm
 from traingate.capacity.pools import Engine
+from traingate.cost import charged
 from traingate.cost.budget import BudgetLeft, Scope, tightest
 from traingate.cost.ledger import Attempt
 from traingate.cost.source import budgets_for
@@ -31,7 +32,6 @@ from traingate.job.result import StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import outcomes, stage_run
-from traingate.monitor.live import run_spend_usd
 from traingate.redact import redact_tree
 from traingate.settings import Settings
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request
@@ -117,6 +117,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
             previous = read_state(stage_dir)
     held = time.monotonic() - t0 - (gang.waited_s if gang is not None else 0.0)
     result = outcomes.from_supervision(job, sup, held, before=before)
+    charged.record(stage_dir, result.attempts, final=True)  # what `traingate watch` adds up for the ended stage
     if gang is not None:
         result.metrics.update(preemptions=preemptions, queue_wait_s=round(gang.waited_s, 3))
     if sup.error:
@@ -137,7 +138,7 @@ def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:
     found: list[BudgetLeft] = []
     if job.spec.budget.max_run_usd is not None:
         # From the run directory: it also holds this stage's earlier attempts, which MLflow does not yet.
-        found.append(_run_budget(job.spec, job.run_id, run_spend_usd(Path(job.run_dir))))
+        found.append(_run_budget(job.spec, job.run_id, charged.run_usd(Path(job.run_dir))))
     found += _team_budget(job.spec, job.run_id, client, log)
     b = tightest(found)
     if b is None:
@@ -156,7 +157,7 @@ def budgets_at_gate(
     log = get_run_logger()
     found: list[BudgetLeft] = []
     if spec.budget.max_run_usd is not None:
-        spent = run_spend_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
+        spent = charged.run_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
         found.append(_run_budget(spec, run_id, spent))
     with get_client(sync_client=True) as client:
         found += _team_budget(

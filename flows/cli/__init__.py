@@ -16,7 +16,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from flows import logsafety
+from flows import local_server, logsafety
 from flows.cli import arguments
 from traingate.secrets import move_tracking_credentials
 from traingate.settings import Settings
@@ -43,7 +43,11 @@ COMMANDS: dict[str, str] = {
     "ci": "CI verdict as exit code: a spec's cheap stages here, or the ci-canary deployment on --commit",
     "cost": "spend, idle share, time lost to failures, cost per successful run per experiment",
     "retrain": "retrain on the newest data snapshot; the new model takes @champion only if better",
+    "server": "the local Prefect server traingate keeps for later commands: start, status, stop",
 }
+# Commands whose module imports Prefect: the kept server is chosen before that import (Prefect reads its
+# settings at import). `run` and `sweep` choose it themselves, after the spec is validated.
+PREFECT_AT_IMPORT = ("resume", "retrain")
 
 
 def _embedded_defaults(settings: Settings) -> None:
@@ -80,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         move_tracking_credentials()  # the tracking URI is written everywhere; MLflow's credential variables are not
+        if args.cmd in PREFECT_AT_IMPORT:
+            local_server.connect(Settings.from_env().state_dir)
         # lazy: a command's module imports Prefect, MLflow or torch; only the command that runs pays for it
         return int(importlib.import_module(f"flows.cli.{args.cmd}").main(args))
+    except local_server.LocalServerError as e:
+        print(f"traingate: {e}", file=sys.stderr)
+        return EXIT_SPEC
     except SpecError as e:
         # One line, whatever a message quoted: the promise is a line a script can grep.
         print(f"traingate: invalid spec: {' '.join(str(e).splitlines())}", file=sys.stderr)

@@ -207,3 +207,12 @@ def cost(p: argparse.ArgumentParser) -> None:
 def retrain(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="RunSpec YAML file (data.uri may name the version {latest})")
     set_argument(p, "override a spec field, e.g. --set promotion.margin=0.01 (repeatable)")
+
+
+def server(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "action",
+        choices=("start", "status", "stop"),
+        help="start the local Prefect server traingate keeps (run, resume, sweep and retrain use it when "
+        "PREFECT_API_URL is unset), say whether it runs and where, or stop it",
+    )

@@ -1,4 +1,4 @@
-"""`traingate cost [--team T] [--experiment E] [--since 7d]`: spend, idle share, time lost to failures,
+"""`traingate cost [--team T] [--experiment E] [--since 7d] [--run RUN_ID]`: spend, idle share, time lost to failures,
 cost per successful run and the canary's estimate of full against its actual cost per experiment family,
 and scaling advice (1 process vs N), from the runs in the tracking store."""
 
@@ -37,9 +37,17 @@ def main(args: argparse.Namespace) -> int:
                 check_name(args.team)
             except ValueError as e:
                 raise ValueError(f"--team = {args.team!r}: {e}") from None
+        if args.run is not None and (args.team or args.experiment or args.since):
+            raise ValueError(f"--run = {args.run!r} names one run: leave --team, --experiment and --since out")
         since_ms = int((time.time() - parse_since(args.since)) * 1000) if args.since else None
         settings = Settings.from_env()
-        got = gather(client(settings.tracking_uri), experiment=args.experiment, team=args.team, since_ms=since_ms)
+        got = gather(
+            client(settings.tracking_uri),
+            experiment=args.experiment,
+            team=args.team,
+            since_ms=since_ms,
+            run_id=args.run,
+        )
     except ValueError as e:
         print(f"traingate cost: {e}", file=sys.stderr)
         return 2
@@ -50,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
                 f"team {args.team}" if args.team else "",
                 f"experiment {args.experiment}" if args.experiment else "",
                 f"since {args.since} ago" if args.since else "",
+                f"run {args.run}" if args.run else "",
             )
             if x
         )

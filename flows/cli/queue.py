@@ -1,7 +1,8 @@
 """`traingate queue [--pool P]`: running and waiting training jobs per pool, as the scheduler sees them.
 
-Waiting jobs are listed in the order the pool's policy serves them, each with its position,
-class, team, slots, time waited so far and an estimated start (the earliest time it fits if the
+Running jobs show when they started (UTC) and for how long they have run; waiting jobs are listed in
+the order the pool's policy serves them, each with its position, class, team, slots, the time it joined
+the queue (UTC), time waited so far and an estimated start (the earliest time it fits if the
 running jobs end as predicted; "unknown" without predictions). A local pool's jobs are read from its
 authority's signed records; a record the authority did not sign is left out and reported on an
 ``ignored:`` line. A Slurm pool shows Slurm's queue of
@@ -25,6 +26,7 @@ from traingate.capacity.policy import queue_order
 from traingate.capacity.pools import CapacityError, Engine
 from traingate.capacity.queue import RUNNING, WAITING, Entry, _predict, decide, rules_for, usage_now
 from traingate.settings import Settings
+from traingate.units import UTC_LABEL, duration, utc
 
 
 def main(args: argparse.Namespace) -> int:
@@ -85,9 +87,10 @@ def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=(
         used = sum(footprint(e.slots, pool.gpus_per_node) for e in running)
         out.append(f"pool {name}: {used}/{pool.capacity} slots in use, {len(running)} running, {len(waiting)} waiting")
         for e in sorted(running, key=lambda e: e.started_s or 0.0):
+            started = e.started_s or now
             out.append(
                 f"  running  {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
-                f"for {now - (e.started_s or now):6.0f} s  {e.progress}"
+                f"started {utc(started)} {UTC_LABEL}  for {duration(now - started):>8}  {e.progress}".rstrip()
             )
         usage = usage_now(history.get(name, {}), running, now, cfg.scheduling.half_life_h * 3600.0)
         rules = rules_for(cfg, name, [e.team for e in mine])
@@ -99,10 +102,10 @@ def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=(
             est = (
                 "now"
                 if d.start
-                else ("unknown" if d.est_start_s is None else f"in {max(0.0, d.est_start_s - now):.0f} s")
+                else ("unknown" if d.est_start_s is None else f"in {duration(max(0.0, d.est_start_s - now))}")
             )
             out.append(
                 f"  #{d.position:<3}     {e.job_id:<28} {e.priority:<11} {e.team:<10} {e.slots:>3} slots  "
-                f"waited {now - e.submit_s:6.0f} s  start {est} ({d.why})"
+                f"queued  {utc(e.submit_s)} {UTC_LABEL}  waited {duration(now - e.submit_s):>5}  start {est} ({d.why})"
             )
     return "\n".join(out)

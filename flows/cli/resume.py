@@ -8,8 +8,8 @@ full): the parent run is closed and a passing full stage is promoted, as if neve
 from __future__ import annotations
 
 import argparse
-import os
 
+from flows import local_server
 from flows.cli.run import guard_this_process, interrupted
 from flows.pipeline import ResumeFrom, ladder, summary_of
 from traingate.ladder.plan import resume_point
@@ -48,5 +48,5 @@ def main(args: argparse.Namespace) -> int:
         model = data.get("model") or {}
         if model.get("registered"):
             print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
-    print(f"  Prefect UI: PREFECT_HOME={os.environ.get('PREFECT_HOME', '')} prefect server start")
+    print(f"  Prefect UI: {local_server.ui_hint(Settings.from_env().state_dir)}")
     return 0 if state.is_completed() else 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from flows import local_server
 from flows.cli.terminal import follow_run
 from flows.cli.validate import _load
 from traingate.ladder.plan import plan, render
@@ -40,6 +41,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     # A progress bar in a terminal, one line per stage transition elsewhere.
+    local_server.connect(settings.state_dir)  # the kept server, once the spec passed (flows.local_server)
     state = run_ladder_here(spec, args.until, settings, follow=follow_run)
     if isinstance(state, int):
         return state
@@ -61,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  prefect flow run: {summary['flow_run_id']}")
         print(f"  stage outputs:   {summary['run_dir']}")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
-    print(f"  Prefect UI: PREFECT_HOME={os.environ['PREFECT_HOME']} prefect server start")
+    print(f"  Prefect UI: {local_server.ui_hint(settings.state_dir)}")
     return 0 if state.is_completed() else 1
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from traingate.job import files
-from traingate.monitor.live import StageMonitor, run_spend_usd
+from traingate.cost.charged import run_usd
+from traingate.monitor.live import StageMonitor
 from traingate.alerts.rules import Action, AlertsSpec, Rule
 
 
@@ -134,5 +135,5 @@ def test_run_spend_adds_up_every_attempt_and_backoff_of_every_stage(tmp_path):
             {"launched_at": a, "ended_at": b, "backoff_s": c} for a, b, c in attempts]))
     # canary: 105 s x 2 slots x $2/h; full: (3600 + 60 + 3540) s x 8 x $2/h
     expect = 105 * 2 * 2 / 3600 + 7200 * 8 * 2 / 3600
-    assert math.isclose(run_spend_usd(tmp_path), expect)
-    assert math.isclose(run_spend_usd(tmp_path, but="full"), 105 * 2 * 2 / 3600)
+    assert math.isclose(run_usd(tmp_path), expect)
+    assert math.isclose(run_usd(tmp_path, but="full"), 105 * 2 * 2 / 3600)

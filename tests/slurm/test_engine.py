@@ -214,7 +214,7 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and
     """One preempted and requeued stage, two sets of facts: it resumes from its emergency checkpoint to
     weights bitwise equal to an unpreempted twin; and it is charged, from sacct -D's one record per
     allocation, for the preempted allocation beside the one that finished."""
-    from traingate.monitor.live import stage_spend_usd
+    from traingate.cost.charged import stage_usd
     from traingate.supervision.drill import _weights, compare_states, final_state
 
     victim = _job(tmp_path / "state", "victim", _tree(nodes=1, steps=60), "slow@0")
@@ -249,7 +249,7 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and
     expected = sum(r["time"]["elapsed"] for r in held) * 2 / 3600 * price
     assert result.cost_usd == pytest.approx(expected) == pytest.approx(sum(a["usd"] for a in charged))
     assert charged[0]["usd"] > 0 and result.cost_usd > charged[-1]["usd"]  # the first allocation is paid for too
-    assert stage_spend_usd(Path(victim.stage_dir)) == pytest.approx(result.cost_usd)  # what watch adds up
+    assert stage_usd(Path(victim.stage_dir)) == pytest.approx(result.cost_usd)  # what watch adds up
 
 
 def test_an_sbatch_refusal_is_one_line_and_nothing_is_left_in_the_queue(slurm, tmp_path):

@@ -37,6 +37,7 @@ from typing import Any
 from traingate.capacity.pools import SlurmPool
 from traingate.job.stagejob import StageJob
 from traingate.spec import SpecError
+from traingate.units import UTC_LABEL, duration, utc
 
 BATCH_MODULE = "traingate.ladder.slurm_batch"
 JOB_FILE = "slurm_job.json"  # the StageJob the batch step runs (the submitter writes it; job.json is per launch)
@@ -566,23 +567,27 @@ def queue_lines(pool_name: str, pool: SlurmPool, jobs: list[QueuedJob], now: flo
     ...               None, 100, 0, 3600)
     >>> print("\\n".join(queue_lines("p", SlurmPool(partition="gpu"), [j], 160.0)))  # doctest: +NORMALIZE_WHITESPACE
     pool p (Slurm partition gpu): 0 running, 1 pending
-      pending  7        tg-r1-full                 research    vision       2 node(s)  waited     60 s
-      start unknown (AssocGrpGRES)
+      pending  7        tg-r1-full                 research    vision       2 node(s)  queued  1970-01-01 00:01:40 UTC
+      waited  1:00  start unknown (AssocGrpGRES)
     """
     mine = [j for j in jobs if j.partition == pool.partition and ending(j.state) is None]
     running = sorted((j for j in mine if not j.pending), key=lambda j: j.start_time or 0)
     pending = sorted((j for j in mine if j.pending), key=lambda j: (j.start_time or float("inf"), j.submit_time or 0))
     out = [f"pool {pool_name} (Slurm partition {pool.partition}): {len(running)} running, {len(pending)} pending"]
     for j in running:
+        started = j.start_time or now
         out.append(
             f"  {j.state.lower():<8} {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.nodes:>11}  "
-            f"for {now - (j.start_time or now):6.0f} s"
+            f"started {utc(started)} {UTC_LABEL}  for {duration(now - started):>8}"
         )
     for j in pending:
-        est = "unknown" if not j.start_time else ("now" if j.start_time <= now else f"in {j.start_time - now:.0f} s")
+        est = (
+            "unknown" if not j.start_time else ("now" if j.start_time <= now else f"in {duration(j.start_time - now)}")
+        )
+        submitted = j.submit_time or now
         out.append(
             f"  pending  {j.job_id:<8} {j.name:<26} {j.qos:<11} {j.account:<10} {j.node_count:>3} node(s)  "
-            f"waited {now - (j.submit_time or now):6.0f} s  start {est} ({j.reason})"
+            f"queued  {utc(submitted)} {UTC_LABEL}  waited {duration(now - submitted):>5}  start {est} ({j.reason})"
         )
     return out
 

@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from traingate.job.vocab import Cause
+from traingate.units import usd
 
 
 class Outcome(StrEnum):
@@ -167,7 +168,8 @@ def charge(a: Attempt) -> Charge:
 
 
 def total_usd(attempts: Iterable[Attempt]) -> float:
-    """What attempts cost together: the one sum behind a stage's cost, `traingate cost`, `runs` and `watch`."""
+    """What attempts cost together: the one sum behind a stage's ``cost_usd`` (and so MLflow's ``stage.cost_usd``,
+    `traingate runs` and `show`), `traingate cost` and `traingate watch` (:mod:`traingate.cost.charged`)."""
     return sum(charge(a).usd for a in attempts)
 
 
@@ -266,7 +268,7 @@ def report(runs: Iterable[Run]) -> Report:
 
 
 def _usd(v: float | None) -> str:
-    return "-" if v is None else f"${v:,.4f}" if abs(v) < 1 else f"${v:,.2f}"
+    return "-" if v is None else usd(v)
 
 
 def _pct(v: float) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Run as MlflowRun
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.capacity.pools import TeamBudget
@@ -79,6 +80,16 @@ def _experiment_ids(c: MlflowClient, experiment: str | None) -> list[str]:
     return [exp.experiment_id]
 
 
+def _pipeline(c: MlflowClient, run_id: str) -> MlflowRun:
+    try:
+        run = c.get_run(run_id)
+    except MlflowException:
+        run = None
+    if run is None or run.data.tags.get("traingate.kind") != "pipeline":
+        raise ValueError(f"--run = {run_id!r}: no pipeline run with this id; `traingate runs` lists them")
+    return run
+
+
 def _pipelines(c: MlflowClient, experiment: str | None, team: str | None, since_ms: int | None) -> list[MlflowRun]:
     where = ["tags.`traingate.kind` = 'pipeline'"]
     if team is not None:
@@ -96,14 +107,21 @@ def _pipelines(c: MlflowClient, experiment: str | None, team: str | None, since_
 
 
 def gather(
-    c: MlflowClient, *, experiment: str | None = None, team: str | None = None, since_ms: int | None = None
+    c: MlflowClient,
+    *,
+    experiment: str | None = None,
+    team: str | None = None,
+    since_ms: int | None = None,
+    run_id: str | None = None,
 ) -> Gathered:
-    """Every pipeline run (of ``experiment``, of ``team``, started at or after ``since_ms``) with its attempts.
+    """Every pipeline run (of ``experiment``, of ``team``, started at or after ``since_ms``; or the one
+    ``run_id``) with its attempts.
 
     ``team`` must be a valid team name (the spec's rules): it goes into an MLflow filter.
     """
     got = Gathered()
-    for p in _pipelines(c, experiment, team, since_ms):
+    found = [_pipeline(c, run_id)] if run_id is not None else _pipelines(c, experiment, team, since_ms)
+    for p in found:
         rid, tags = p.info.run_id, p.data.tags
         spec_dict = _download_json(c, rid, SPEC_ARTIFACT)
         if spec_dict is None:

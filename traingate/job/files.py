@@ -8,6 +8,7 @@
     metrics.jsonl             rank 0, one line per step: loss, gradient norm, lr, step and data-wait time
     alerts.jsonl              the supervisor's monitor: one line per alert that fired, and what was done
     supervisor.json           the supervisor's attempts and final verdict (for `traingate resume`)
+    charged.json              the stage's attempts as the ledger charged them (what `traingate watch` adds up)
 
 and one file of the run directory:
 
@@ -45,6 +46,7 @@ SCRIPT_TOTAL = "script_total.json"  # the step total a script reports in its out
 ALERTS = "alerts.jsonl"
 LOGBOOK = "logbook.jsonl"
 SUPERVISOR = "supervisor.json"
+CHARGED = "charged.json"
 STDOUT = "stdout.log"
 # Written anew by every launch: a launch must not be judged by its predecessor's heartbeats or verdict.
 PER_LAUNCH = ("heartbeat.rank*.json", "last_words.rank*.json", RESULT)
@@ -373,3 +375,30 @@ def write_supervisor_state(stage_dir: Path, state: SupervisorState) -> None:
 
 def read_supervisor_state(stage_dir: Path) -> SupervisorState | None:
     return _build(SupervisorState, read_json(stage_dir / SUPERVISOR))
+
+
+# ---------------------------------------------------------------- charged attempts
+
+
+@dataclass
+class Charged:
+    """The stage's attempts as the ledger charged them (:meth:`traingate.cost.ledger.Attempt.to_record`).
+
+    ``final``: written when the stage ended, by the task that recorded its StageResult (the same
+    records; on a Slurm pool charged from sacct). Not final: attempts charged while the stage goes on
+    that supervisor.json no longer holds (smoke's first half, once its second half runs).
+    ``supervised``: how many attempts supervisor.json held when this was written; a later supervision
+    of the stage (a resume) holds more, and then this final charge is no longer the whole stage.
+    """
+
+    final: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    supervised: int = 0
+
+
+def write_charged(stage_dir: Path, charged: Charged) -> None:
+    write_json(stage_dir / CHARGED, asdict(charged))
+
+
+def read_charged(stage_dir: Path) -> Charged | None:
+    return _build(Charged, read_json(stage_dir / CHARGED))

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from traingate.cost.ledger import Attempt, attempts_of
+from traingate.cost.ledger import Attempt, attempts_of, total_usd
 from traingate.job import files, sizing
 from traingate.job.result import NEXT_STAGE, PROFILE_METRICS, StageResult
 from traingate.job.stagejob import StageJob
@@ -68,14 +68,16 @@ def from_supervision(
     job: StageJob, sup: Supervision, duration_s: float, before: Sequence[Supervision] = ()
 ) -> StageResult:
     """A stage's result: what the training process left (result.json, or a script's output) and how
-    the supervisor saw it end. Cost is every attempt's wall-clock: restarts and backoff are paid for.
+    the supervisor saw it end. Cost is the ledger's charge of every attempt (:func:`charged_attempts`,
+    :func:`traingate.cost.ledger.total_usd`): restarts, backoff and idle start-up are paid for, the time
+    the task spent outside its attempts (recording, preflight) is not.
 
     ``before``: supervisions of this stage that ran earlier in the same task (smoke's first half,
     which stops at a checkpoint on purpose); their attempts are charged with the rest.
     """
     stage_dir = Path(job.stage_dir)
     status, error = sup.status, sup.error
-    cost = sizing.cost_usd(duration_s, job.slots, job.price_per_slot_hour)
+    attempts = charged_attempts(job, sup, before)
     details: dict[str, Any] = {"log_tail": sup.proc.tail[-50:], "supervision": sup.to_dict(), "pid": sup.proc.pid}
     if job.is_script:
         s = job.spec.recipe.script
@@ -117,13 +119,13 @@ def from_supervision(
         stage=job.stage,
         status=status,
         metrics=metrics,
-        cost_usd=cost,
+        cost_usd=total_usd(attempts),
         duration_s=duration_s,
         checkpoint_uri=checkpoint_uri,
         estimate=_estimate_next(job.spec, job.stage, profile) if completed else {},
         details=details,
         error=error,
-        attempts=[a.to_record() for a in charged_attempts(job, sup, before)],
+        attempts=[a.to_record() for a in attempts],
         estimated_cost_usd=_estimated_by_previous(job),
     )
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
-from traingate.cost.ledger import charge
+from traingate.cost import charged
+from traingate.cost.ledger import total_usd
 from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
@@ -36,7 +38,10 @@ def train(
         if first.status != Status.COMPLETED:
             return first
         before.append(first)
+        first_half = outcomes.charged_attempts(job, first)
+        # The second half's supervisor.json holds only its own attempts: the first half's charge stays in
+        # charged.json, so `traingate watch` and the run's budget keep counting it.
+        charged.record(Path(job.stage_dir), [a.to_record() for a in first_half], final=False)
         if job.budget_usd is not None:  # the second half's budget counts what the first half held
-            spent = sum(charge(a).usd for a in outcomes.charged_attempts(job, first))
-            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + spent)
+            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + total_usd(first_half))
     return supervise(job, hooks, resumed=previous)

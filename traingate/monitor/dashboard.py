@@ -34,11 +34,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from traingate.cost import charged
 from traingate.job import files
 from traingate.job.vocab import Status
-from traingate.monitor.live import stage_spend_usd
 from traingate.tracking import restarts as restart_record
 from traingate.tracking import stale
+from traingate.units import duration, usd
 
 STAGE_ORDER = ("unit", "smoke", "canary", "full")
 TRAINING_STAGES = STAGE_ORDER[1:]
@@ -80,22 +81,6 @@ def sparkline(values: Sequence[float], width: int = SPARK_WIDTH) -> str:
 def bar(fraction: float, width: int) -> str:
     done = max(0, min(width, int(round(fraction * width))))
     return "█" * done + "░" * (width - done)
-
-
-def duration(seconds: float | None) -> str:
-    """``1:02:03``, ``2:03``; ``?`` when unknown."""
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    s = int(round(max(0.0, seconds)))
-    h, rest = divmod(s, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def usd(amount: float | None) -> str:
-    if amount is None:
-        return "?"
-    return f"${amount:,.2f}" if amount >= 100 else f"${amount:.4f}"
 
 
 # ---------------------------------------------------------------- the snapshot
@@ -254,7 +239,8 @@ class RunReader:
         now = time.time() if now is None else now
         lines = self.stage_lines()
         experiment = self._experiment()
-        spent = sum(self._stage_spend(self.run_dir / s.name, now) for s in lines if s.name != "unit")
+        # The ledger's charge of every stage, the running launch up to now: the total `runs` and `cost` show.
+        spent = charged.run_usd(self.run_dir, now=now)
         training = [s for s in lines if s.name != "unit"]
         shown = next((s for s in training if s.status == "running"), training[-1] if training else None)
         if shown is None:
@@ -282,7 +268,7 @@ class RunReader:
         attempts = state.attempts if state is not None else []
         recent = list(metrics)[-RATE_WINDOW:]
         # The rate of this launch: a window reaching back over a restart would count its downtime as slow steps.
-        launched = _running_since(state, job) or 0.0
+        launched = charged.running_since(state, job) or 0.0
         rate = _rate([m for m in recent if m.time >= launched]) or _rate(recent)
         if rate is None and script_steps:  # a script's rate: its output's steps over the time their lines arrived
             rate = _rate([p for p in script_steps if p.time >= launched]) or _rate(script_steps)
@@ -346,34 +332,6 @@ class RunReader:
                 return ""  # not written yet: asked again next time
             self.experiment = str(((tree or {}).get("identity") or {}).get("experiment", ""))
         return self.experiment
-
-    @staticmethod
-    def _stage_spend(stage_dir: Path, now: float) -> float:
-        """What the stage held so far: its ended attempts (the ledger's rule, live.stage_spend_usd) and the
-        launch still running, up to ``now``."""
-
-        state = files.read_supervisor_state(stage_dir)
-        job = files.read_json(stage_dir / files.JOB) or {}
-        start = _running_since(state, job)
-        rate = int(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
-        return stage_spend_usd(stage_dir) + (max(0.0, now - start) * rate if start is not None else 0.0)
-
-
-def _running_since(state: files.SupervisorState | None, job: dict[str, Any]) -> float | None:
-    """When the launch running now started, or None when none runs. The supervisor records an attempt in
-    supervisor.json only when it ends; the running launch is the one ``job.json`` was written for."""
-    if state is None or state.final is not None:
-        return None
-    recorded = [float(a["launched_at"]) for a in state.attempts if a.get("launched_at") is not None]
-    open_ = [
-        float(a["launched_at"])
-        for a in state.attempts
-        if a.get("ended_at") is None and a.get("launched_at") is not None
-    ]
-    if open_:
-        return open_[-1]
-    launched = job.get("launched_at")
-    return float(launched) if launched is not None and float(launched) > max(recorded, default=0.0) else None
 
 
 def _rate(metrics: Sequence[files.StepMetrics | files.ScriptPoint]) -> float | None:

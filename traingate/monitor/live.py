@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from traingate.alerts.rules import AlertsSpec, Firing, Rule, Signals, evaluate
-from traingate.capacity.slurm import RECORD_FILE
-from traingate.cost.ledger import Attempt, total_usd
 from traingate.job import files
 
 EVENT_RULES = frozenset({Rule.NONFINITE_LOSS, Rule.LOSS_SPIKE, Rule.GRAD_NORM_EXPLOSION, Rule.RESTART_STORM})
@@ -184,37 +182,6 @@ class StageMonitor:
                     new.append(f)
         self.active = (self.active & EVENT_RULES) | holding
         return new
-
-
-def stage_spend_usd(stage_dir: Path) -> float:
-    """What a finished or interrupted stage held, in dollars: every attempt's time and backoff x its
-    slots x its price (from the stage's supervisor.json and job.json). An ended stage on a Slurm pool: what
-    its allocations were charged from Slurm's accounting (slurm.json), the ledger's sum."""
-    slurm_record = files.read_json(stage_dir / RECORD_FILE)
-    if isinstance(slurm_record, dict) and slurm_record.get("charged"):
-        return total_usd(Attempt.from_record("", r) for r in slurm_record["charged"])
-    state = files.read_supervisor_state(stage_dir)
-    job = files.read_json(stage_dir / files.JOB)
-    if state is None or not isinstance(job, dict):
-        return 0.0
-    usd_per_s = float(job.get("slots") or 0) * float(job.get("price_per_slot_hour") or 0.0) / 3600.0
-    held = 0.0
-    for a in state.attempts:
-        if a.get("launched_at") is not None and a.get("ended_at") is not None:
-            held += max(0.0, float(a["ended_at"]) - float(a["launched_at"])) + float(a.get("backoff_s") or 0.0)
-    return held * usd_per_s
-
-
-def run_spend_usd(run_dir: Path, but: str | None = None) -> float:
-    """The run's spend so far over its stage directories (``but``: leave that stage out)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return 0.0
-    return sum(
-        stage_spend_usd(d)
-        for d in sorted(run_dir.iterdir())
-        if d.is_dir() and d.name != but and (d / files.SUPERVISOR).exists()
-    )
 
 
 def alert_payload(f: Firing, stage: str, attempt: int) -> dict[str, Any]:

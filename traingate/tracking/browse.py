@@ -5,6 +5,7 @@ Plain functions from an MlflowClient to text, so the CLI stays thin and tests re
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mlflow.entities import Run
@@ -12,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from traingate.spec import STAGES
 from traingate.tracking.runs import notes, restart_count, restarts, stage_runs
+from traingate.units import UTC_LABEL, duration, usd, utc
 
 _HEADLINE = (
     "val_accuracy",
@@ -51,6 +53,16 @@ def _metric(stages: list[Run], key: str) -> float | None:
     return None
 
 
+def run_cost_usd(stages: list[Run]) -> float:
+    """A pipeline run's cost: its stages' ``stage.cost_usd``, each the ledger's charge of the stage's attempts
+    (:func:`traingate.cost.ledger.total_usd`), so `runs` and `show` add up what `cost` and `watch` charge."""
+    return sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages)
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 def list_runs(
     c: MlflowClient,
     experiment: str | None = None,
@@ -58,8 +70,11 @@ def list_runs(
     sort: str | None = None,
     ascending: bool = False,
     limit: int = 50,
+    now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Pipeline runs, newest first (or by a metric of their deepest stage), with their stages' totals."""
+    """Pipeline runs, newest first (or by a metric of their deepest stage), with their stages' totals, when each
+    started and how long it ran (to its end, or to ``now`` while it runs)."""
+    now = time.time() if now is None else now
     runs = _all_runs(c, experiment)
     children: dict[str, list[Run]] = {}
     for r in runs:
@@ -85,9 +100,10 @@ def list_runs(
                 "status": r.info.status,
                 "reached": stages[-1].data.tags.get("traingate.stage", "") if stages else "",
                 "restarts": sum(restart_count(s) for s in stages),
-                "cost_usd": sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages),
+                "cost_usd": run_cost_usd(stages),
                 "valid": t.get("traingate.identity_valid", "false"),
                 "start_time": r.info.start_time,
+                "duration_s": _duration_s(r, now),
                 "metric": _metric(stages, sort) if sort else None,
             }
         )
@@ -101,8 +117,30 @@ def list_runs(
     return rows[:limit]
 
 
+def _duration_s(r: Run, now: float) -> float | None:
+    """Start to end; a run still RUNNING (no end time) counts up to ``now``."""
+    start = _seconds(r.info.start_time)
+    if start is None:
+        return None
+    end = _seconds(r.info.end_time) if r.info.status != "RUNNING" else None
+    return max(0.0, (end if end is not None else now) - start)
+
+
 def render_runs(rows: list[dict[str, Any]], sort: str | None) -> str:
-    head = ["RUN ID", "NAME", "EXPERIMENT", "TEAM", "OWNER", "STATUS", "REACHED", "RESTARTS", "COST $", "VALID"]
+    head = [
+        "RUN ID",
+        "NAME",
+        "EXPERIMENT",
+        "TEAM",
+        "OWNER",
+        "STATUS",
+        f"START ({UTC_LABEL})",
+        "DURATION",
+        "REACHED",
+        "RESTARTS",
+        "COST",
+        "VALID",
+    ]
     if sort:
         head.append(sort.upper())
     table = [head]
@@ -114,9 +152,11 @@ def render_runs(rows: list[dict[str, Any]], sort: str | None) -> str:
             x["team"],
             x["owner"],
             x["status"],
+            utc(_seconds(x["start_time"])),
+            duration(x["duration_s"]),
             x["reached"],
             str(x["restarts"]),
-            f"{x['cost_usd']:.4f}",
+            usd(x["cost_usd"]),
             x["valid"],
         ]
         if sort:
@@ -169,16 +209,14 @@ def show_run(c: MlflowClient, run_id: str) -> str:
     ]:
         lines.append(f"  {label:<10} {value}")
     stages = stage_runs(c, run.info.run_id)
-    total = 0.0
     lines += ["", "stages:"]
     for s in stages:
         st, m = s.data.tags, s.data.metrics
         cost = m.get("stage.cost_usd", 0.0)
-        total += cost
         gate = {"true": "passed", "false": "FAILED"}.get(st.get("traingate.gate_passed", ""), "-")
         lines.append(
             f"  {st.get('traingate.stage', '?'):<7} {st.get('traingate.stage_status', s.info.status):<10} "
-            f"gate {gate:<7} {m.get('stage.duration_s', 0.0):7.1f} s  ${cost:.4f}  run {s.info.run_id}"
+            f"gate {gate:<7} {m.get('stage.duration_s', 0.0):7.1f} s  {usd(cost)}  run {s.info.run_id}"
         )
         if st.get("traingate.gate_reasons"):
             lines.append(f"          gate: {st['traingate.gate_reasons']}")
@@ -201,7 +239,7 @@ def show_run(c: MlflowClient, run_id: str) -> str:
             lines.append(f"          promotion: {st['traingate.promotion']}")
     if not stages:
         lines.append("  (none)")
-    lines += ["", f"cost: ${total:.4f}", "", "notes:"]
+    lines += ["", f"cost: {usd(run_cost_usd(stages))}", "", "notes:"]
     logbook = notes(run) + [n for s in stages for n in notes(s)]
     lines += [f"  {n['time']}  {n['author']}: {n['text']}" for n in sorted(logbook, key=lambda n: n["time"])] or [
         "  (none)"

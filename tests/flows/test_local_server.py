@@ -1,0 +1,152 @@
+"""The local Prefect server traingate keeps (flows.local_server, `traingate server`): real `prefect server start`
+processes on loopback, real CLI subprocesses, a real Prefect client."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from tgtest import PYTHON, ROOT
+
+from flows import local_server
+
+
+def _env(state: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update({"TRAINGATE_STATE_DIR": str(state), "TRAINGATE_PREFECT_SERVER": "kept", **extra})
+    return env
+
+
+def _cli(state: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "flows.cli", *args], cwd=ROOT, env=_env(state, **extra),
+                          capture_output=True, text=True, timeout=400)
+
+
+def _status(url: str, auth: str | None = None, body: bytes | None = None) -> int:
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+# A client the way run, resume, sweep and retrain are one: connect() before Prefect is imported, then
+# Prefect's own client (auth string and CSRF token) reads the server.
+CLIENT = """
+import json, os, sys
+from pathlib import Path
+from flows import local_server
+record = local_server.connect(Path(sys.argv[1]))
+from prefect import get_client
+with get_client(sync_client=True) as c:
+    flows = c.read_flows()
+print(json.dumps({"pid": record.pid, "url": os.environ["PREFECT_API_URL"], "flows": len(flows)}))
+"""
+
+
+@pytest.mark.slow  # two real Prefect server starts (10-20 s each on a loaded 2-core box)
+def test_two_commands_at_once_share_one_kept_server_a_later_client_reuses_it_and_stop_leaves_no_process(tmp_path):
+    state = tmp_path / "state"
+    starts = [subprocess.Popen([PYTHON, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=_env(state),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=400) for p in starts]
+    assert [p.returncode for p in starts] == [0, 0], outs
+    lines = sorted(o for o, _ in outs)
+    assert lines[0].startswith("already running: ") and lines[1].startswith("started: "), lines
+    d = local_server.server_dir(state)
+    record = local_server.Record(**json.loads((d / local_server.RECORD).read_text()))
+    assert all(f"pid {record.pid}," in o and record.api_url in o for o in lines)
+    try:
+        # A later command reuses it: same URL, same pid, and Prefect's client works through the auth string.
+        later = subprocess.run([PYTHON, "-c", CLIENT, str(state)], cwd=ROOT, env=_env(state), capture_output=True,
+                               text=True, timeout=300)
+        assert later.returncode == 0, later.stderr[-3000:]
+        seen = json.loads(later.stdout.strip().splitlines()[-1])
+        assert (seen["pid"], seen["url"]) == (record.pid, record.api_url)
+        assert "started a local Prefect server" not in later.stderr
+
+        # Authenticated as the stack's server is: anonymous and wrong credentials are refused on the API.
+        auth = dict(line.split("=", 1) for line in (d / local_server.SECRETS).read_text().splitlines())[
+            local_server.AUTH_VAR]
+        assert _status(f"{record.api_url}/health") == 200
+        assert _status(f"{record.api_url}/admin/version") == 401
+        assert _status(f"{record.api_url}/flows/filter", body=b"{}") in (401, 403)
+        assert _status(f"{record.api_url}/admin/version", auth="traingate:wrong") == 401
+        assert _status(f"{record.api_url}/admin/version", auth=auth) == 200
+        listening = [c.laddr for c in psutil.Process(record.pid).net_connections() if c.status == "LISTEN"]
+        assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", record.port)]
+
+        # Its secrets and database are the user's alone, and no command printed the auth string.
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        for name in (local_server.SECRETS, "prefect.db", local_server.RECORD, local_server.LOG):
+            assert stat.S_IMODE((d / name).stat().st_mode) == 0o600, name
+        status = _cli(state, "server", "status")
+        assert status.returncode == 0 and f"pid {record.pid}," in status.stdout, status
+        assert not any(auth.split(":")[1] in text for text in [*lines, later.stdout, later.stderr, status.stdout])
+
+        # A crashed server (SIGKILL) leaves a stale record: the next command replaces it with a new server.
+        os.kill(record.pid, signal.SIGKILL)
+        again, started = local_server.ensure(state)
+        assert started and again.pid != record.pid
+        assert not local_server.alive_in_group(record.pgid)
+        record = again
+    finally:
+        stopped = _cli(state, "server", "stop")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == f"stopped (pid {record.pid})", stopped
+    assert not local_server.alive_in_group(record.pgid)
+    assert not (d / local_server.RECORD).exists()
+    assert _cli(state, "server", "status").returncode == 1
+
+
+def test_a_record_of_a_live_process_that_is_not_the_server_is_stale_and_that_process_is_left_alone(tmp_path):
+    d = local_server.server_dir(tmp_path)
+    d.mkdir(parents=True)
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        start = psutil.Process(bystander.pid).create_time()
+        (d / local_server.RECORD).write_text(json.dumps(
+            {"pid": bystander.pid, "pgid": bystander.pid, "port": 9, "started_at": start}))
+        # Its pid and start time match but it does not answer as a Prefect server with our auth string.
+        assert local_server.status(tmp_path) is None
+        assert not (d / local_server.RECORD).exists()
+        time.sleep(0.2)
+        assert bystander.poll() is None, "a process that is not a Prefect server was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_an_explicit_prefect_api_url_or_the_temporary_setting_starts_no_kept_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setenv("TRAINGATE_PREFECT_SERVER", "kept")
+    assert local_server.connect(tmp_path) is None
+    monkeypatch.delenv("PREFECT_API_URL")
+    monkeypatch.setenv("TRAINGATE_PREFECT_SERVER", "temporary")
+    assert local_server.connect(tmp_path) is None
+    monkeypatch.delenv("TRAINGATE_PREFECT_SERVER")
+    monkeypatch.setenv("CI", "true")  # CI's default: a temporary server per command
+    assert local_server.connect(tmp_path) is None
+    assert not local_server.server_dir(tmp_path).exists()
+
+
+def test_a_bad_server_setting_is_refused_in_one_line_naming_the_variable_and_the_fix(tmp_path):
+    p = _cli(tmp_path / "state", "resume", "0123abcd", TRAINGATE_PREFECT_SERVER="forever")
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "traingate: TRAINGATE_PREFECT_SERVER = 'forever': not a server mode; use one of ['kept', 'temporary'] "
+        "(or set PREFECT_API_URL to use a server of your own)"
+    )
+    assert not local_server.server_dir(tmp_path / "state").exists()
