@@ -19,6 +19,9 @@ os.environ["TRAINGATE_STATE_DIR"] = str(_SESSION_DIR / "state")
 os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# A CLI without PREFECT_API_URL uses a temporary Prefect server, as in CI: a kept one would outlive the test
+# (tests/flows/test_local_server.py starts kept servers on purpose and stops them).
+os.environ["TRAINGATE_PREFECT_SERVER"] = "temporary"
 for var in ("TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_ARTIFACT_URI",
             "TRAINGATE_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
     os.environ.pop(var, None)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from flows import local_server
 from flows.cli.run import guard_this_process
 from traingate.ladder.sweep_preflight import check_sweep
 from traingate.redact import redact
@@ -20,6 +20,7 @@ def main(args: argparse.Namespace) -> int:
     spec = protect_spec(spec)  # the flow-run parameters hold ${env:} references, not secrets
     settings = Settings.from_env().ensure()
 
+    local_server.connect(settings.state_dir)  # the kept server, once the spec passed (flows.local_server)
     guard_this_process(spec.supervision.preempt_grace_s)
 
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
@@ -49,5 +50,5 @@ def main(args: argparse.Namespace) -> int:
     # A PostgreSQL storage or a tracking server URL may carry a password: the terminal gets it masked.
     print(f"  optuna-dashboard {redact(settings.optuna_storage)}")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
-    print(f"  Prefect UI: PREFECT_HOME={os.environ.get('PREFECT_HOME', '')} prefect server start")
+    print(f"  Prefect UI: {local_server.ui_hint(settings.state_dir)}")
     return 0 if state.is_completed() else 1
