@@ -18,7 +18,9 @@ from typing import Any
 from flows import local_server
 from flows.cli.terminal import follow_run
 from flows.cli.validate import _load
+from traingate.job.envvars import omp_threads_note
 from traingate.ladder.plan import plan, render
+from traingate.recipes.script import interpreter_note
 from traingate.redact import redact
 from traingate.secrets import protect_spec
 from traingate.settings import Settings
@@ -38,6 +40,7 @@ def main(args: argparse.Namespace) -> int:
             f"(estimates from the latest canary of {spec.identity.experiment!r}: "
             f"{prior['step_time_mean_s'] * 1000:.1f} ms/step)"
         )
+    _say_what_a_script_runs_with(spec)
     if args.dry_run:
         return 0
     # A progress bar in a terminal, one line per stage transition elsewhere.
@@ -87,6 +90,16 @@ def run_ladder_here(
             return ladder(spec, until, return_state=True)
     except KeyboardInterrupt:
         return interrupted(_claimed_run(settings))
+
+
+def _say_what_a_script_runs_with(spec: Any) -> None:
+    """With the plan, what traingate chooses for a script that the script's own command does not show: the
+    interpreter its ``python`` runs, and OMP_NUM_THREADS when traingate sets it (docs/scripts.md)."""
+    if spec.recipe.script is None:
+        return
+    for note in (interpreter_note(spec, sys.executable), omp_threads_note()):
+        if note is not None:
+            print(f"traingate: {note}", flush=True)
 
 
 def guard_this_process(grace_s: float) -> None:

@@ -194,3 +194,33 @@ def test_the_resumable_script_example_is_a_valid_spec_whose_launch_names_its_che
     job = job_of(spec, tmp_path)
     assert stage_command(job, "/py")[:4] == ["/py", "train.py", "--ckpt-dir", job.checkpoint_dir]
     assert spec.recipe.script.workdir == str(example)
+
+
+def test_the_plan_says_once_which_interpreter_runs_python_and_that_traingate_sets_an_unset_omp_num_threads(
+        tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(tree({})))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    p = subprocess.run([str(Path(sys.executable).parent / "traingate"), "run", "--dry-run", str(path)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**env, "TRAINGATE_STATE_DIR": str(tmp_path / "state")})
+    assert p.returncode == 0, p.stderr
+    said = [line for line in p.stdout.splitlines() if line.startswith("traingate: ")]
+    assert len(said) == 2, p.stdout
+    assert said[0].startswith(f"traingate: `python` in recipe.script.command runs {sys.executable} "), said
+    assert said[1].startswith("traingate: OMP_NUM_THREADS=1 for the stage processes (unset here)"), said
+
+
+def test_omp_num_threads_the_user_set_reaches_the_script_unchanged_and_traingate_says_nothing_about_it(tmp_path):
+    job = job_of(parse_spec(tree({})), tmp_path)
+    assert envvars.job_environment(job, base={"OMP_NUM_THREADS": "6"})["OMP_NUM_THREADS"] == "6"
+    assert envvars.omp_threads_note({"OMP_NUM_THREADS": "6"}) is None
+    assert envvars.job_environment(job, base={})["OMP_NUM_THREADS"] == "1"  # what torchrun gives each worker
+
+
+def test_a_command_that_names_its_own_interpreter_runs_it_as_written_and_gets_no_interpreter_line(tmp_path):
+    spec = parse_spec(tree({"command": ["/opt/py/bin/python3", "train.py"]}))
+    assert stage_command(job_of(spec, tmp_path), sys.executable)[0] == "/opt/py/bin/python3"
+    assert script_recipe.interpreter_note(spec, sys.executable) is None
+    plain = parse_spec(tree({}))
+    assert stage_command(job_of(plain, tmp_path), sys.executable)[0] == sys.executable

@@ -44,6 +44,10 @@ TRACKING_DRAIN_S = "TRAINGATE_TRACKING_DRAIN_S"  # how long a closing tracker ke
 SCRIPT_ARG_VARS = (RUN_ID, STAGE, STAGE_DIR, CHECKPOINT_DIR, RESTART_CAUSE, RESTART_COUNT, JOB)
 # torchrun's own: how many times it restarted the worker group in place.
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+# torchrun sets OMP_NUM_THREADS=1 per worker when it is unset; a plain single process gets the same, so
+# the smoke stage, scripts and bare benchmarks measure the same thing. A value the user set is kept.
+OMP_THREADS = "OMP_NUM_THREADS"
+OMP_THREADS_DEFAULT = "1"
 
 
 def job_environment(
@@ -76,10 +80,27 @@ def job_environment(
     # This deployment's checkpoint key (this process's settings), in the environment: a training process
     # may start in a directory where the state dir's relative default would name another key.
     env.setdefault(CHECKPOINT_KEY_VAR, checkpoint_key(Settings.from_env()).decode())
-    # torchrun sets OMP_NUM_THREADS=1 per worker; a plain single process gets the same, so the
-    # smoke stage and bare benchmarks measure the same thing.
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if OMP_THREADS not in env:  # only when unset: a value the user chose is theirs (see omp_threads_note)
+        env[OMP_THREADS] = OMP_THREADS_DEFAULT
     return env
+
+
+def omp_threads_note(env: Mapping[str, str] | None = None) -> str | None:
+    """The line that says traingate sets OMP_NUM_THREADS for a stage's processes, or None when the
+    environment the stages inherit (``env``, default this process's) sets it already.
+
+    >>> omp_threads_note({"OMP_NUM_THREADS": "8"}) is None
+    True
+    >>> omp_threads_note({}).startswith("OMP_NUM_THREADS=1 for the stage processes")
+    True
+    """
+    if OMP_THREADS in (os.environ if env is None else env):
+        return None
+    return (
+        f"{OMP_THREADS}={OMP_THREADS_DEFAULT} for the stage processes (unset here): one OpenMP thread each, as "
+        f"torchrun gives every worker, so processes sharing the CPUs do not oversubscribe them; set "
+        f"{OMP_THREADS} to choose"
+    )
 
 
 def _checkpoint_dir(job: StageJob) -> str:

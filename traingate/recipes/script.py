@@ -74,6 +74,30 @@ def build_command(
     return cmd
 
 
+def interpreter_note(spec: RunSpec, python: str) -> str | None:
+    """The line that says which interpreter runs the word ``python`` (or ``python3``) of a script's command,
+    or None when the command starts with anything else (it runs as written).
+
+    It is ``python``, the interpreter traingate runs in: under ``launcher: torchrun`` torch's launcher
+    (``python -m torch.distributed.run``) must run where torch is installed, and a plain command gets the
+    same so both launchers run the script alike, whatever ``python`` the supervisor's PATH finds first.
+
+    >>> from traingate.spec import load_spec_text
+    >>> spec = load_spec_text("identity: {experiment: e, owner: o, team: t, purpose: p}\\n"
+    ...     "recipe: {name: script, script: {command: [python, train.py]}}")
+    >>> print(interpreter_note(spec, "/venv/bin/python"))  # doctest: +ELLIPSIS
+    `python` in recipe.script.command runs /venv/bin/python (traingate's interpreter, ...
+    """
+    s = spec.recipe.script
+    if s is None or s.command[0] not in PYTHONS:
+        return None
+    return (
+        f"`{s.command[0]}` in recipe.script.command runs {python} (traingate's interpreter, where torch and "
+        "traingate are installed); to use another one, write its full path as the command's first word "
+        "(launcher: plain)"
+    )
+
+
 def expand(words: list[str], values: Mapping[str, str], field: str) -> list[str]:
     """``words`` with every ``${TRAINGATE_NAME}`` replaced by its value; an unknown name is a SpecError."""
     out = []
