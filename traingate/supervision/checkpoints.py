@@ -4,6 +4,7 @@ the disk is full, where and about how much the next one needs."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,17 @@ def latest_checkpoint(uri: str) -> tuple[int | None, float | None]:
 
 def is_disk_full(e: OSError | None) -> bool:
     return e is not None and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_block_left(path: Path) -> OSError | None:
+    """ENOSPC when the filesystem holding ``path`` has not one free block, for any user (root included):
+    no heartbeat, last words or new log page can be written there. Ranks that cannot leave last words
+    are otherwise restarted in place by torchrun until the log itself fails to grow."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None  # not there yet (the launch creates it): nothing to judge
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if st.f_bfree == 0 else None
 
 
 def disk_full_detail(job: StageJob) -> str:

@@ -250,7 +250,9 @@ class _Run:
             ),
             oom_retry=oom_retry,
         )
-        if not verdict.completed and (verdict.cause == Cause.DISK_FULL or is_disk_full(result.log_error)):
+        if not verdict.completed and (
+            verdict.cause == Cause.DISK_FULL or is_disk_full(result.log_error) or watch.disk_full is not None
+        ):
             verdict = causes.Classification(Cause.DISK_FULL, False, disk_full_detail(job))
         attempt.cause, attempt.retryable = verdict.cause, verdict.retryable
         attempt.detail = watch.hang if verdict.cause == Cause.HANG and watch.hang else verdict.detail

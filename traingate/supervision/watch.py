@@ -26,7 +26,7 @@ from traingate.supervision import causes, heartbeat
 from traingate.supervision.alerting import AlertActions
 from traingate.supervision.attempts import Attempt, Hooks, Record
 from traingate.supervision.backoff import RetryBudget
-from traingate.supervision.checkpoints import is_disk_full
+from traingate.supervision.checkpoints import is_disk_full, no_block_left
 
 # The step the next launch resumes from, and whether that step is unknown (see RecipeDriver.restart_point).
 RestartPoint = Callable[[StageJob], tuple[int | None, bool]]
@@ -55,6 +55,7 @@ class Watch:
         self.stage_dir = Path(job.stage_dir)
         self.hang: str | None = None
         self.stop: str | None = None
+        self.disk_full: OSError | None = None  # the stage directory's disk, seen full while the tree ran
         self.restart_count = 0
         self.ckpt_check = 0.0
         self.detector = self._detector(attempts[-1].launched_at)
@@ -111,10 +112,12 @@ class Watch:
             tree.stop_requested = True
             tree.signal_group(signal.SIGKILL)
             return False
-        if is_disk_full(tree.log_error):
+        full = tree.log_error if is_disk_full(tree.log_error) else no_block_left(self.stage_dir)
+        if full is not None:
             # The state directory is full: ranks cannot leave last words there for the check above,
             # and torchrun would restart them in place until the start-up timeout.
-            self.hooks.info(f"{stage}: {tree.log_error}: stopping the tree (no in-place restart)")
+            self.disk_full = full
+            self.hooks.info(f"{stage}: {full}: stopping the tree (no in-place restart)")
             tree.stop_requested = True
             tree.signal_group(signal.SIGKILL)
             return False
