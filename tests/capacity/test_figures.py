@@ -145,3 +145,4 @@ def test_csvs_keep_every_digit_and_the_report_has_the_per_pool_and_size_tables(r
     text = report([res], "t")
     assert "| fifo+preempt | a | 3 | 2 | 55.00 | 95.50 | 99.10 | 100.00 | 4.26 / 9.58 / 10.50 | 5.08 | 100.0% " in text
     assert "| fifo+preempt | all | 5 | 6 |" in text and "| 1 | 1 | 0.19 |" in text
+    assert "| 100.0% | 0.00 (0.0%) | 1 / 1 | 0.2 |" in text  # the comparison table counts both too

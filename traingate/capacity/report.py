@@ -45,14 +45,16 @@ def table(results: Sequence[SimResult], default: Policy | None = None) -> str:
     unit, div = _unit([m.mean_jct_s for m in ms])
     lines = [
         f"| policy | mean wait ({unit}) | p95 wait ({unit}) | mean JCT ({unit}) | wait / FIFO | JCT / FIFO "
-        f"| utilisation | fragmented GPUs | preemptions | GPU-h lost | replay (jobs per CPU-s) |",
+        f"| utilisation | fragmented GPUs | preemptions (stops / preemptive starts) | GPU-h lost "
+        f"| replay (jobs per CPU-s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r, m in zip(results, ms):
         lines.append(
             f"| {_name(r, default)} | {m.mean_wait_s / div:.2f} | {m.p95_wait_s / div:.2f} | {m.mean_jct_s / div:.2f} "
             f"| {_ratio(m.mean_wait_s, base.mean_wait_s)} | {_ratio(m.mean_jct_s, base.mean_jct_s)} "
-            f"| {m.utilisation:.1%} | {m.fragmented_gpus:.2f} ({m.fragmented_frac:.1%}) | {m.preemptions} "
+            f"| {m.utilisation:.1%} | {m.fragmented_gpus:.2f} ({m.fragmented_frac:.1%}) "
+            f"| {m.preemptions} / {sum(a[2] == 'preemption' for rec in r.records for a in rec.attempts)} "
             f"| {m.wasted_gpu_h:.1f} | {m.jobs / r.cpu_s:,.0f} |"
         )
     return "\n".join(lines) + "\n"
