@@ -153,3 +153,10 @@ def test_a_utf8_bom_is_skipped_and_semicolon_or_tab_delimiters_are_detected(tmp_
 def test_unix_epoch_submissions_are_plausible(tmp_path):
     (tj,) = read(tmp_path, "job_id,submit_s,duration_s,gpus\nj1,1700000000.25,60,1\n")
     assert tj.job.submit_s == 1700000000.25
+
+
+def test_a_folder_or_a_missing_file_is_one_line(tmp_path):
+    with pytest.raises(CapacityError, match=r"is not a file; pass a CSV with columns job_id,submit_s,duration_s,gpus$"):
+        read_trace(tmp_path, ONE)
+    with pytest.raises(CapacityError, match=r"does not exist; pass a CSV"):
+        read_trace(tmp_path / "nope.csv", ONE)
