@@ -9,7 +9,7 @@ from traingate.capacity.figures import ALL, figures, size_bucket, timeseries
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import parse_config
-from traingate.capacity.report import report, write_figures, write_schedule, write_timeseries
+from traingate.capacity.report import _colours, report, write_figures, write_schedule, write_timeseries
 from traingate.capacity.simulate import TraceJob, simulate, summarize
 
 SIM = {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10}
@@ -146,3 +146,8 @@ def test_csvs_keep_every_digit_and_the_report_has_the_per_pool_and_size_tables(r
     assert "| fifo+preempt | a | 3 | 2 | 55.00 | 95.50 | 99.10 | 100.00 | 4.26 / 9.58 / 10.50 | 5.08 | 100.0% " in text
     assert "| fifo+preempt | all | 5 | 6 |" in text and "| 1 | 1 | 0.19 |" in text
     assert "| 100.0% | 0.00 (0.0%) | 1 / 1 | 0.2 |" in text  # the comparison table counts both too
+
+
+@pytest.mark.parametrize("n", [2, 10, 12, 20])
+def test_the_plots_give_each_policy_its_own_colour(n):
+    assert len(set(_colours(n))) == n

@@ -142,7 +142,8 @@ def test_malformed_bytes_are_one_line_naming_line_and_column(tmp_path, data, mes
     codecs.BOM_UTF8 + H + b"j1,0,60,1\n",
     b"job_id;submit_s;duration_s;gpus\nj1;0;60;1\n",
     b"job_id\tsubmit_s\tduration_s\tgpus\r\nj1\t0\t60\t1\r\n",
-], ids=["UTF-8 BOM", "semicolons", "tabs and CRLF"])
+    b"job_id;submit_s;duration_s;gpus\rj1;0;60;1\r",
+], ids=["UTF-8 BOM", "semicolons", "tabs and CRLF", "semicolons and CR"])
 def test_a_utf8_bom_is_skipped_and_semicolon_or_tab_delimiters_are_detected(tmp_path, data):
     path = tmp_path / "t.csv"
     path.write_bytes(data)

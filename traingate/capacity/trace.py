@@ -32,6 +32,7 @@ import codecs
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
     except OSError as e:
         raise CapacityError(f"trace {str(path)!r} cannot be read ({e.strerror or e}); check its permissions") from None
     text = _decode(path, data)
-    first = text.split("\n", 1)[0].rstrip("\r")
+    first = re.split(r"\r\n|\r|\n", text, maxsplit=1)[0]
     if not text.strip():
         raise CapacityError(f"{path}: empty file; the first line is the header {','.join(REQUIRED)}")
     if not first.strip():
