@@ -253,7 +253,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
         pending += [
             record_stage.submit(stage_run, result, decision, run_id=run_id),
-            publish_stage_report.submit(run_id, result, decision),
+            publish_stage_report.submit(run_id, result, decision, stage_run),
         ]
         summary["stages"][stage] = {
             "status": str(result.status),

@@ -1,4 +1,4 @@
-"""Prefect artifact boundary: each stage's report as a markdown table in the UI."""
+"""Prefect artifact boundary: each stage's report as a markdown table in the UI, linked to its MLflow run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from prefect.cache_policies import NONE
 
 from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact
+from traingate.settings import Settings
 from traingate.spec import STAGES
+from traingate.tracking.standard import run_link
 
 
 def artifact_key(run_id: str, stage: str) -> str:
@@ -23,9 +25,16 @@ def artifact_key(run_id: str, stage: str) -> str:
 
 
 @task(name="publish-stage-report", task_run_name="report-{result.stage}", cache_policy=NONE)
-def publish_stage_report(run_id: str, result: StageResult, decision: GateDecision | None) -> None:
+def publish_stage_report(
+    run_id: str, result: StageResult, decision: GateDecision | None, mlflow_run_id: str | None = None
+) -> None:
+    """The report, with a link to the stage's MLflow run under its title (``mlflow_run_id``: None, an untracked run)."""
+    report = render_markdown(result, decision)
+    if mlflow_run_id:
+        title, _, rest = report.partition("\n\n")
+        report = f"{title}\n\n{run_link(Settings.from_env().tracking_uri, mlflow_run_id)}\n\n{rest}"
     create_markdown_artifact(
-        markdown=redact(render_markdown(result, decision)),
+        markdown=redact(report),
         key=artifact_key(run_id, result.stage),
         description=f"traingate run {run_id}: stage {result.stage} ({result.status})",
     )

@@ -23,6 +23,7 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 
 from tasks import slots, slurm
+from tasks.progress import ProgressArtifact
 from traingate.capacity.pools import Engine
 from traingate.cost import charged
 from traingate.cost.budget import BudgetLeft, Scope, tightest
@@ -64,14 +65,22 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         pool = config.pools.get(job.pool) if config is not None else None
         if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
             job = _with_budget(job, client, log)
-            stops = _either(stop_request, _cancel_watch(client), watcher.tick if watcher is not None else None)
-            return slurm.run_on_slurm(job, pool, resume, stops, log)
+            progress = ProgressArtifact(job)
+            # Polled every tick of the follow loop; the progress artifact's tick never asks for a stop.
+            stops = _either(
+                stop_request, _cancel_watch(client), watcher.tick if watcher is not None else None, progress.tick
+            )
+            slurm_result = slurm.run_on_slurm(job, pool, resume, stops, log)
+            progress.publish()
+            return slurm_result
     gang = slots.for_job(job, say=log.info)
     with get_client(sync_client=True) as client:
         job = _with_budget(job, client, log)
         cancelled = _cancel_watch(client)
         stopping = _either(stop_request, cancelled)
+        progress = ProgressArtifact(job)
         hooks = Hooks(
+            on_tick=progress.tick,
             on_line=log.info,
             info=log.info,
             error=log.error,
@@ -117,6 +126,7 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
             previous = read_state(stage_dir)
     held = time.monotonic() - t0 - (gang.waited_s if gang is not None else 0.0)
     result = outcomes.from_supervision(job, sup, held, before=before)
+    progress.publish()  # the stage's end: its last step, loss and status
     charged.record(stage_dir, result.attempts, final=True)  # what `traingate watch` adds up for the ended stage
     if gang is not None:
         result.metrics.update(preemptions=preemptions, queue_wait_s=round(gang.waited_s, 3))

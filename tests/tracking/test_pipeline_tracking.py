@@ -428,3 +428,43 @@ def test_a_registration_that_failed_before_moving_the_alias_is_retried_into_the_
     assert out["registered"] and str(out["version"]) == created
     assert _versions(c, stage) == [created]
     assert c.get_model_version_by_alias(out["name"], CANDIDATE).run_id == stage
+
+
+@pytest.mark.slow
+def test_mlflows_columns_are_filled_and_the_prefect_ui_links_each_stage_to_its_run_with_its_progress(ladder):
+    from prefect.artifacts import Artifact
+
+    from traingate.tracking.standard import run_link
+
+    c: MlflowClient = ladder["client"]
+    rid = ladder["summary"]["run_id"]
+    parent, stages = c.get_run(rid), _stages(ladder)
+    t = parent.data.tags
+    assert t["mlflow.source.name"] == "traingate recipe digits-cnn" and t["mlflow.source.type"] == "JOB"
+    assert t["mlflow.source.git.commit"] == t["traingate.code_version"] and t["mlflow.user"] == "tester"
+    assert t["mlflow.runName"] == parent.info.run_name
+    for name, run in stages.items():
+        assert run.data.tags["mlflow.source.git.commit"] == t["traingate.code_version"], name
+        assert run.data.tags["mlflow.runName"] == f"{parent.info.run_name}/{name}"
+        inputs = run.inputs.dataset_inputs
+        if name == "unit":
+            assert inputs == [], "the unit stage trains on nothing"
+            continue
+        [d] = [i.dataset for i in inputs]
+        assert (d.name, d.digest) == ("load_digits", t["traingate.data_snapshot"][:36])
+        assert json.loads(d.source) == {"uri": "sklearn://load_digits"}
+
+    # Headline metrics: the final stage's evaluation and throughput, and the run's one cost total.
+    m, full = parent.data.metrics, stages["full"].data.metrics
+    assert m["val_loss"] == full["stage.val_loss"] and m["samples_per_s"] == full["stage.samples_per_s"] > 0
+    assert m["steps_per_s"] == 1 / full["stage.step_time_mean_s"]
+    assert m["cost_usd"] == m["pipeline.cost_usd"] == sum(r.data.metrics["stage.cost_usd"] for r in stages.values())
+
+    for n, name in enumerate(("smoke", "canary", "full"), 2):
+        link = run_link(ladder["uri"], stages[name].info.run_id)
+        report = Artifact.get(f"tg-{rid}-{n}-{name}")
+        assert report is not None and link in report.data, name
+        progress = Artifact.get(f"tg-{rid}-{n}-{name}-progress")
+        assert progress is not None and link in progress.description, name
+    full_progress = Artifact.get(f"tg-{rid}-4-full-progress")
+    assert float(full_progress.data) == 100.0 and "**full** completed: step 16/16 (100%)" in full_progress.description

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 import sqlalchemy.exc
-from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -30,7 +30,7 @@ from traingate.redact import redact, redact_mapping
 from traingate.settings import SERVER_ARTIFACTS, export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
-from traingate.tracking import plots
+from traingate.tracking import plots, standard
 from traingate.tracking import restarts as restart_record
 from traingate.tracking.identity import REQUIRED_TAGS
 from traingate.tracking.restarts import is_restart
@@ -136,7 +136,7 @@ def open_pipeline_run(
         "traingate.data_uri": identity["data_uri"],
         "traingate.spec_hash": spec.spec_hash(),
         "traingate.work_pool": spec.resources.work_pool,
-        "mlflow.user": spec.identity.owner,
+        **standard.standard_tags(spec, identity["code"], unique_name(name, rid)),
     }
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
     for i in range(0, len(params), 100):
@@ -245,10 +245,15 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
             "traingate.kind": "stage",
             "traingate.stage": stage,
             "traingate.pipeline_run_id": parent_run_id,
-            "mlflow.user": parent.data.tags.get("mlflow.user", ""),
+            **{k: v for k, v in parent.data.tags.items() if k.startswith(_INHERITED_STANDARD_TAGS)},
         },
     )
     rid = run.info.run_id
+    c.set_tag(rid, "mlflow.runName", run.info.run_name)
+    if stage != "unit":  # the stages that train on the data snapshot take it as their input
+        _log_dataset(
+            c, rid, parent.data.tags.get("traingate.data_snapshot", ""), parent.data.tags.get("traingate.data_uri", "")
+        )
     params = [Param(k, v) for k, v in sorted(parent.data.params.items())]
     for i in range(0, len(params), 100):
         c.log_batch(rid, params=params[i : i + 100])
@@ -258,6 +263,20 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
             c.log_artifact(rid, local, artifact.rsplit("/", 1)[0])
     validate_identity(c, rid)
     return rid
+
+
+# The standard tags a stage run shares with its pipeline run (its own name is its own).
+_INHERITED_STANDARD_TAGS = ("mlflow.source.", "mlflow.user")
+
+
+def _log_dataset(c: MlflowClient, run_id: str, data_snapshot: str, data_uri: str) -> None:
+    """The data snapshot as the run's dataset input (MLflow's Dataset column); nothing when no data is declared.
+    Logging it again is a no-op: MLflow keys a dataset by name and digest and an input by dataset and run."""
+    fields = standard.dataset_fields(data_snapshot, data_uri)
+    if fields is None:
+        return
+    dataset = Dataset(fields.name, fields.digest, fields.source_type, fields.source, profile=fields.profile)
+    c.log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])])
 
 
 def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decision: GateDecision | None) -> None:
@@ -332,12 +351,20 @@ def _log_plots(c: MlflowClient, run_id: str) -> None:
 
 
 def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str, reason: str = "") -> None:
+    """Close the pipeline run with its outcome, restarts and headline metrics: final ``val_loss``, throughput
+    and ``cost_usd``, the sum of its stages' ``stage.cost_usd`` (:func:`.standard.headline_metrics`)."""
     children = stage_runs(c, run_id)
     cost = sum(r.data.metrics.get("stage.cost_usd", 0.0) for r in children)
     restarts = sum(restart_count(r) for r in children)
+    headline = standard.headline_metrics([r.data.metrics for r in children], cost)
+    now_ms = int(time.time() * 1000)
     c.log_batch(
         run_id,
-        metrics=[Metric("pipeline.cost_usd", cost, 0, 0), Metric("pipeline.restarts", restarts, 0, 0)],
+        metrics=[
+            Metric("pipeline.cost_usd", cost, 0, 0),
+            Metric("pipeline.restarts", restarts, 0, 0),
+            *(Metric(k, v, now_ms, 0) for k, v in headline.items()),
+        ],
         tags=[
             RunTag("traingate.reached_stage", reached),
             RunTag("traingate.outcome", "passed" if passed else "stopped"),
