@@ -60,20 +60,28 @@ def test_a_preempted_job_loses_at_most_one_checkpoint_interval_per_preemption(tr
     res = simulate(trace, CFG, Policy.parse(name))
     m = summarize(res)
     assert m.preemptions > 0
-    # Held time = its work + at most (interval + resume + grace) per preemption, and a preemptor's grace.
+    # Held time = its work + at most (interval + resume + grace) per stop (a preemption, or a backfill
+    # limit reached), and a preemptor's grace.
     for r in res.records:
         held = sum(e - s for _, s, e, _ in _intervals_of(r))
         starts_by_preemption = sum(1 for a in r.attempts if a[2] == "preemption")
         assert held >= r.duration_s - 1e-6
-        assert held <= r.duration_s + r.preemptions * (600 + 60) + starts_by_preemption * 10 + 1e-6
+        assert held <= r.duration_s + len(r.preempted_at) * (600 + 60) + starts_by_preemption * 10 + 1e-6
     assert m.wait_by_class["urgent"] < summarize(simulate(trace, CFG, Policy.parse(name.replace("+preempt", "")))) \
         .wait_by_class["urgent"]
 
 
-def test_without_preemption_every_job_runs_once_for_exactly_its_duration(trace):
+def test_without_preemption_every_job_runs_once_for_exactly_its_duration_unless_a_backfill_limit_stops_it(trace):
     res = simulate(trace, CFG, Policy.parse("fairshare+backfill"))
-    assert all(len(r.attempts) == 1 and r.end_s - r.first_start_s == pytest.approx(r.duration_s) for r in res.records)
-    assert summarize(res).wasted_gpu_h == pytest.approx(0.0, abs=1e-9)
+    for r in res.records:
+        assert r.preemptions == 0
+        if not r.limit_stops:
+            assert len(r.attempts) == 1 and r.end_s - r.first_start_s == pytest.approx(r.duration_s)
+        else:  # each stopped attempt was backfilled; the last one ran to the end
+            assert r.limit_stops == r.preempted_at and len(r.attempts) == len(r.limit_stops) + 1
+            assert all(a[2] == "backfill" for a in r.attempts[:-1])
+    assert sum(len(r.limit_stops) for r in res.records) > 0
+    assert summarize(simulate(trace, CFG, Policy.parse("fairshare"))).wasted_gpu_h == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_replay_is_deterministic(trace):

@@ -20,19 +20,21 @@ independent, so each is replayed on its own and fair share counts usage per pool
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from traingate.capacity.estimate import HistoryEstimator
 from traingate.capacity.fairshare import advance
-from traingate.capacity.gang import footprint, fragmented, release, take
-from traingate.capacity.jobs import Job, requeued, started
-from traingate.capacity.policy import How, Policy, Rules, never_fits, schedule
+from traingate.capacity.gang import footprint
+from traingate.capacity.incremental import Queue, Running, plan_pass
+from traingate.capacity.jobs import Job, requeued
+from traingate.capacity.policy import How, Plan, Policy, Rules, never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
 
 
@@ -56,10 +58,12 @@ class JobRecord:
     end_s: float | None = None
     attempts: list[tuple[float, tuple[int, ...], str]] = field(default_factory=list)  # (start, nodes, how)
     preempted_at: list[float] = field(default_factory=list)  # attempt k ended here, the last one at end_s
+    # Those of preempted_at where a backfilled attempt reached its predicted end (its limit) unfinished.
+    limit_stops: list[float] = field(default_factory=list)
 
     @property
     def preemptions(self) -> int:
-        return len(self.preempted_at)
+        return len(self.preempted_at) - len(self.limit_stops)
 
     @property
     def wait_s(self) -> float:
@@ -99,9 +103,14 @@ class SimResult:
 
 
 def simulate(
-    trace: Sequence[TraceJob], config: CapacityConfig, policy: Policy, half_life_h: float | None = None
+    trace: Sequence[TraceJob],
+    config: CapacityConfig,
+    policy: Policy,
+    half_life_h: float | None = None,
+    planner: Planner | None = None,
 ) -> SimResult:
-    """Replay ``trace`` under ``policy``. ``half_life_h`` overrides the config's fair-share half-life."""
+    """Replay ``trace`` under ``policy``. ``half_life_h`` overrides the config's fair-share half-life;
+    ``planner`` one pass (``incremental.plan_pass``'s signature; tests pass one over ``policy.schedule``)."""
     for tj in trace:
         why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
         if why:
@@ -118,6 +127,7 @@ def simulate(
             config,
             Rules(policy, config.priority_classes, config.quotas_on(name), config.simulator.restart_cost_s),
             h * 3600.0,
+            planner or plan_pass,
         )
         records += rec
         totals.append(tot)
@@ -125,8 +135,17 @@ def simulate(
     return SimResult(policy, h, records, totals, time.perf_counter() - t0, time.process_time() - c0)
 
 
+Planner = Callable[..., tuple[Plan, list[Job]]]  # plan_pass's signature
+
+
 def _replay_pool(
-    name: str, pool: PoolConfig, trace: list[TraceJob], config: CapacityConfig, rules: Rules, half_life_s: float
+    name: str,
+    pool: PoolConfig,
+    trace: list[TraceJob],
+    config: CapacityConfig,
+    rules: Rules,
+    half_life_s: float,
+    planner: Planner = plan_pass,
 ) -> tuple[list[JobRecord], PoolTotals]:
     gpn = pool.gpus_per_node
     sim = config.simulator
@@ -146,30 +165,40 @@ def _replay_pool(
         for tj in trace
     }
     tot = PoolTotals(name, pool.capacity, pool.price_per_gpu_hour)
-    waiting: dict[str, Job] = {}
-    running: dict[str, Job] = {}
-    ends: list[tuple[float, str, int]] = []  # (end, job id, attempt); stale after a preemption
-    free = [gpn] * pool.nodes
-    held: dict[str, int] = {}  # team -> GPUs held now
+    waiting = Queue()
+    run = Running(pool.nodes, gpn)
+    running = run.jobs
+    held = run.held  # team -> GPUs held now
+    # (end, job id, attempt, why): why 0 = its work is done, 1 = its backfill limit; stale after a stop
+    ends: list[tuple[float, str, int, int]] = []
     usage: dict[str, float] = {}  # team -> decayed GPU-hours
     estimator = HistoryEstimator()
+    # A running job's prediction is fixed when it starts, as a Slurm job's end is by its time limit;
+    # a job that ran into its backfill limit has shown its prediction wrong and is not predicted again.
+    fixed: dict[str, float | None] = {}
+    overran: set[str] = set()
+
+    def predict(job: Job) -> float | None:
+        if job.job_id in overran:
+            return None
+        if job.started_s is not None and job.job_id in fixed:
+            return fixed[job.job_id]
+        return estimator.predict(job)
+
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
     start_t = t
     window_end = arrivals[-1].job.submit_s if arrivals else 0.0
     stranded = 0
 
-    def hold(job: Job, sign: int) -> None:
-        held[job.team] = held.get(job.team, 0) + sign * footprint(job.slots, gpn)
-
-    while i < n or running or waiting:
+    while i < n or running or len(waiting):
         while ends and (ends[0][1] not in running or running[ends[0][1]].attempt != ends[0][2]):
             heapq.heappop(ends)
         nt = min(arrivals[i].job.submit_s if i < n else math.inf, ends[0][0] if ends else math.inf)
-        assert nt < math.inf, f"pool {name}: jobs wait with nothing running and nothing to come: {sorted(waiting)}"
+        assert nt < math.inf, f"pool {name}: jobs wait with nothing running and nothing to come: {sorted(waiting.byid)}"
         dt = nt - t
         if dt > 0:
-            busy = pool.capacity - sum(free)
+            busy = pool.capacity - run.free.total
             tot.busy_gpu_s += busy * dt
             in_window = max(0.0, min(nt, window_end) - t) if window_end > start_t else dt
             tot.window_busy_gpu_s += busy * in_window
@@ -179,35 +208,47 @@ def _replay_pool(
             usage = advance(usage, held, dt, half_life_s)
             t = nt
         while ends and ends[0][0] <= t:
-            _, jid, attempt = heapq.heappop(ends)
+            _, jid, attempt, why = heapq.heappop(ends)
             job = running.get(jid)
             if job is None or job.attempt != attempt:
                 continue
-            del running[jid]
-            release(free, job.slots, job.nodes, gpn)
-            hold(job, -1)
+            if why:
+                # Held to its limit: stopped at its checkpoint like a victim, back in the queue.
+                run.remove(jid)
+                fixed.pop(jid, None)
+                waiting.add(requeued(job, t, sim.restart_cost_s))
+                rec[jid].preempted_at.append(t)
+                rec[jid].limit_stops.append(t)
+                overran.add(jid)
+                continue
+            run.remove(jid)
+            fixed.pop(jid, None)
             rec[jid].end_s = t
             estimator.observe(job, true[jid])
         while i < n and arrivals[i].job.submit_s <= t:
-            job = arrivals[i].job
-            waiting[job.job_id] = job
+            waiting.add(arrivals[i].job)
             i += 1
         while True:
-            plan = schedule(t, pool, list(running.values()), list(waiting.values()), rules, usage, estimator.predict)
-            for jid in plan.preempted:
-                job = running.pop(jid)
-                release(free, job.slots, job.nodes, gpn)
-                hold(job, -1)
-                waiting[jid] = requeued(job, t, sim.restart_cost_s)
-                rec[jid].preempted_at.append(t)
+            plan, victims = planner(t, pool, run, waiting, rules, usage, predict)
+            for v in victims:
+                rec[v.job_id].preempted_at.append(t)
+                waiting.add(requeued(v, t, sim.restart_cost_s))
             for s in plan.starts:
-                job = started(
-                    waiting.pop(s.job_id), t, s.nodes, sim.preempt_grace_s if s.how is How.PREEMPTION else 0.0
-                )
-                take(free, job.slots, job.nodes, gpn)
-                hold(job, +1)
-                running[job.job_id] = job
-                heapq.heappush(ends, (t + job.overhead_s + true[job.job_id] - job.done_s, job.job_id, job.attempt))
+                job = running[s.job_id]
+                fixed[job.job_id] = pred = predict(job)
+                if s.how is How.PREEMPTION and sim.preempt_grace_s:
+                    run.remove(job.job_id)
+                    job = dataclasses.replace(job, overhead_s=job.overhead_s + sim.preempt_grace_s)
+                    run.add(job, pred)
+                finish = t + job.overhead_s + true[job.job_id] - job.done_s
+                why = 0
+                if s.how is How.BACKFILL:
+                    # Backfilled on its prediction, held to it: it may not delay the head it jumped.
+                    assert pred is not None, f"{job.job_id}: backfilled without a prediction"
+                    limit = t + job.overhead_s + max(pred - job.done_s, 0.0)
+                    if finish > limit:
+                        finish, why = limit, 1
+                heapq.heappush(ends, (finish, job.job_id, job.attempt, why))
                 r = rec[job.job_id]
                 if r.first_start_s is None:
                     r.first_start_s = t
@@ -215,8 +256,8 @@ def _replay_pool(
             # Slots freed by a preemption may let a job the pass already passed over start.
             if not plan.preempted:
                 break
-        head = waiting.get(plan.head) if plan.head else None
-        stranded = fragmented(free, head.slots if head else None, gpn)
+        head = waiting.byid.get(plan.head) if plan.head else None
+        stranded = run.free.fragmented(head.slots if head else None)
     tot.makespan_s = t - start_t
     tot.window_s = window_end - start_t if window_end > start_t else tot.makespan_s
     return list(rec.values()), tot

@@ -1,0 +1,375 @@
+"""The pass of :func:`traingate.capacity.policy.schedule` over state kept from pass to pass.
+
+``schedule`` rebuilds everything from plain lists: free GPUs from every running job, the queue
+sorted and predicted whole, a reservation from every running job sorted by predicted end. That
+is right for the local engine (a handful of jobs) and too slow to replay a cluster of hundreds of
+nodes and a queue of thousands through it event after event. The simulator keeps instead:
+
+- ``FreeIndex``: free GPUs per node, with the nodes indexed by their free count, so best fit is
+  a look-up per count, not a scan of the nodes;
+- ``Running``: the running jobs with their predictions fixed when they start (as a Slurm job's
+  end is fixed by its time limit), in a heap by predicted end, so a reservation walks only the
+  jobs that end before it;
+- ``Queue``: the waiting jobs in groups that the policy always serves in submission order and
+  decides alike (same class, team and size, first attempt, no estimate of their own), one pass
+  merging the groups' first jobs in the policy's order. When a group's first job cannot start,
+  none behind it can (nothing a pass does frees slots or quota, except a preemption, after
+  which the groups are looked at again), so a pass visits a group once, not each of its jobs.
+
+:func:`plan_pass` then makes the same decisions as ``schedule`` in the same order; a test
+replays traces through both and compares every attempt.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from traingate.capacity.estimate import Predictor, predicted_remaining
+from traingate.capacity.gang import footprint, nodes_needed
+from traingate.capacity.jobs import Job, started
+from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims
+from traingate.capacity.pools import PoolConfig
+
+
+class FreeIndex:
+    """Free GPUs per node (``free``), their sum, and the nodes by free count (lazy heaps)."""
+
+    def __init__(self, nodes: int, gpus_per_node: int) -> None:
+        self.gpn = gpus_per_node
+        self.free = [gpus_per_node] * nodes
+        self.total = nodes * gpus_per_node
+        self.count = [0] * (gpus_per_node + 1)
+        self.count[gpus_per_node] = nodes
+        # by_free[f]: node indices that had f free when pushed; an entry whose node no longer has f is stale.
+        self.by_free: list[list[int]] = [[] for _ in range(gpus_per_node + 1)]
+        self.by_free[gpus_per_node] = list(range(nodes))
+
+    def _set(self, node: int, f: int) -> None:
+        old = self.free[node]
+        assert 0 <= f <= self.gpn, f"node {node}: {f} free of {self.gpn}"
+        self.count[old] -= 1
+        self.count[f] += 1
+        self.free[node] = f
+        h = self.by_free[f]
+        heapq.heappush(h, node)
+        if len(h) > 4 * self.count[f] + 64:  # drop stale entries before they outnumber live ones
+            self.by_free[f] = sorted({i for i in h if self.free[i] == f})
+
+    def _lowest(self, f: int) -> int:
+        h = self.by_free[f]
+        while self.free[h[0]] != f:
+            heapq.heappop(h)
+        return h[0]
+
+    def place(self, slots: int) -> tuple[int, ...] | None:
+        """Same answer as :func:`traingate.capacity.gang.place` on ``free``."""
+        gpn = self.gpn
+        if slots <= gpn:
+            for f in range(slots, gpn + 1):
+                if self.count[f]:
+                    return (self._lowest(f),)
+            return None
+        k = nodes_needed(slots, gpn)
+        if self.count[gpn] < k:
+            return None
+        h = self.by_free[gpn]
+        got: list[int] = []
+        while len(got) < k:  # the k lowest whole nodes, as gang.place takes them
+            i = heapq.heappop(h)
+            if self.free[i] == gpn and (not got or got[-1] != i):
+                got.append(i)
+        for i in got:
+            heapq.heappush(h, i)
+        return tuple(got)
+
+    def take(self, slots: int, nodes: tuple[int, ...]) -> None:
+        g = slots if slots <= self.gpn else self.gpn
+        for n in nodes:
+            self._set(n, self.free[n] - g)
+        self.total -= g * len(nodes)
+
+    def release(self, slots: int, nodes: tuple[int, ...]) -> None:
+        g = slots if slots <= self.gpn else self.gpn
+        for n in nodes:
+            self._set(n, self.free[n] + g)
+        self.total += g * len(nodes)
+
+    def fragmented(self, head_slots: int | None) -> int:
+        """Same answer as :func:`traingate.capacity.gang.fragmented` on ``free``."""
+        if head_slots is None or self.total < head_slots or self.place(head_slots) is not None:
+            return 0
+        return self.total
+
+
+class Running:
+    """The running jobs of one pool, the GPUs each team holds, and each job's predicted end."""
+
+    def __init__(self, nodes: int, gpus_per_node: int) -> None:
+        self.gpn = gpus_per_node
+        self.free = FreeIndex(nodes, gpus_per_node)
+        self.jobs: dict[str, Job] = {}
+        self.held: dict[str, int] = {}  # team -> GPUs held now
+        self._seq: dict[str, int] = {}
+        self._n = 0
+        self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq): still before "now"
+        self._late: list[tuple[float, str, int]] = []  # (-start, id, seq): past its prediction or none
+
+    def add(self, job: Job, predicted_s: float | None) -> None:
+        """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
+        assert job.started_s is not None
+        self.free.take(job.slots, job.nodes)
+        self.held[job.team] = self.held.get(job.team, 0) + footprint(job.slots, self.gpn)
+        self.jobs[job.job_id] = job
+        self._n += 1
+        self._seq[job.job_id] = self._n
+        rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
+        end = None if rem is None else job.started_s + job.overhead_s + rem  # policy.predicted_end's sum
+        if end is None or end <= job.started_s:
+            heapq.heappush(self._late, (-job.started_s, job.job_id, self._n))
+        else:
+            heapq.heappush(self._ends, (end, job.job_id, self._n))
+        if len(self._ends) + len(self._late) > 4 * len(self.jobs) + 64:
+            self._ends = [e for e in self._ends if self._seq.get(e[1]) == e[2]]
+            self._late = [e for e in self._late if self._seq.get(e[1]) == e[2]]
+            heapq.heapify(self._ends)
+            heapq.heapify(self._late)
+
+    def remove(self, job_id: str) -> Job:
+        job = self.jobs.pop(job_id)
+        del self._seq[job_id]
+        self.free.release(job.slots, job.nodes)
+        self.held[job.team] -= footprint(job.slots, self.gpn)
+        return job
+
+    def _by_predicted_end(self, now: float) -> Iterator[tuple[float, Job]]:
+        """Running jobs in the order of ``policy.reserve``: (predicted end, job id)."""
+        ends, late, seq = self._ends, self._late, self._seq
+        while ends and ends[0][0] <= now:
+            end, jid, s = heapq.heappop(ends)
+            if seq.get(jid) == s:
+                heapq.heappush(late, (-self.jobs[jid].started_s, jid, s))  # type: ignore[operator]
+        # Walk both heaps in order without popping: a frontier of entries whose parents were visited.
+        frontier: list[tuple[float, str, int, int]] = []
+
+        def push(src: int, i: int) -> None:
+            if src == 0 and i < len(ends):
+                heapq.heappush(frontier, (ends[i][0], ends[i][1], 0, i))
+            elif src == 1 and i < len(late):
+                heapq.heappush(frontier, (now + (now + late[i][0]), late[i][1], 1, i))  # now + (now - start)
+
+        push(0, 0)
+        push(1, 0)
+        while frontier:
+            end, jid, src, i = heapq.heappop(frontier)
+            entry = (ends if src == 0 else late)[i]
+            push(src, 2 * i + 1)
+            push(src, 2 * i + 2)
+            if seq.get(jid) == entry[2]:
+                yield end, self.jobs[jid]
+
+    def reserve(self, job: Job, now: float) -> float | None:
+        """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now."""
+        gpn = self.gpn
+        free = self.free.free
+        small = job.slots <= gpn
+        k = nodes_needed(job.slots, gpn)
+        wholes = self.free.count[gpn]
+        freed: dict[int, int] = {}
+        for end, r in self._by_predicted_end(now):
+            g = r.slots if r.slots <= gpn else gpn
+            for n in r.nodes:
+                after = freed.get(n, free[n]) + g
+                freed[n] = after
+                if small and after >= job.slots:
+                    return end
+                if after == gpn:
+                    wholes += 1
+            if not small and wholes >= k:
+                return end
+        return None
+
+
+class _Group:
+    """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait."""
+
+    __slots__ = ("jobs", "off")
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.off = 0
+
+
+class Queue:
+    """The waiting jobs of one pool: groups of first attempts without an estimate of their own,
+    keyed by (class, team, slots), and the rest one by one."""
+
+    def __init__(self) -> None:
+        self.byid: dict[str, Job] = {}
+        self._groups: dict[tuple[str, str, int], _Group] = {}
+        self._singles: dict[str, Job] = {}
+
+    def __len__(self) -> int:
+        return len(self.byid)
+
+    def add(self, job: Job, alone: bool = False) -> None:
+        """Enqueue ``job``. ``alone``: never grouped (the simulator's jobs whose prediction differs)."""
+        self.byid[job.job_id] = job
+        if alone or job.attempt or job.est_duration_s is not None or job.overhead_s or job.done_s:
+            self._singles[job.job_id] = job
+            return
+        g = self._groups.setdefault((job.priority, job.team, job.slots), _Group())
+        if g.off > 256 and g.off * 2 > len(g.jobs):
+            del g.jobs[: g.off]
+            g.off = 0
+        if g.off < len(g.jobs) and (g.jobs[-1].submit_s, g.jobs[-1].job_id) > (job.submit_s, job.job_id):
+            raise AssertionError(f"{job.job_id}: first attempts are enqueued in submission order")
+        g.jobs.append(job)
+
+    def pop(self, job_id: str) -> Job:
+        """Remove the waiting job ``job_id`` wherever it stands."""
+        job = self.byid[job_id]
+        if job_id in self._singles:
+            self._take(job, None, 0)
+        else:
+            g = self._groups[(job.priority, job.team, job.slots)]
+            self._take(job, g, g.jobs.index(job, g.off))
+        return job
+
+    def _take(self, job: Job, g: _Group | None, pos: int) -> int:
+        """Remove a started job; the position of the group's next job."""
+        del self.byid[job.job_id]
+        if g is None:
+            del self._singles[job.job_id]
+            return pos
+        if pos == g.off:
+            g.off += 1
+            return g.off
+        del g.jobs[pos]
+        return pos
+
+
+def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor) -> Any:
+    """The policy's sort key (``policy.queue_order``'s) as (prefix(job), then submission, id)."""
+    classes = rules.classes
+    order = rules.policy.order
+    if order is Order.FIFO:
+        return lambda j: ()
+    if order is Order.PRIORITY:
+        return lambda j: (-classes[j.priority].priority,)
+    if order is Order.SJF:
+
+        def sjf(j: Job) -> tuple:
+            rem = predicted_remaining(j, predict)
+            return (-classes[j.priority].priority, float("inf") if rem is None else rem)
+
+        return sjf
+    assert order is Order.FAIRSHARE, order
+    return lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0))
+
+
+def plan_pass(
+    now: float,
+    pool: PoolConfig,
+    run: Running,
+    queue: Queue,
+    rules: Rules,
+    usage: Mapping[str, float],
+    predict: Predictor,
+) -> tuple[Plan, list[Job]]:
+    """``schedule(now, pool, running, waiting, rules, usage, predict)``'s plan, carried out on
+    ``run`` and ``queue`` (started jobs run as ``started(job, now, nodes)``, victims are removed);
+    returns the plan and the victims as they ran. ``held_by_quota`` lists the quota-held jobs the
+    pass looked at: a group's first, not every job behind it."""
+    gpn = pool.gpus_per_node
+    policy = rules.policy
+    classes = rules.classes
+    free = run.free
+    prefix = _key_maker(rules, usage, predict)
+    heap: list[tuple[tuple, Any, int]] = []
+    for g in queue._groups.values():
+        if g.off < len(g.jobs):
+            j = g.jobs[g.off]
+            heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
+    for j in queue._singles.values():
+        heap.append(((*prefix(j), j.submit_s, j.job_id), None, 0))
+    heapq.heapify(heap)
+    starts: list[Start] = []
+    victims_out: list[Job] = []
+    quota_held: list[str] = []
+    dead: list[_Group] = []
+    head: Job | None = None
+    shadow: float | None = None
+
+    def evict(victims: tuple[Job, ...], key: tuple) -> None:
+        for v in victims:
+            victims_out.append(run.remove(v.job_id))
+        # Freed slots and quota: groups given up on may start again from the next job after this one.
+        for g in dead:
+            pre = prefix(g.jobs[g.off]) if g.off < len(g.jobs) else ()
+            p = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (*pre, j.submit_s, j.job_id))
+            if p < len(g.jobs):
+                j = g.jobs[p]
+                heapq.heappush(heap, ((*pre, j.submit_s, j.job_id), g, p))
+        dead.clear()
+
+    while heap:
+        key, g, pos = heapq.heappop(heap)
+        job = g.jobs[pos] if g is not None else queue._singles[key[-1]]
+        nodes: tuple[int, ...] | None = None
+        how: How | None = None
+        stop = False
+        need = footprint(job.slots, gpn)
+        cap = rules.quotas.get(job.team)
+        over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
+        can_preempt = policy.preempt and classes[job.priority].preempts
+        if over:
+            vs = (
+                choose_victims(job, now, free.free, list(run.jobs.values()), gpn, classes, over, rules.restart_cost_s)
+                if can_preempt
+                else None
+            )
+            if vs is None:
+                quota_held.append(job.job_id)
+            else:
+                evict(vs, key)
+                nodes, how = free.place(job.slots), How.PREEMPTION
+        else:
+            if head is None:
+                nodes = free.place(job.slots)
+                how = How.IN_ORDER
+            elif shadow is not None:
+                rem = predicted_remaining(job, predict)
+                if rem is not None and now + job.overhead_s + rem <= shadow:
+                    nodes = free.place(job.slots)
+                    how = How.BACKFILL
+            if nodes is None and can_preempt:
+                vs = choose_victims(job, now, free.free, list(run.jobs.values()), gpn, classes, 0, rules.restart_cost_s)
+                if vs is not None:
+                    evict(vs, key)
+                    nodes, how = free.place(job.slots), How.PREEMPTION
+            if nodes is None and head is None:
+                head = job
+                if policy.backfill:
+                    shadow = run.reserve(job, now)
+                elif not policy.preempt:
+                    stop = True  # strict order: nothing behind the head may start
+        if nodes is not None:
+            assert how is not None
+            nxt = queue._take(job, g, pos)
+            # Counted as running from now for later reservations and victim choices in this pass.
+            run.add(started(job, now, nodes), predict(job))
+            starts.append(Start(job.job_id, nodes, how))
+            if g is not None and nxt < len(g.jobs):
+                j = g.jobs[nxt]
+                heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, nxt))
+        elif g is not None:
+            dead.append(g)
+        if stop:
+            break
+    plan = Plan(
+        tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
+    )
+    return plan, victims_out
