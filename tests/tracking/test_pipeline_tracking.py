@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-
 from tgtest import TINY_DIGITS, free_port
 from tracking_helpers import fresh_store
+
+from traingate.promotion.aliases import CANDIDATE
+from traingate.promotion.register import register_candidate
 from traingate.redact import redact
 from traingate.spec import load_spec
 from traingate.tracking import runs
-from traingate.promotion.aliases import CANDIDATE
-from traingate.promotion.register import register_candidate
-
 
 ACCESS_KEY = "tgtest-access-key-id-AKIA0001"
 SECRET_KEY = "tgtest-secret-key-do-not-leak-0123456789"
@@ -33,9 +32,8 @@ PURPOSE = f"check tracking; warehouse at postgresql://svc:{URL_PASSWORD}@db.inte
 @pytest.fixture(scope="module")
 def ladder(prefect_harness, tmp_path_factory):
     """Run the whole ladder once, with S3 credentials and a password-bearing URL in play."""
-    from moto.server import ThreadedMotoServer
-
     import boto3
+    from moto.server import ThreadedMotoServer
 
     root = tmp_path_factory.mktemp("ladder")
     with pytest.MonkeyPatch.context() as mp:
@@ -70,8 +68,42 @@ def _stages(ladder) -> dict:
 
 
 @pytest.mark.slow
-def test_ladder_passes_with_tracking_on(ladder):
+def test_ladder_climbs_all_four_stages_and_records_each(ladder):
+    from prefect.artifacts import Artifact
+
+    from traingate.ladder.plan import plan
+    from traingate.runtime.checkpoint import Checkpointer
+    from traingate.settings import Settings
+    from traingate.tracking.prior import latest_canary_profile
+
     assert ladder["state"].is_completed(), ladder["state"].message
+    summary = ladder["summary"]
+    assert list(summary["stages"]) == ["unit", "smoke", "canary", "full"]
+    c: MlflowClient = ladder["client"]
+    parent = c.get_run(summary["run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.params["optim.lr"] == "0.05"
+    stages = _stages(ladder)
+    assert set(stages) == {"unit", "smoke", "canary", "full"}
+    for name, run in stages.items():
+        assert run.data.tags["traingate.gate_passed"] == "true", name
+    assert stages["unit"].data.metrics["stage.tests_passed"] >= 7
+    assert stages["smoke"].data.metrics["stage.resumed_from_step"] == 2
+    canary = stages["canary"].data.metrics
+    for k in ("stage.step_time_p50_s", "stage.step_time_p99_s", "stage.samples_per_s", "stage.peak_memory_mb",
+              "stage.startup_s", "estimate.next_stage_wall_s", "estimate.next_stage_cost_usd"):
+        assert canary[k] > 0, k
+    full = stages["full"].data.metrics
+    assert full["stage.world_size"] == 2 and full["stage.steps"] == 16
+    assert Checkpointer(summary["checkpoint_uri"]).find_latest() == 16  # its manifest in the S3 store
+
+    artifact = Artifact.get(f"tg-{summary['run_id']}-3-canary")
+    assert artifact is not None and "step_time_p99_s" in artifact.data
+
+    # The next dry run of this experiment turns cost ceilings into estimates from this canary.
+    prior = latest_canary_profile(Settings.from_env(), "tests", "digits-cnn")
+    assert prior is not None and prior["step_time_mean_s"] > 0
+    rows = plan(load_spec(ladder["spec"]), {}, "full", profile=prior)
+    assert rows[3]["est_cost_usd"] > 0 and rows[3]["est_wall_s"] > 16 * prior["step_time_mean_s"]
 
 
 @pytest.mark.slow
