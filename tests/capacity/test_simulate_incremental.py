@@ -80,3 +80,24 @@ def test_the_incremental_pass_replays_every_attempt_as_the_straightforward_sched
     assert [(p.busy_gpu_s, p.fragmented_gpu_s, p.team_gpu_s) for p in fast.pools] == [
         (p.busy_gpu_s, p.fragmented_gpu_s, p.team_gpu_s) for p in slow.pools
     ]
+
+
+def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_head_starts_at_its_reservation():
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 120, "preempt_grace_s": 30},
+        }
+    )
+    trace = [
+        TraceJob(Job("running", "t", "research", "p", 2, 0.0, est_duration_s=100.0), 100.0),
+        TraceJob(Job("head", "t", "research", "p", 4, 1.0, est_duration_s=100.0), 100.0),  # reserved for 100
+        TraceJob(Job("under", "t", "research", "p", 2, 2.0, est_duration_s=50.0), 500.0),  # says 50, needs 500
+    ]
+    res = {r.job_id: r for r in simulate(trace, cfg, Policy.parse("fifo+backfill")).records}
+    under = res["under"]
+    assert under.attempts[0] == (2.0, (0,), "backfill")
+    assert under.limit_stops == under.preempted_at == [52.0] and under.preemptions == 0
+    assert res["head"].first_start_s == 100.0  # not 502: the overrun cannot push it back
+    # Back in the queue with its estimate discredited, it runs after the head, paying the restart.
+    assert under.attempts[1] == (200.0, (0,), "in order") and under.end_s == 200.0 + 120.0 + 500.0
