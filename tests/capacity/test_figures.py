@@ -11,6 +11,7 @@ from traingate.capacity.policy import Policy
 from traingate.capacity.pools import parse_config
 from traingate.capacity.report import _colours, report, write_figures, write_schedule, write_timeseries
 from traingate.capacity.simulate import TraceJob, simulate, summarize
+from traingate.capacity.trace import TraceParams, generate
 
 SIM = {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10}
 TWO = parse_config({
@@ -151,3 +152,39 @@ def test_csvs_keep_every_digit_and_the_report_has_the_per_pool_and_size_tables(r
 @pytest.mark.parametrize("n", [2, 10, 12, 20])
 def test_the_plots_give_each_policy_its_own_colour(n):
     assert len(set(_colours(n))) == n
+
+
+def test_a_backfilled_job_stopped_at_its_limit_is_counted_apart_from_preemptions():
+    # Pool b (4 GPUs), FIFO + backfill: a (2 GPUs) runs 0-100; the 4-GPU head h is reserved for 100;
+    # b (2 GPUs) says 50 s but needs 300: backfilled at 2, stopped at its limit 52 (50 s of work, no
+    # checkpoint yet), queued again 52-150, resumes after h with 60 s restart: 150 + 60 + 300 = 510.
+    def est(jid, gpus, submit, duration, estimate):
+        return TraceJob(Job(jid, "t", "research", "b", gpus, submit, estimate, checkpoint_every_s=600.0), duration)
+
+    res = simulate([est("a", 2, 0, 100, 100), est("h", 4, 1, 50, 50), est("b", 2, 2, 300, 50)], TWO,
+                   Policy.parse("fifo+backfill"))
+    assert {r.job_id: (r.first_start_s, r.end_s, r.limit_stops) for r in res.records} == \
+        {"a": (0, 100, []), "h": (100, 150, []), "b": (2, 510, [52])}
+    b = figures(res)[0]
+    assert (b.preemptions, b.preemptive_starts, b.lost_gpu_h) == (0, 0, 0.0)
+    assert b.limit_stops == 1 and b.lost_limit_gpu_h == pytest.approx(2 * (50 + 60) / 3600)
+    (q,) = [i for i in timeseries(res, bins=51) if i.scope == "b" and i.start_s == 50]  # 10 s intervals
+    assert (q.queued_mean, q.queued_max) == (pytest.approx((10 + 8) / 10), 2)  # h all along, b from 52
+
+
+def test_on_a_generated_trace_the_figures_agree_with_the_replay_under_every_kind_of_stop():
+    cfg = parse_config({"pools": {"p": {"gpus_per_node": 4, "nodes": 4, "price_per_gpu_hour": 1.0,
+                                        "worker": "process"}}, "simulator": SIM})
+    rows = generate(TraceParams(n_jobs=300, capacity=16, gpus_per_node=4, load=0.9, seed=7, small_median_s=600,
+                                classes=(("urgent", 0.15), ("production", 0.3), ("research", 0.55)),
+                                large_median_s=3 * 3600))
+    trace = [job(r["job_id"], "p", r["gpus"], r["submit_s"], r["duration_s"], r["priority"]) for r in rows]
+    res = simulate(trace, cfg, Policy.parse("fairshare+backfill+preempt"))
+    f = figures(res)[0]
+    assert f.preemptions > 0 and f.preemptive_starts >= f.preemptions // 2 and f.limit_stops > 0
+    assert f.lost_gpu_h + f.lost_limit_gpu_h == pytest.approx(summarize(res).wasted_gpu_h)
+    assert f.utilisation == pytest.approx(summarize(res).utilisation)
+    series = [i for i in timeseries(res) if i.scope == "p"]
+    assert min(i.queued_mean for i in series) >= 0 and series[-1].queued_max == 0
+    assert max(i.busy_gpus_mean for i in series) <= 16 + 1e-9
+    assert sum(i.busy_gpus_mean * (i.end_s - i.start_s) for i in series) == pytest.approx(res.pools[0].busy_gpu_s)

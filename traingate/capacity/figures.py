@@ -18,6 +18,9 @@ schedule alone (each job's submission, attempts and end), so they hold for any p
   it pays the victims' checkpoint grace even when no victim was needed).
 - **GPU-hours lost to preemption**: for each job that was stopped or started by preemption, the
   GPU time it held beyond its work: lost progress since its last checkpoint, restart cost, grace.
+- **Limit stops**: backfilled attempts stopped at their limit (their predicted end) unfinished and
+  requeued, and the GPU time their jobs held beyond their work. A job that lost time to both
+  preemption and its limit splits it by its number of each (a preemptive start counts as one).
 - **Over time** (:func:`timeseries`): the replay cut into equal intervals from first submission
   to last end; per interval the mean and max queue length (jobs submitted, not running, not
   finished: requeued victims included), mean running jobs, mean GPUs held and their share of
@@ -78,6 +81,8 @@ class Figures:
     preemptions: int  # attempts stopped to make room
     preemptive_starts: int  # starts made by the preemption rule
     lost_gpu_h: float  # GPU time held beyond the work by jobs stopped or started by preemption
+    limit_stops: int  # backfilled attempts stopped at their limit (their predicted end) and requeued
+    lost_limit_gpu_h: float  # GPU time held beyond the work by jobs stopped at a limit
     waits_by_size: dict[str, Waits]  # SIZE_BUCKETS names that have jobs, in bucket order
 
 
@@ -89,75 +94,143 @@ def waits_of(values: Iterable[float]) -> Waits:
     return Waits(len(w), float(w.mean()), float(p50), float(p95), float(p99), float(w.max()))
 
 
-def bounded_slowdown(r: JobRecord) -> float:
-    assert r.end_s is not None, f"{r.job_id} has not ended"
-    return max(1.0, (r.end_s - r.submit_s) / max(r.duration_s, BSLD_BOUND_S))
+@dataclass(frozen=True)
+class _Schedule:
+    """A replay's records as arrays: one entry per job, and one per attempt."""
+
+    pools: list[str]  # sorted; ``pool`` holds indices into it
+    pool: np.ndarray
+    submit: np.ndarray
+    start: np.ndarray  # first start
+    end: np.ndarray
+    work: np.ndarray  # the job's duration
+    footprint: np.ndarray  # GPUs held while it runs
+    slots: np.ndarray  # GPUs asked
+    stops: np.ndarray  # preemptions of the job
+    limit_stops: np.ndarray  # backfilled attempts stopped at their limit
+    a_job: np.ndarray  # per attempt: its job's index
+    a_start: np.ndarray
+    a_end: np.ndarray
+    a_stopped: np.ndarray  # ended by a preemption (every attempt but a job's last)
+    a_preemptive: np.ndarray  # started by the preemption rule
+
+    @property
+    def preemptive_starts(self) -> np.ndarray:
+        return np.bincount(self.a_job, weights=self.a_preemptive, minlength=len(self.submit))
+
+    @property
+    def held_gpu_s(self) -> np.ndarray:
+        """Per job: GPU-seconds held over all its attempts."""
+        return np.bincount(self.a_job, weights=self.a_end - self.a_start, minlength=len(self.submit)) * self.footprint
 
 
-def _spans(r: JobRecord) -> list[tuple[float, float]]:
-    """(start, end) of each attempt."""
-    assert r.end_s is not None, f"{r.job_id} has not ended"
-    return [(a[0], e) for a, e in zip(r.attempts, [*r.preempted_at, r.end_s])]
+def _schedule(recs: Sequence[JobRecord]) -> _Schedule:
+    pools = sorted({r.pool for r in recs})
+    code = {p: k for k, p in enumerate(pools)}
+    n = len(recs)
+    a_job: list[int] = []
+    a_start: list[float] = []
+    a_end: list[float] = []
+    a_stopped: list[bool] = []
+    a_preemptive: list[bool] = []
+    for k, r in enumerate(recs):
+        assert r.end_s is not None, f"{r.job_id} has not ended"
+        m = len(r.attempts)
+        a_job += [k] * m
+        a_start += [a[0] for a in r.attempts]
+        a_end += [*r.preempted_at, r.end_s]
+        a_stopped += [True] * (m - 1) + [False]
+        a_preemptive += [a[2] == "preemption" for a in r.attempts]
 
+    def col(values: Iterable[float], dtype: type = float) -> np.ndarray:
+        return np.fromiter(values, dtype=dtype, count=n)
 
-def _held_s(r: JobRecord) -> float:
-    return sum(e - s for s, e in _spans(r))
+    return _Schedule(
+        pools=pools,
+        pool=col((code[r.pool] for r in recs), int),
+        submit=col(r.submit_s for r in recs),
+        start=col(r.first_start_s or 0.0 for r in recs),
+        end=col(r.end_s or 0.0 for r in recs),
+        work=col(r.duration_s for r in recs),
+        footprint=col(r.footprint for r in recs),
+        slots=col(r.slots for r in recs),
+        stops=col((r.preemptions for r in recs), int),
+        limit_stops=col((len(r.limit_stops) for r in recs), int),
+        a_job=np.array(a_job, dtype=int),
+        a_start=np.array(a_start, dtype=float),
+        a_end=np.array(a_end, dtype=float),
+        a_stopped=np.array(a_stopped, dtype=bool),
+        a_preemptive=np.array(a_preemptive, dtype=bool),
+    )
 
 
 def figures(res: SimResult) -> list[Figures]:
     """One ``Figures`` per pool with jobs (sorted by name), then ``ALL``."""
     capacity = {p.pool: p.capacity for p in res.pools}
-    by_pool: dict[str, list[JobRecord]] = {}
-    for r in res.records:
-        by_pool.setdefault(r.pool, []).append(r)
-    use = {name: _window_use(recs) for name, recs in by_pool.items()}
-    out = [_figures(name, by_pool[name], capacity[name], *use[name]) for name in sorted(by_pool)]
+    sched = _schedule(res.records)
+    masks = [sched.pool == k for k in range(len(sched.pools))]
+    use = [_window_use(sched, m) for m in masks]
+    out = [
+        _figures(sched, name, m, capacity[name], held, capacity[name] * span)
+        for name, m, (held, span) in zip(sched.pools, masks, use)
+    ]
     # Over all pools, each pool counts over its own arrival window (as the comparison table has it).
-    held = sum(h for h, _ in use.values())
-    room = sum(capacity[name] * span for name, (_, span) in use.items())
-    out.append(_figures(ALL, res.records, sum(capacity[name] for name in by_pool), held, room, per_gpu=False))
+    held = sum(h for h, _ in use)
+    room = sum(capacity[name] * span for name, (_, span) in zip(sched.pools, use))
+    every = np.ones(len(sched.submit), dtype=bool)
+    out.append(_figures(sched, ALL, every, sum(capacity[p] for p in sched.pools), held, room))
     return out
 
 
-def _window_use(recs: Sequence[JobRecord]) -> tuple[float, float]:
-    """GPU-seconds held while jobs arrive (first to last submission; the whole replay when all
-    arrive at once), and that window's length."""
-    first = min((r.submit_s for r in recs), default=0.0)
-    last_submit = max((r.submit_s for r in recs), default=0.0)
-    last_end = max((r.end_s or 0.0 for r in recs), default=0.0)
-    a, b = (first, last_submit) if last_submit > first else (first, last_end)
-    return sum(r.footprint * max(0.0, min(e, b) - max(s, a)) for r in recs for s, e in _spans(r)), b - a
+def _window_use(sched: _Schedule, mask: np.ndarray) -> tuple[float, float]:
+    """GPU-seconds held while the masked jobs arrive (first to last submission; the whole replay
+    when all arrive at once), and that window's length."""
+    if not mask.any():
+        return 0.0, 0.0
+    first, last_submit = float(sched.submit[mask].min()), float(sched.submit[mask].max())
+    a, b = (first, last_submit) if last_submit > first else (first, float(sched.end[mask].max()))
+    am = mask[sched.a_job]
+    overlap = np.clip(np.minimum(sched.a_end[am], b) - np.maximum(sched.a_start[am], a), 0.0, None)
+    return float((sched.footprint[sched.a_job[am]] * overlap).sum()), b - a
 
 
 def _figures(
-    scope: str, recs: Sequence[JobRecord], capacity: int, held_in_window: float, span: float, per_gpu: bool = True
+    sched: _Schedule, scope: str, mask: np.ndarray, capacity: int, held_in_window: float, room: float
 ) -> Figures:
-    """``per_gpu``: ``span`` is the window's length, to be multiplied by ``capacity``; else it is
-    already GPU-seconds of room."""
-    bsld = np.array([bounded_slowdown(r) for r in recs]) if recs else np.ones(1)
-    sizes: dict[str, list[float]] = {}
-    for r in recs:
-        sizes.setdefault(size_bucket(r.slots), []).append(r.wait_s)
-    touched = [r for r in recs if r.preemptions or any(a[2] == "preemption" for a in r.attempts)]
-    lost = sum(_held_s(r) * r.footprint for r in touched) - sum(r.footprint * r.duration_s for r in touched)
-    first = min((r.submit_s for r in recs), default=0.0)
-    last_end = max((r.end_s or 0.0 for r in recs), default=0.0)
-    room = capacity * span if per_gpu else span
+    """``room``: the GPU-seconds available over the arrival window."""
+    submit, end, work = sched.submit[mask], sched.end[mask], sched.work[mask]
+    waits = sched.start[mask] - submit
+    bsld = np.maximum(1.0, (end - submit) / np.maximum(work, BSLD_BOUND_S)) if mask.any() else np.ones(1)
+    bucket = np.searchsorted([top for top, _ in SIZE_BUCKETS], sched.slots[mask], side="left")
+    held = sched.held_gpu_s[mask]
+    pre = sched.preemptive_starts[mask]
+    stops = sched.stops[mask]
+    limits = sched.limit_stops[mask]
+    # Held beyond the work; a job that lost time both ways splits it by its number of each.
+    lost = np.maximum(held - sched.footprint[mask] * work, 0.0)
+    events = stops + pre + limits
+    share = np.divide(stops + pre, events, out=np.zeros(len(events)), where=events > 0)
+    lost_pre = float((lost * share).sum())
+    lost_limit = float((lost * np.where(events > 0, 1.0 - share, 0.0)).sum())
     return Figures(
         scope=scope,
-        jobs=len(recs),
+        jobs=int(mask.sum()),
         capacity=capacity,
-        waits=waits_of(r.wait_s for r in recs),
+        waits=waits_of(waits),
         bsld_mean=float(bsld.mean()),
         bsld_p95=float(np.percentile(bsld, 95)),
         bsld_max=float(bsld.max()),
-        makespan_s=last_end - first,
-        held_gpu_h=sum(_held_s(r) * r.footprint for r in recs) / 3600.0,
+        makespan_s=float(end.max() - submit.min()) if mask.any() else 0.0,
+        held_gpu_h=float(held.sum()) / 3600.0,
         utilisation=held_in_window / room if room > 0 else 0.0,
-        preemptions=sum(r.preemptions for r in recs),
-        preemptive_starts=sum(1 for r in recs for a in r.attempts if a[2] == "preemption"),
-        lost_gpu_h=max(0.0, lost) / 3600.0,  # max: float dust when nothing was lost
-        waits_by_size={name: waits_of(sizes[name]) for _, name in SIZE_BUCKETS if name in sizes},
+        preemptions=int(stops.sum()),
+        preemptive_starts=int(pre.sum()),
+        lost_gpu_h=lost_pre / 3600.0,
+        limit_stops=int(limits.sum()),
+        lost_limit_gpu_h=lost_limit / 3600.0,
+        waits_by_size={
+            name: waits_of(waits[bucket == k]) for k, (_, name) in enumerate(SIZE_BUCKETS) if (bucket == k).any()
+        },
     )
 
 
@@ -181,18 +254,18 @@ def timeseries(res: SimResult, bins: int = SERIES_BINS) -> list[Interval]:
     """Queue length, running jobs and GPUs held over ``bins`` equal intervals from the first
     submission to the last end, per pool (sorted) and then over ``ALL`` pools; exact time
     averages of the step functions, not samples."""
-    capacity = {p.pool: p.capacity for p in res.pools}
-    pools = sorted({r.pool for r in res.records})
     if not res.records:
         return []
-    t0 = min(r.submit_s for r in res.records)
-    t1 = max(r.end_s or 0.0 for r in res.records)
+    capacity = {p.pool: p.capacity for p in res.pools}
+    sched = _schedule(res.records)
+    t0, t1 = float(sched.submit.min()), float(sched.end.max())
     edges = np.linspace(t0, t1, bins + 1) if t1 > t0 else np.array([t0, t0 + 1.0])
+    every = np.ones(len(sched.submit), dtype=bool)
+    scopes = [(name, sched.pool == k, capacity[name]) for k, name in enumerate(sched.pools)]
+    scopes.append((ALL, every, sum(capacity[p] for p in sched.pools)))
     out: list[Interval] = []
-    for scope in [*pools, ALL]:
-        recs = res.records if scope == ALL else [r for r in res.records if r.pool == scope]
-        cap = sum(capacity[p] for p in pools) if scope == ALL else capacity[scope]
-        queued, running, busy = _steps(recs)
+    for scope, mask, cap in scopes:
+        queued, running, busy = _steps(sched, mask)
         qm, qx = _bin(queued, edges, with_max=True)
         rm, _ = _bin(running, edges)
         bm, _ = _bin(busy, edges)
@@ -206,30 +279,23 @@ def timeseries(res: SimResult, bins: int = SERIES_BINS) -> list[Interval]:
 _Step = tuple[np.ndarray, np.ndarray]  # (change times, ascending; value from each time to the next)
 
 
-def _steps(recs: Sequence[JobRecord]) -> tuple[_Step, _Step, _Step]:
-    tq: list[float] = []
-    dq: list[float] = []
-    tr: list[float] = []
-    dr: list[float] = []
-    db: list[float] = []
-    for r in recs:
-        tq.append(r.submit_s)
-        dq.append(1)
-        for k, (s, e) in enumerate(_spans(r)):
-            tq.append(s)
-            dq.append(-1)
-            tr += [s, e]
-            dr += [1, -1]
-            db += [r.footprint, -r.footprint]
-            if k < r.preemptions:  # stopped at e: back in the queue until its next attempt
-                tq.append(e)
-                dq.append(1)
-    return _step(tq, dq), _step(tr, dr), _step(tr, db)
+def _steps(sched: _Schedule, mask: np.ndarray) -> tuple[_Step, _Step, _Step]:
+    am = mask[sched.a_job]
+    starts, ends = sched.a_start[am], sched.a_end[am]
+    stopped = sched.a_end[am & sched.a_stopped]  # back in the queue until the job's next attempt
+    submit = sched.submit[mask]
+    queued = _step(
+        np.concatenate([submit, starts, stopped]),
+        np.concatenate([np.ones(len(submit)), -np.ones(len(starts)), np.ones(len(stopped))]),
+    )
+    times = np.concatenate([starts, ends])
+    running = _step(times, np.concatenate([np.ones(len(starts)), -np.ones(len(ends))]))
+    fp = sched.footprint[sched.a_job[am]]
+    busy = _step(times, np.concatenate([fp, -fp]))
+    return queued, running, busy
 
 
-def _step(times: list[float], deltas: list[float]) -> _Step:
-    t = np.asarray(times, dtype=float)
-    d = np.asarray(deltas, dtype=float)
+def _step(t: np.ndarray, d: np.ndarray) -> _Step:
     order = np.argsort(t, kind="stable")
     t, d = t[order], d[order]
     uniq, first = np.unique(t, return_index=True)

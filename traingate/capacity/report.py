@@ -106,8 +106,8 @@ def pools_table(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]])
     lines = [
         f"| policy | pool | jobs | GPUs | p50 wait ({unit}) | p95 wait ({unit}) | p99 wait ({unit}) "
         f"| max wait ({unit}) | bounded slowdown mean / p95 / max | makespan ({munit}) | utilisation "
-        f"| preemptions (stops) | preemptive starts | GPU-h lost to preemption |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| preemptions (stops) | preemptive starts | GPU-h lost to preemption | limit stops | GPU-h lost at limits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r, f in rows:
         w = f.waits
@@ -115,7 +115,7 @@ def pools_table(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]])
             f"| {r.policy.name} | {f.scope} | {f.jobs} | {f.capacity} | {w.p50_s / div:.2f} | {w.p95_s / div:.2f} "
             f"| {w.p99_s / div:.2f} | {w.max_s / div:.2f} | {f.bsld_mean:.2f} / {f.bsld_p95:.2f} / {f.bsld_max:.2f} "
             f"| {f.makespan_s / mdiv:.2f} | {f.utilisation:.1%} | {f.preemptions} | {f.preemptive_starts} "
-            f"| {f.lost_gpu_h:.2f} |"
+            f"| {f.lost_gpu_h:.2f} | {f.limit_stops} | {f.lost_limit_gpu_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -157,7 +157,8 @@ def report(
         f"GPU-hours held and mean queueing delay by team:\n\n{by_team_table(results)}\n"
         f"Per pool: queueing delay percentiles, bounded slowdown (max(1, (end - submit) / max(work, "
         f"{BSLD_BOUND_S:g} s))), makespan (first submission to last end), utilisation while jobs arrive, "
-        f"every job stopped by a preemption and every start the preemption rule made:\n\n"
+        f"every job stopped by a preemption and every start the preemption rule made, backfilled attempts "
+        f"stopped at their limit:\n\n"
         f"{pools_table(results, figs)}\nQueueing delay by job size (GPUs asked), all pools:\n\n"
         f"{by_size_table(results, figs)}"
     )
@@ -165,7 +166,7 @@ def report(
 
 FIGURE_COLUMNS = (
     "policy,pool,jobs,capacity_gpus,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s,bsld_mean,bsld_p95,"
-    "bsld_max,makespan_s,held_gpu_h,utilisation,preemptions,preemptive_starts,lost_gpu_h"
+    "bsld_max,makespan_s,held_gpu_h,utilisation,preemptions,preemptive_starts,lost_gpu_h,limit_stops,lost_limit_gpu_h"
 ).split(",")
 SIZE_COLUMNS = "policy,pool,gpus,jobs,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s".split(",")
 
@@ -189,6 +190,7 @@ def write_figures(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]
                     [r.policy.name, g.scope, w[0], g.capacity, *w[1:]]
                     + [_num(x) for x in (g.bsld_mean, g.bsld_p95, g.bsld_max, g.makespan_s, g.held_gpu_h)]
                     + [_num(g.utilisation), g.preemptions, g.preemptive_starts, _num(g.lost_gpu_h)]
+                    + [g.limit_stops, _num(g.lost_limit_gpu_h)]
                 )
                 for bucket, ws in g.waits_by_size.items():
                     w1.writerow([r.policy.name, g.scope, bucket, *_waits_cells(ws)])
