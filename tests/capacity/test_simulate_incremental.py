@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from traingate.capacity.incremental import Queue, Running
-from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import Policy, schedule
+from traingate.capacity.incremental import straightforward_pass
+from traingate.capacity.jobs import Job
+from traingate.capacity.policy import Policy
 from traingate.capacity.pools import parse_config
 from traingate.capacity.report import COMPARED
 from traingate.capacity.simulate import TraceJob, simulate
 from traingate.capacity.trace import TraceParams, generate
-
-
-def straightforward_pass(now, pool, run: Running, queue: Queue, rules, usage, predict):
-    """``schedule`` over plain lists, carried out on the simulator's state."""
-    plan = schedule(now, pool, list(run.jobs.values()), list(queue.byid.values()), rules, usage, predict)
-    victims = [run.remove(j) for j in plan.preempted]
-    for s in plan.starts:
-        job = queue.pop(s.job_id)
-        run.add(started(job, now, s.nodes), predict(job))
-    return plan, victims
 
 
 def _config(gpn: int, nodes: int):

@@ -30,7 +30,7 @@ from typing import Any
 from traingate.capacity.estimate import Predictor, predicted_remaining
 from traingate.capacity.gang import footprint, nodes_needed
 from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims
+from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, schedule
 from traingate.capacity.pools import PoolConfig
 
 
@@ -373,3 +373,22 @@ def plan_pass(
         tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
     )
     return plan, victims_out
+
+
+def straightforward_pass(
+    now: float,
+    pool: PoolConfig,
+    run: Running,
+    queue: Queue,
+    rules: Rules,
+    usage: Mapping[str, float],
+    predict: Predictor,
+) -> tuple[Plan, list[Job]]:
+    """:func:`plan_pass` done by ``policy.schedule`` over plain lists rebuilt every pass: the
+    reference the tests compare ``plan_pass`` with, and the baseline of ``python -m bench simspeed``."""
+    plan = schedule(now, pool, list(run.jobs.values()), list(queue.byid.values()), rules, usage, predict)
+    victims = [run.remove(j) for j in plan.preempted]
+    for s in plan.starts:
+        job = queue.pop(s.job_id)
+        run.add(started(job, now, s.nodes), predict(job))
+    return plan, victims
