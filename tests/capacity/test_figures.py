@@ -154,7 +154,7 @@ def test_the_plots_give_each_policy_its_own_colour(n):
     assert len(set(_colours(n))) == n
 
 
-def test_a_backfilled_job_stopped_at_its_limit_is_counted_apart_from_preemptions():
+def test_a_backfilled_job_stopped_at_its_limit_is_counted_apart_from_preemptions(tmp_path):
     # Pool b (4 GPUs), FIFO + backfill: a (2 GPUs) runs 0-100; the 4-GPU head h is reserved for 100;
     # b (2 GPUs) says 50 s but needs 300: backfilled at 2, stopped at its limit 52 (50 s of work, no
     # checkpoint yet), queued again 52-150, resumes after h with 60 s restart: 150 + 60 + 300 = 510.
@@ -167,6 +167,10 @@ def test_a_backfilled_job_stopped_at_its_limit_is_counted_apart_from_preemptions
         {"a": (0, 100, []), "h": (100, 150, []), "b": (2, 510, [52])}
     b = figures(res)[0]
     assert (b.preemptions, b.preemptive_starts, b.lost_gpu_h) == (0, 0, 0.0)
+    with write_schedule(res, tmp_path / "s.csv").open() as f:
+        row = [r for r in csv.DictReader(f) if r["job_id"] == "b"][0]
+    assert (row["preemptions"], row["limit_stops"], row["attempts (start-end@nodes:how)"]) == \
+        ("0", "1", "2-52@0:backfill;150-510@0:in order")
     assert b.limit_stops == 1 and b.lost_limit_gpu_h == pytest.approx(2 * (50 + 60) / 3600)
     (q,) = [i for i in timeseries(res, bins=51) if i.scope == "b" and i.start_s == 50]  # 10 s intervals
     assert (q.queued_mean, q.queued_max) == (pytest.approx((10 + 8) / 10), 2)  # h all along, b from 52

@@ -234,6 +234,7 @@ def write_schedule(res: SimResult, path: Path) -> Path:
                 "end_s",
                 "wait_s",
                 "preemptions",
+                "limit_stops",
                 "attempts (start-end@nodes:how)",
             ]
         )
@@ -250,6 +251,7 @@ def write_schedule(res: SimResult, path: Path) -> Path:
                     _num(r.end_s),
                     _num(r.wait_s),
                     r.preemptions,
+                    len(r.limit_stops),
                     ";".join(
                         f"{_num(s, '-')}-{_num(e, '-')}@{'+'.join(map(str, nodes))}:{how}"
                         for (s, nodes, how), e in zip(r.attempts, r.preempted_at + [r.end_s])
