@@ -92,8 +92,11 @@ class Transitions:
         )
 
     def _ended_attempts(self, stage: str) -> int:
+        """Attempts that ended with a cause (a failure, a preemption): each is followed by a relaunch. One that
+        ended without a cause completed or stopped as planned (smoke's half-way checkpoint): no relaunch,
+        though the stage still reads "running" until its supervisor writes the verdict."""
         state = dashboard.files.read_supervisor_state(self.reader.run_dir / stage)
-        return sum(1 for a in state.attempts if a.get("ended_at") is not None) if state is not None else 0
+        return sum(1 for a in state.attempts if a.get("ended_at") is not None and a.get("cause")) if state else 0
 
     def _last_cause(self, stage: str) -> str:
         state = dashboard.files.read_supervisor_state(self.reader.run_dir / stage)

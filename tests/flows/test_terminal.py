@@ -142,3 +142,17 @@ def test_the_bar_line_fits_the_terminal_and_says_eta_loss_and_dollars():
         assert line.endswith(" 31/60  52%  ETA 0:11  loss 2.248  $0.0001"), line
     assert bar_line(snap, 80, 0.0).startswith("canary " + "█" * 16 + "░" * 14 + " ")  # 31/60 of 30 columns
     assert bar_line(None, 80, 75.0) == "starting the run (1:15)"
+
+
+def test_a_launch_that_ended_as_planned_before_the_stage_verdict_is_not_announced_as_a_relaunch(tmp_path):
+    from flows.cli.terminal import Transitions
+
+    run_dir = tmp_path / "r1"
+    start = time.time()
+    _stage(run_dir, "smoke", None, 1, start + 1)
+    t = Transitions(run_dir, started=start)
+    assert t.poll(start + 2)[1] == ["traingate: smoke running: 10 steps on 2 processes (cpu-local)"]
+    # Its one launch ended without a cause (completed, or smoke's planned stop); the verdict is not written yet.
+    ended = [{"number": 0, "launched_at": start + 1, "ended_at": start + 3, "cause": None, "end_step": 5}]
+    files.write_supervisor_state(run_dir / "smoke", files.SupervisorState(attempts=ended, final=None))
+    assert t.poll(start + 4)[1] == []
