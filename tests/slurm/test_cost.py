@@ -34,7 +34,7 @@ def test_runs_cost_and_watch_print_the_same_total_for_a_ladder_on_a_slurm_pool(
     assert main(["cost"]) == 0
     cost = _dollars(capsys.readouterr().out, r"slot-hours, \$([\d,.]+);")
     assert main(["runs"]) == 0
-    runs = _dollars(capsys.readouterr().out, r"\s([\d.]+)\s+\S+\s*$")
+    runs = _dollars(capsys.readouterr().out, r"\s\$([\d,.]+)\s+\S+\s*$")
     assert main(["watch", run_id, "--once"]) == 0
     watch = _dollars(capsys.readouterr().out, r"\$([\d,.]+) so far")
     assert cost > 0

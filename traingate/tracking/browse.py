@@ -12,7 +12,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from traingate.spec import STAGES
-from traingate.tracking.runs import notes, restart_count, restarts, stage_runs
+from traingate.tracking.runs import notes, restart_count, restarts, run_cost_usd, stage_runs
 from traingate.units import UTC_LABEL, duration, usd, utc
 
 _HEADLINE = (
@@ -51,12 +51,6 @@ def _metric(stages: list[Run], key: str) -> float | None:
             if k in r.data.metrics:
                 return r.data.metrics[k]
     return None
-
-
-def run_cost_usd(stages: list[Run]) -> float:
-    """A pipeline run's cost: its stages' ``stage.cost_usd``, each the ledger's charge of the stage's attempts
-    (:func:`traingate.cost.ledger.total_usd`), so `runs` and `show` add up what `cost` and `watch` charge."""
-    return sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages)
 
 
 def _seconds(ms: int | None) -> float | None:

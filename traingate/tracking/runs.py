@@ -350,11 +350,18 @@ def _log_plots(c: MlflowClient, run_id: str) -> None:
         c.log_figure(run_id, plots.curves(series, "per second", "throughput"), "plots/throughput.png")
 
 
+def run_cost_usd(stages: list[Run]) -> float:
+    """A pipeline run's cost: its stages' ``stage.cost_usd``, each the ledger's charge of that stage's attempts
+    (``traingate.cost.ledger.total_usd``). ``pipeline.cost_usd``, `traingate runs` and `show` read it, so they
+    add up what `traingate cost` and `traingate watch` charge."""
+    return sum(s.data.metrics.get("stage.cost_usd", 0.0) for s in stages)
+
+
 def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str, reason: str = "") -> None:
     """Close the pipeline run with its outcome, restarts and headline metrics: final ``val_loss``, throughput
     and ``cost_usd``, the sum of its stages' ``stage.cost_usd`` (:func:`.standard.headline_metrics`)."""
     children = stage_runs(c, run_id)
-    cost = sum(r.data.metrics.get("stage.cost_usd", 0.0) for r in children)
+    cost = run_cost_usd(children)
     restarts = sum(restart_count(r) for r in children)
     headline = standard.headline_metrics([r.data.metrics for r in children], cost)
     now_ms = int(time.time() * 1000)
