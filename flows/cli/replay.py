@@ -17,6 +17,7 @@ from pathlib import Path
 
 from traingate.job.files import JOB
 from traingate.ladder import replay
+from traingate.promotion.refusal import refusal
 from traingate.redact import redact
 from traingate.settings import Settings
 from traingate.spec import STAGES
@@ -96,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(result, dict) and result.get("registered"):
                 line += f": models:/{result['name']}@{result['alias']} (version {result['version']})"
             elif isinstance(result, dict):
-                line += f": not registered: {redact('; '.join(result.get('reasons', [])))}"
+                line += f": {redact(refusal(result.get('reasons', [])))}"
             print(line)
     print(
         f"run {run_dir.name}: {'nothing left to deliver' if delivered else 'nothing to deliver'} (tracking store {uri})"
