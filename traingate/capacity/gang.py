@@ -49,7 +49,8 @@ def take(free: list[int], slots: int, nodes: tuple[int, ...], gpus_per_node: int
     else:
         for n in nodes:
             free[n] -= gpus_per_node
-    assert all(f >= 0 for f in free), f"placement {nodes} of {slots} slots overcommits {free}"
+    # Only the placement's nodes changed: checking every node made each take cost the pool's size.
+    assert all(free[n] >= 0 for n in nodes), f"placement {nodes} of {slots} slots overcommits {free}"
 
 
 def release(free: list[int], slots: int, nodes: tuple[int, ...], gpus_per_node: int) -> None:
@@ -58,7 +59,7 @@ def release(free: list[int], slots: int, nodes: tuple[int, ...], gpus_per_node: 
     else:
         for n in nodes:
             free[n] += gpus_per_node
-    assert all(f <= gpus_per_node for f in free), f"release of {nodes} frees more than exists: {free}"
+    assert all(free[n] <= gpus_per_node for n in nodes), f"release of {nodes} frees more than exists: {free}"
 
 
 def free_per_node(nodes: int, gpus_per_node: int, running: Iterable[Job]) -> list[int]:

@@ -203,39 +203,42 @@ class _Group:
 
 
 class Queue:
-    """The waiting jobs of one pool: groups of first attempts without an estimate of their own,
-    keyed by (class, team, slots), and the rest one by one."""
+    """The waiting jobs of one pool. Grouped by (class, team, slots): first attempts without an
+    estimate of their own (each predicted from the same history), and apart from them the jobs
+    whose prediction is discredited (none of them is predicted); the rest one by one."""
 
     def __init__(self) -> None:
         self.byid: dict[str, Job] = {}
-        self._groups: dict[tuple[str, str, int], _Group] = {}
+        self._groups: dict[tuple[str, str, int, bool], _Group] = {}
+        self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
 
     def __len__(self) -> int:
         return len(self.byid)
 
-    def add(self, job: Job, alone: bool = False) -> None:
-        """Enqueue ``job``. ``alone``: never grouped (the simulator's jobs whose prediction differs)."""
+    def add(self, job: Job, discredited: bool = False) -> None:
+        """Enqueue ``job``; ``discredited``: the predictor gives it no prediction any more."""
         self.byid[job.job_id] = job
-        if alone or job.attempt or job.est_duration_s is not None or job.overhead_s or job.done_s:
+        plain = not (job.attempt or job.est_duration_s is not None or job.overhead_s or job.done_s)
+        if not (plain or discredited):
             self._singles[job.job_id] = job
             return
-        g = self._groups.setdefault((job.priority, job.team, job.slots), _Group())
+        g = self._groups.setdefault((job.priority, job.team, job.slots, discredited), _Group())
+        self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
             g.off = 0
-        if g.off < len(g.jobs) and (g.jobs[-1].submit_s, g.jobs[-1].job_id) > (job.submit_s, job.job_id):
-            raise AssertionError(f"{job.job_id}: first attempts are enqueued in submission order")
-        g.jobs.append(job)
+        key = (job.submit_s, job.job_id)
+        if g.off == len(g.jobs) or (g.jobs[-1].submit_s, g.jobs[-1].job_id) < key:
+            g.jobs.append(job)
+        else:  # a requeued job: back at its place in submission order
+            g.jobs.insert(bisect_right(g.jobs, key, lo=g.off, key=lambda j: (j.submit_s, j.job_id)), job)
 
     def pop(self, job_id: str) -> Job:
         """Remove the waiting job ``job_id`` wherever it stands."""
         job = self.byid[job_id]
-        if job_id in self._singles:
-            self._take(job, None, 0)
-        else:
-            g = self._groups[(job.priority, job.team, job.slots)]
-            self._take(job, g, g.jobs.index(job, g.off))
+        g = self._group_of.get(job_id)
+        self._take(job, g, 0 if g is None else g.jobs.index(job, g.off))
         return job
 
     def _take(self, job: Job, g: _Group | None, pos: int) -> int:
@@ -244,6 +247,7 @@ class Queue:
         if g is None:
             del self._singles[job.job_id]
             return pos
+        del self._group_of[job.job_id]
         if pos == g.off:
             g.off += 1
             return g.off

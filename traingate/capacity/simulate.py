@@ -216,10 +216,10 @@ def _replay_pool(
                 # Held to its limit: stopped at its checkpoint like a victim, back in the queue.
                 run.remove(jid)
                 fixed.pop(jid, None)
-                waiting.add(requeued(job, t, sim.restart_cost_s))
+                overran.add(jid)
+                waiting.add(requeued(job, t, sim.restart_cost_s), discredited=True)
                 rec[jid].preempted_at.append(t)
                 rec[jid].limit_stops.append(t)
-                overran.add(jid)
                 continue
             run.remove(jid)
             fixed.pop(jid, None)
@@ -232,7 +232,7 @@ def _replay_pool(
             plan, victims = planner(t, pool, run, waiting, rules, usage, predict)
             for v in victims:
                 rec[v.job_id].preempted_at.append(t)
-                waiting.add(requeued(v, t, sim.restart_cost_s))
+                waiting.add(requeued(v, t, sim.restart_cost_s), discredited=v.job_id in overran)
             for s in plan.starts:
                 job = running[s.job_id]
                 fixed[job.job_id] = pred = predict(job)
