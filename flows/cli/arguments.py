@@ -202,6 +202,7 @@ def cost(p: argparse.ArgumentParser) -> None:
     p.add_argument("--team", help="only runs of this team")
     p.add_argument("--experiment", help="only this experiment (MLflow experiment name)")
     p.add_argument("--since", metavar="AGE", help="only runs started within this age, e.g. 7d, 12h, 30m")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run (a RUN ID `traingate runs` lists)")
 
 
 def retrain(p: argparse.ArgumentParser) -> None:
