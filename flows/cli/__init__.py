@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from flows import local_server, logsafety
-from flows.cli import arguments
+from flows.cli import arguments, console
 from traingate.secrets import move_tracking_credentials
 from traingate.settings import Settings
 from traingate.spec import SpecError
@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"traingate {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, help_text in COMMANDS.items():
-        getattr(arguments, name)(sub.add_parser(name, help=help_text))
+        command = sub.add_parser(name, help=help_text)
+        getattr(arguments, name)(command)
+        arguments.verbose(command)
     return p
 
 
@@ -82,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     _embedded_defaults(Settings.from_env())  # before anything imports prefect
     logsafety.install()  # before anything logs: Prefect's API log handler stores what it is given
     args = _parser().parse_args(argv)
+    with console.session(args.cmd, Settings.from_env(), args.verbose):  # the terminal: traingate's lines
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         move_tracking_credentials()  # the tracking URI is written everywhere; MLflow's credential variables are not
         if args.cmd in PREFECT_AT_IMPORT:

@@ -31,6 +31,16 @@ def spec_arguments(p: argparse.ArgumentParser) -> None:
     set_argument(p, "override a spec field, e.g. --set optim.lr=0.001 (repeatable)")
 
 
+def verbose(p: argparse.ArgumentParser) -> None:
+    """``-v``, every command's: what goes to the log file is shown on the terminal too (flows.cli.console)."""
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show library log lines, warnings and download bars (they always go to the log file)",
+    )
+
+
 def validate(p: argparse.ArgumentParser) -> None:
     spec_arguments(p)
     p.add_argument(

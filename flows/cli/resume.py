@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from flows import local_server
+from flows.cli import console
 from flows.cli.run import guard_this_process, interrupted
 from flows.pipeline import ResumeFrom, ladder, summary_of
 from traingate.ladder.plan import resume_point
@@ -28,6 +29,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     guard_this_process(point.spec.supervision.preempt_grace_s)
+    console.attach(Settings.from_env().state_dir / "runs" / args.run_id)  # the run's log: appended to
     try:
         state = ladder(
             None,

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from flows import local_server
+from flows.cli import console
 from flows.cli.terminal import follow_run
 from flows.cli.validate import _load
 from traingate.job.envvars import omp_threads_note
@@ -65,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"  model:           models:/{model['name']}@{model['alias']} (version {model['version']})")
         print(f"  prefect flow run: {summary['flow_run_id']}")
         print(f"  stage outputs:   {summary['run_dir']}")
+    if console.log_path() is not None:
+        print(f"  log (-v shows it here): {console.log_path()}")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {redact(settings.tracking_uri)}")
     print(f"  Prefect UI: {local_server.ui_hint(settings.state_dir)}")
     return 0 if state.is_completed() else 1
@@ -90,6 +93,9 @@ def run_ladder_here(
             return ladder(spec, until, return_state=True)
     except KeyboardInterrupt:
         return interrupted(_claimed_run(settings))
+    finally:
+        if (claimed := _claimed_run(settings)) is not None:  # a follower may have attached it already
+            console.attach(settings.state_dir / "runs" / claimed)
 
 
 def _say_what_a_script_runs_with(spec: Any) -> None:

@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from flows.cli import console
+from traingate.launch import proc
 from traingate.monitor import dashboard
 from traingate.settings import Settings
 
-# The name traingate.launch.proc gives the thread that reads a process tree's output and hands each line on.
-PROCESS_OUTPUT_THREAD = "proc-reader"
+PROCESS_OUTPUT_THREAD = proc.READER_THREAD
 BAR_EVERY_S = 0.5
 LINES_EVERY_S = 1.0
 _PREFIX = "traingate:"
@@ -220,6 +221,7 @@ class Follower:
             run_dir = self._find_run()
             if run_dir is not None:
                 self.transitions = Transitions(run_dir, self.started)
+                console.attach(run_dir)  # the run's log file, from the moment the run is known
         snap, lines = self.transitions.poll() if self.transitions is not None else (None, [])
         if self.terminal is None:
             for line in lines:

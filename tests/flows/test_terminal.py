@@ -27,7 +27,7 @@ def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_l
                                                                                              tmp_path):
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
            "TRAINGATE_INJECT": "slow@0", "PREFECT_LOGGING_LEVEL": "INFO", **prefect_api}
-    term = Terminal([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--until", "smoke",
+    term = Terminal([PYTHON, "-m", "flows.cli", "run", "-v", str(tiny_spec()), "--until", "smoke",
                      "--set", "stages.smoke.max_steps=60", "--set", "resources.procs_per_node=1"], env)
     try:
         assert term.wait(400) == 0, term.text[-4000:]
@@ -42,7 +42,7 @@ def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_l
     # The training processes' own lines (the runtime's start line, torchrun's) stay in stdout.log and Prefect...
     stdout_log = next((tmp_path / "state" / "runs").glob("*/smoke/stdout.log")).read_text()
     assert "[rank 0] stage smoke: world 1" in stdout_log
-    # ...not on the terminal; the supervisor's and Prefect's lines still are, above the bar.
+    # ...not on the terminal; with -v the supervisor's and Prefect's lines are, above the bar.
     assert "[rank 0]" not in text, text[-4000:]
     assert "smoke: supervised: hang timeout" in text and "Finished in state Completed" in text
     assert "Traceback" not in text

@@ -24,6 +24,9 @@ import psutil
 from traingate.redact import redact
 from traingate.secrets import resolve_tree
 
+# The thread that reads a process tree's output and hands each line on: the CLI keeps its lines off the terminal.
+READER_THREAD = "proc-reader"
+
 
 @dataclass
 class ProcResult:
@@ -72,7 +75,7 @@ class ProcessTree:
         self.stop_requested = False
         self.log_error: OSError | None = None  # writing the log failed (e.g. a full disk); output still drained
         self._seen: dict[int, psutil.Process] = {}
-        self._reader = threading.Thread(target=self._pump, name="proc-reader", daemon=True)
+        self._reader = threading.Thread(target=self._pump, name=READER_THREAD, daemon=True)
         self._reader.start()
 
     def _pump(self) -> None:
