@@ -168,7 +168,15 @@ class RoutingStream:
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
-        if _from_our_code(sys._getframe(1)):
+        return self._write(text, sys._getframe(1))
+
+    def writelines(self, lines: Any) -> None:
+        caller = sys._getframe(1)
+        for line in lines:
+            self._write(line, caller)
+
+    def _write(self, text: str, caller: Any) -> int:
+        if _from_our_code(caller):
             return int(self.terminal.write(text))
         if self.verbose:
             self.terminal.write(text)
@@ -179,10 +187,6 @@ class RoutingStream:
             if line.strip():
                 self.log.write_line(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name}: {line}")
         return len(text)
-
-    def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
 
     def flush(self) -> None:
         with self._lock:
@@ -196,6 +200,12 @@ class RoutingStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.terminal, name)
+
+
+def terminal_of(stream: Any) -> Any:
+    """The terminal stream under ``stream`` (``sys.stdout`` while a session routes it), for a library
+    that draws traingate's own screen (rich, in `traingate watch`)."""
+    return stream.terminal if isinstance(stream, RoutingStream) else stream
 
 
 def _from_our_code(caller: Any) -> bool:

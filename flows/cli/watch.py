@@ -15,6 +15,7 @@ import time
 from rich.console import Console
 from rich.live import Live
 
+from flows.cli.console import terminal_of
 from traingate.monitor import dashboard
 from traingate.settings import Settings
 
@@ -42,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _watch(run_dir, interval: float, once: bool) -> int:
-    console = Console()
+    console = Console(file=terminal_of(sys.stdout))  # rich writes the screen: a library, on traingate's behalf
     reader = dashboard.RunReader(run_dir)
     if once:
         console.print(dashboard.render(reader.snapshot(), min(console.width, 100)))
@@ -55,5 +56,7 @@ def _watch(run_dir, interval: float, once: bool) -> int:
             if over is not None:
                 break
             time.sleep(interval)
+    if not console.is_terminal:  # piped, Live leaves its last screen without a line end
+        console.line()
     print(f"traingate watch: run over ({over}); {dashboard.summary_line(snap)}")
     return 0

@@ -37,6 +37,7 @@ def _library_noise() -> None:
     warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
     sys.stderr.write("Downloading artifacts:  50%|#####     | 1/2\rDownloading artifacts: 100%|##########| 2/2\n")
     print("View run at: http://127.0.0.1:5000")
+    sys.stdout.writelines(["a library's writelines\n"])
 
 
 def test_by_default_the_terminal_shows_traingate_lines_and_the_log_file_keeps_the_rest(settings, capsys):
@@ -49,7 +50,7 @@ def test_by_default_the_terminal_shows_traingate_lines_and_the_log_file_keeps_th
     assert capsys.readouterr() == ("traingate: smoke running\n", "traingate: WARNING disk low\n")
     log = (settings.state_dir / "logs" / "runs.log").read_text()
     for kept in ("library warning record", "Finished in state Failed()", "a library's deprecation",
-                 "stderr: Downloading artifacts: 100%", "stdout: View run at", "disk low", "launch 1: python"):
+                 "stderr: Downloading artifacts: 100%", "stdout: View run at", "stdout: a library's writelines", "disk low", "launch 1: python"):
         assert kept in log, kept
     assert "traingate: smoke running" not in log
 
