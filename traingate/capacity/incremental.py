@@ -23,8 +23,9 @@ replays traces through both and compares every attempt.
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from traingate.capacity.estimate import Predictor, predicted_remaining
@@ -85,6 +86,12 @@ class FreeIndex:
             heapq.heappush(h, i)
         return tuple(got)
 
+    def fits(self, slots: int) -> bool:
+        """Whether :meth:`place` would find nodes."""
+        if slots <= self.gpn:
+            return any(self.count[slots:])
+        return self.count[self.gpn] >= nodes_needed(slots, self.gpn)
+
     def take(self, slots: int, nodes: tuple[int, ...]) -> None:
         g = slots if slots <= self.gpn else self.gpn
         for n in nodes:
@@ -116,6 +123,8 @@ class Running:
         self._n = 0
         self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq): still before "now"
         self._late: list[tuple[float, str, int]] = []  # (-start, id, seq): past its prediction or none
+        # The last reservation: (head's slots, running set's version), "now" it holds below, its answer.
+        self._cache: tuple[tuple[int, int, int], float, float | None] | None = None
 
     def add(self, job: Job, predicted_s: float | None) -> None:
         """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
@@ -131,65 +140,76 @@ class Running:
             heapq.heappush(self._late, (-job.started_s, job.job_id, self._n))
         else:
             heapq.heappush(self._ends, (end, job.job_id, self._n))
-        if len(self._ends) + len(self._late) > 4 * len(self.jobs) + 64:
+        if len(self._ends) + len(self._late) > 2 * len(self.jobs) + 64:
             self._ends = [e for e in self._ends if self._seq.get(e[1]) == e[2]]
             self._late = [e for e in self._late if self._seq.get(e[1]) == e[2]]
             heapq.heapify(self._ends)
             heapq.heapify(self._late)
 
     def remove(self, job_id: str) -> Job:
+        self._n += 1  # a new version of the running set
         job = self.jobs.pop(job_id)
         del self._seq[job_id]
         self.free.release(job.slots, job.nodes)
         self.held[job.team] -= footprint(job.slots, self.gpn)
         return job
 
-    def _by_predicted_end(self, now: float) -> Iterator[tuple[float, Job]]:
-        """Running jobs in the order of ``policy.reserve``: (predicted end, job id)."""
-        ends, late, seq = self._ends, self._late, self._seq
-        while ends and ends[0][0] <= now:
-            end, jid, s = heapq.heappop(ends)
-            if seq.get(jid) == s:
-                heapq.heappush(late, (-self.jobs[jid].started_s, jid, s))  # type: ignore[operator]
-        # Walk both heaps in order without popping: a frontier of entries whose parents were visited.
-        frontier: list[tuple[float, str, int, int]] = []
-
-        def push(src: int, i: int) -> None:
-            if src == 0 and i < len(ends):
-                heapq.heappush(frontier, (ends[i][0], ends[i][1], 0, i))
-            elif src == 1 and i < len(late):
-                heapq.heappush(frontier, (now + (now + late[i][0]), late[i][1], 1, i))  # now + (now - start)
-
-        push(0, 0)
-        push(1, 0)
-        while frontier:
-            end, jid, src, i = heapq.heappop(frontier)
-            entry = (ends if src == 0 else late)[i]
-            push(src, 2 * i + 1)
-            push(src, 2 * i + 2)
-            if seq.get(jid) == entry[2]:
-                yield end, self.jobs[jid]
-
     def reserve(self, job: Job, now: float) -> float | None:
-        """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now."""
+        """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now:
+        the running jobs released in the order of their predicted ends until it fits."""
+        c = self._cache
+        if c is not None and c[0] == (job.slots, self._n, len(self.jobs)) and now < c[1]:
+            return c[2]
+        ends, late, seq, jobs = self._ends, self._late, self._seq, self.jobs
+        while ends and ends[0][0] <= now:
+            _, jid, s = heapq.heappop(ends)
+            if seq.get(jid) == s:
+                heapq.heappush(late, (-jobs[jid].started_s, jid, s))  # type: ignore[operator]
         gpn = self.gpn
         free = self.free.free
         small = job.slots <= gpn
         k = nodes_needed(job.slots, gpn)
         wholes = self.free.count[gpn]
         freed: dict[int, int] = {}
-        for end, r in self._by_predicted_end(now):
+        # Both heaps walked in order without popping: a frontier of entries whose parents were visited.
+        # Equal ends may come in any order: the answer is an end, the same whichever of them fits it.
+        frontier: list[tuple[float, int, int]] = []
+        if ends:
+            frontier.append((ends[0][0], 0, 0))
+        if late:
+            frontier.append((now + (now + late[0][0]), 1, 0))  # now + (now - start): policy.predicted_end
+        heapq.heapify(frontier)
+        first_end = math.inf  # the walk holds until "now" passes the first end it used, or one was late
+        found: float | None = None
+        while frontier:
+            end, src, i = heapq.heappop(frontier)
+            heap = late if src else ends
+            for ch in (2 * i + 1, 2 * i + 2):
+                if ch < len(heap):
+                    e = heap[ch]
+                    heapq.heappush(frontier, (now + (now + e[0]) if src else e[0], src, ch))
+            _, jid, s = heap[i]
+            if seq.get(jid) != s:
+                continue
+            if src:
+                first_end = -math.inf
+            elif first_end == math.inf:
+                first_end = end
+            r = jobs[jid]
             g = r.slots if r.slots <= gpn else gpn
+            fits = False
             for n in r.nodes:
                 after = freed.get(n, free[n]) + g
                 freed[n] = after
                 if small and after >= job.slots:
-                    return end
+                    fits = True
                 if after == gpn:
                     wholes += 1
-            if not small and wholes >= k:
-                return end
-        return None
+            if fits or (not small and wholes >= k):
+                found = end
+                break
+        self._cache = ((job.slots, self._n, len(self.jobs)), first_end, found)
+        return found
 
 
 class _Group:
@@ -286,7 +306,8 @@ def plan_pass(
     """``schedule(now, pool, running, waiting, rules, usage, predict)``'s plan, carried out on
     ``run`` and ``queue`` (started jobs run as ``started(job, now, nodes)``, victims are removed);
     returns the plan and the victims as they ran. ``held_by_quota`` lists the quota-held jobs the
-    pass looked at: a group's first, not every job behind it."""
+    pass looked at (a group's first, not every job behind it; behind the head, only those that could
+    preempt or had room to backfill)."""
     gpn = pool.gpus_per_node
     policy = rules.policy
     classes = rules.classes
@@ -322,13 +343,17 @@ def plan_pass(
     while heap:
         key, g, pos = heapq.heappop(heap)
         job = g.jobs[pos] if g is not None else queue._singles[key[-1]]
+        can_preempt = policy.preempt and classes[job.priority].preempts
+        if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots)):
+            if g is not None:  # behind the head only a backfill could start it, and there is no room
+                dead.append(g)
+            continue
         nodes: tuple[int, ...] | None = None
         how: How | None = None
         stop = False
         need = footprint(job.slots, gpn)
         cap = rules.quotas.get(job.team)
         over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
-        can_preempt = policy.preempt and classes[job.priority].preempts
         if over:
             vs = (
                 choose_victims(job, now, free.free, list(run.jobs.values()), gpn, classes, over, rules.restart_cost_s)
