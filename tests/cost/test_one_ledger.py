@@ -107,7 +107,8 @@ def test_runs_cost_watch_and_the_mlflow_run_show_the_same_total_to_the_cent(env,
     rid, want = env["run_id"], usd(TOTAL_USD)
     assert want == "$9.81"
     pipeline = env["client"].get_run(rid)
-    assert usd(pipeline.data.metrics["pipeline.cost_usd"]) == want  # the MLflow run
+    # The MLflow run: traingate's metric and the headline one MLflow's run table shows.
+    assert usd(pipeline.data.metrics["pipeline.cost_usd"]) == usd(pipeline.data.metrics["cost_usd"]) == want
 
     assert cli.main(["runs"]) == 0
     table = capsys.readouterr().out.splitlines()
