@@ -5,8 +5,12 @@ end). At each event time the simulator finishes what ended, enqueues what arrive
 policy for a plan and carries it out exactly as the orchestrator would: preempted jobs lose
 their work since their last checkpoint and go back to the queue, to pay ``restart_cost_s``
 when they resume; a preemptor pays the victims' ``preempt_grace_s``. The true durations stay
-here; the policy sees predictions only (:mod:`traingate.capacity.estimate`). Pools are
-independent, so each is replayed on its own and fair share counts usage per pool.
+here; the policy sees predictions only (:mod:`traingate.capacity.estimate`), a running job's fixed
+when it starts. A backfilled attempt is held to its predicted end, as Slurm holds a job to its time
+limit: unfinished there, it is stopped like a victim (a limit stop) and not predicted again, so it
+cannot delay the head it jumped. Pools are independent, so each is replayed on its own and fair
+share counts usage per pool. Each pass is :func:`traingate.capacity.incremental.plan_pass`, the
+decisions of ``schedule`` over state kept from pass to pass.
 
 >>> from traingate.capacity.pools import parse_config
 >>> cfg = parse_config({"pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0,
