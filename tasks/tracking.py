@@ -22,6 +22,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
+from traingate.job import envvars
 from traingate.job.result import GateDecision, StageResult
 from traingate.ladder import replay
 from traingate.promotion.register import register_candidate as register
@@ -158,7 +159,7 @@ def _write_or_keep(run_id: str | None, what: str, call: str, args: dict[str, Any
                     raise
                 error = e
         if error is None:
-            for delay in [*_DELAYS_S, None]:
+            for delay in [*envvars.tracking_retry_s(), None]:
                 try:
                     return write()
                 except Exception as e:  # noqa: BLE001 - re-raised unless the store is unreachable

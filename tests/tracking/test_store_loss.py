@@ -51,9 +51,11 @@ def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_deli
     state = tmp_path / "state"
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(state), "PREFECT_HOME": str(tmp_path / "prefect"),
            "TRAINGATE_TRACKING_URI": server.uri, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **prefect_api,
-           # A refused connection fails at once (the tasks retry on their own), and a stage's process
-           # leaves its backlog in the journal after 2 s instead of the default 120 s.
-           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "TRAINGATE_TRACKING_DRAIN_S": "2"}
+           # A refused connection fails at once (the tasks retry on their own), a stage's process
+           # leaves its backlog in the journal after 2 s instead of the default 120 s, and the
+           # orchestrator keeps a write after three quick retries instead of 1 + 5 + 15 s.
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "TRAINGATE_TRACKING_DRAIN_S": "2",
+           "TRAINGATE_TRACKING_RETRY_S": "0.2,0.5,1"}
     stop_at = random.Random("store-loss").randint(3, 20)
     out = tmp_path / "run.out"
     t0 = time.monotonic()

@@ -39,6 +39,7 @@ INJECT = "TRAINGATE_INJECT"  # fault plan, see traingate.runtime.inject
 FAULT = "TRAINGATE_FAULT"  # "<phase>@<step>": SIGKILL at that phase of a checkpoint save
 RECORD_SAMPLES = "TRAINGATE_RECORD_SAMPLES"  # "1": each rank logs the sample ids of every step
 TRACKING_DRAIN_S = "TRAINGATE_TRACKING_DRAIN_S"  # how long a closing tracker keeps delivering to a dead store
+TRACKING_RETRY_S = "TRAINGATE_TRACKING_RETRY_S"  # the orchestrator's waits between tries of a write to a dead store
 # The names a script's command, stage_args and resume_args may reference as ${NAME}, expanded at launch
 # (traingate.recipes.script.expand). Locations and ids only: nothing secret ever reaches argv this way.
 SCRIPT_ARG_VARS = (RUN_ID, STAGE, STAGE_DIR, CHECKPOINT_DIR, RESTART_CAUSE, RESTART_COUNT, JOB)
@@ -170,3 +171,21 @@ class Instruments:
 
 def tracking_drain_s(env: Mapping[str, str] | None = None, default: float = 120.0) -> float:
     return float((os.environ if env is None else env).get(TRACKING_DRAIN_S, default))
+
+
+def tracking_retry_s(env: Mapping[str, str] | None = None, default: tuple[float, ...] = (1, 5, 15)) -> list[float]:
+    """The waits before each retry of an orchestrator write while the tracking store is unreachable.
+
+    >>> tracking_retry_s({TRACKING_RETRY_S: "0.2,0.5"}), tracking_retry_s({})
+    ([0.2, 0.5], [1, 5, 15])
+    """
+    raw = (os.environ if env is None else env).get(TRACKING_RETRY_S)
+    if raw is None:
+        return list(default)
+    try:
+        waits = [float(w) for w in raw.split(",")]
+    except ValueError:
+        waits = [-1.0]
+    if not all(0 <= w < float("inf") for w in waits):
+        raise ValueError(f"{TRACKING_RETRY_S} = {raw!r}: give the waits in seconds, comma-separated, e.g. 1,5,15")
+    return waits
