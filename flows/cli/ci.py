@@ -25,6 +25,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from flows.cli.run import _summary, run_ladder_here
+from flows.cli.terminal import follow_run
 from flows.cli.validate import _load
 from traingate.redact import redact
 from traingate.secrets import protect_spec
@@ -61,7 +62,8 @@ def _local(args: argparse.Namespace) -> int:
     args.cmd, args.until = "run", until  # _load: validation and preflight of every store, as `run` does
     spec, _ = _load(args)
     spec = protect_spec(spec)
-    state = run_ladder_here(spec, until, Settings.from_env())
+    # A bar in a terminal, a line per stage transition in a CI log.
+    state = run_ladder_here(spec, until, Settings.from_env(), follow=follow_run)
     if isinstance(state, int):
         return state
     summary = _summary(state) or {}

@@ -12,6 +12,7 @@ import argparse
 from flows import local_server
 from flows.cli import console
 from flows.cli.run import guard_this_process, interrupted
+from flows.cli.terminal import follow_run
 from flows.pipeline import ResumeFrom, ladder, summary_of
 from traingate.ladder.plan import resume_point
 from traingate.secrets import check_refs
@@ -31,12 +32,13 @@ def main(args: argparse.Namespace) -> int:
     guard_this_process(point.spec.supervision.preempt_grace_s)
     console.attach(Settings.from_env().state_dir / "runs" / args.run_id)  # the run's log: appended to
     try:
-        state = ladder(
-            None,
-            args.until,
-            ResumeFrom.model_validate({"run_id": args.run_id, "stage": point.stage, "overrides": args.overrides}),
-            return_state=True,
-        )
+        with follow_run(Settings.from_env()):  # a progress bar in a terminal, a line per stage transition elsewhere
+            state = ladder(
+                None,
+                args.until,
+                ResumeFrom.model_validate({"run_id": args.run_id, "stage": point.stage, "overrides": args.overrides}),
+                return_state=True,
+            )
     except KeyboardInterrupt:  # the second Ctrl-C: no waiting for the checkpoint
         return interrupted(args.run_id)
     data = summary_of(state)
