@@ -130,3 +130,19 @@ def test_run_piped_from_outside_the_checkout_prints_only_traingate_lines(prefect
     text = log.read_text()
     for library_line in ("Beginning flow run", "Creating initial MLflow database tables", "Finished in state"):
         assert library_line in text, text[-3000:]
+
+
+def test_a_terminal_is_a_terminal_to_traingate_and_a_log_file_to_a_library(settings, monkeypatch):
+    master, slave = os.openpty()
+    tty = os.fdopen(slave, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", tty)
+    try:
+        with console.session("run", settings, verbose=False):
+            seen: dict = {}
+            _from_traingate("seen['traingate'] = sys.stdout.isatty()", sys=sys, seen=seen)
+            seen["library"] = sys.stdout.isatty()  # tqdm, rich and colour handlers ask before drawing
+            assert console.terminal_of(sys.stdout) is tty
+    finally:
+        tty.close()
+        os.close(master)
+    assert seen == {"traingate": True, "library": False}
