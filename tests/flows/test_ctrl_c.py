@@ -18,7 +18,10 @@ from tgtest import PYTHON, ROOT
 pytestmark = pytest.mark.slow
 
 
-def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_counts_one_restart(tiny_spec, tmp_path):
+def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_counts_one_restart(
+        tiny_spec, tmp_path, prefect_api):
+    """The run on its own temporary server (its shield against the terminal's SIGINT is the subject); the
+    resume on the session's server (`prefect_api`), as a resume from another machine would be."""
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
            "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0"}
     out = tmp_path / "run.out"
@@ -53,7 +56,8 @@ def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_co
     assert state_type == "CANCELLED" and f"traingate resume {run_id}" in message
 
     p = subprocess.run([PYTHON, "-m", "flows.cli", "resume", run_id, "--until", "smoke"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={k: v for k, v in env.items() if k != "TRAINGATE_INJECT"})
+                       text=True, timeout=600,
+                       env={**{k: v for k, v in env.items() if k != "TRAINGATE_INJECT"}, **prefect_api})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "resume PASSED" in p.stdout
     # the resume summary and `traingate show` count the same restarts: the preemption, once
