@@ -123,6 +123,7 @@ def test_run_piped_from_outside_the_checkout_prints_only_traingate_lines(prefect
     after_plan = p.stdout[len(plan.stdout):].splitlines()
     assert [line for line in after_plan if not TRAINGATE_LINE.fullmatch(line)] == [], p.stdout
     assert "traingate: unit completed: 7/7 tests passed" in after_plan and "pipeline PASSED: unit passed" in after_plan
+    assert not [line for line in after_plan if "WARNING" in line or "ERROR" in line], p.stdout  # a healthy run
     state = cwd / ".traingate"
     assert (state / "prefect").is_dir()  # Prefect's home, made without "Failed to create the Prefect home"
     log = next((state / "runs").glob(f"*/{console.RUN_LOG}"))
