@@ -52,6 +52,7 @@ KEY_VAR = "PREFECT_SERVER_ENCRYPTION_KEY"
 # A loaded 2-core machine takes 5-20 s to bring a Prefect server up; 180 s leaves room for a much busier one.
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
+ANSWER_PATIENCE_S = 30.0  # how long a running server may fail its health check before it counts as hung
 START_ATTEMPTS = 3  # a free port can be taken between choosing it and the server binding it
 
 
@@ -246,17 +247,30 @@ def _live_record(d: Path) -> Record | None:
     record = _read_record(d)
     if record is None:
         return None
-    if _is_our_process(record) and _answers(record, _secrets(d)[AUTH_VAR]):
-        return record
+    auth = _secrets(d)[AUTH_VAR]
+    # A running server that is slow to answer (a loaded machine) is asked again before it is given up:
+    # replacing it would break the commands using it.
+    deadline = time.monotonic() + ANSWER_PATIENCE_S
+    while _is_our_process(record):
+        if _answers(record, auth):
+            return record
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
     _stop_group(record)
     (d / RECORD).unlink(missing_ok=True)
     return None
 
 
 def _is_our_process(record: Record) -> bool:
+    """Whether the record's pid still runs the process it recorded: same start time, a Prefect server."""
     try:
         p = psutil.Process(record.pid)
-        return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - record.started_at) < 1.0
+        return (
+            p.status() != psutil.STATUS_ZOMBIE
+            and abs(p.create_time() - record.started_at) < 1.0
+            and any("prefect" in a for a in p.cmdline())
+        )
     except psutil.Error:
         return False
 
