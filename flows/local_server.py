@@ -52,7 +52,7 @@ KEY_VAR = "PREFECT_SERVER_ENCRYPTION_KEY"
 # A loaded 2-core machine takes 5-20 s to bring a Prefect server up; 180 s leaves room for a much busier one.
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
-ANSWER_PATIENCE_S = 30.0  # how long a running server may fail its health check before it counts as hung
+ANSWER_PATIENCE_S = 60.0  # how long a running server may fail its health check before it counts as hung
 START_ATTEMPTS = 3  # a free port can be taken between choosing it and the server binding it
 
 
@@ -337,10 +337,13 @@ def _start(d: Path) -> Record:
         pid = int(out.stdout.strip())
         proc = psutil.Process(pid)
         record = Record(pid=pid, pgid=os.getpgid(pid), port=port, started_at=proc.create_time())
+        # Recorded before it answers: a command killed while it waits leaves a record the next one checks
+        # (and reuses or stops), not a server nobody knows of.
+        _write_record(d, record)
         if _wait_healthy(record, values[AUTH_VAR]):
-            _write_record(d, record)
             return record
         _stop_group(record)
+        (d / RECORD).unlink(missing_ok=True)
     raise LocalServerError(
         f"the local Prefect server did not come up in {START_TIMEOUT_S:.0f} s ({START_ATTEMPTS} tries); "
         f"see {d / LOG}, or set {MODE_VAR}=temporary to use a temporary server"
