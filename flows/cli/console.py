@@ -238,9 +238,6 @@ class _Session:
         self.terminal = TerminalHandler(sys.stderr, verbose)
         self.home = PrefectHome(settings.state_dir)
 
-    def log_path(self) -> Path | None:
-        return self.log.path
-
 
 _current: _Session | None = None
 
