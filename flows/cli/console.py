@@ -217,9 +217,9 @@ def _from_our_code(caller: Any) -> bool:
 class PrefectHome(importlib.abc.MetaPathFinder):
     """Makes the state dir just before Prefect is first imported, when Prefect's home lies in it.
 
-    Prefect makes its home on import with a ``mkdir`` that makes no parents: run from a directory whose
-    state dir was not made yet, every first command warned "Failed to create the Prefect home
-    directory". Making the state dir any earlier would leave it behind a refused spec.
+    Prefect makes its home on import with a ``mkdir`` that makes no parents: in a directory whose state
+    dir is not made yet, a first command would warn "Failed to create the Prefect home directory".
+    Making the state dir any earlier would leave it behind a refused spec.
     """
 
     def __init__(self, state_dir: Path):
