@@ -12,7 +12,7 @@ import boto3
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server
+from tgtest import PYTHON, ROOT, TINY_DIGITS
 from traingate.tracking.identity import code_version
 from traingate.tracking.stamp import read_stamp
 
@@ -21,8 +21,9 @@ RUN_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def install(tmp_path_factory):
-    """The working tree copied as an install leaves it (no .git), and a Prefect server whose records outlive a run."""
+def install(tmp_path_factory, prefect_api):
+    """The working tree copied as an install leaves it (no .git), and a Prefect server whose records outlive a run
+    (the session's: what is installed is the subject, not the server)."""
     tmp = tmp_path_factory.mktemp("installed")
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          check=True, capture_output=True, text=True).stdout
@@ -31,8 +32,8 @@ def install(tmp_path_factory):
         (copy / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, copy / f)
     (tmp / "tiny.yaml").write_text(TINY_DIGITS)
-    with prefect_server(tmp) as server:
-        yield {"code": copy, "spec": tmp / "tiny.yaml", "server": server, "tmp": tmp}
+    server = {"url": prefect_api["PREFECT_API_URL"], "env": {"PREFECT_HOME": str(tmp / "prefect-home")}}
+    return {"code": copy, "spec": tmp / "tiny.yaml", "server": server, "tmp": tmp}
 
 
 def _run(install, state: Path, **extra: str) -> subprocess.CompletedProcess:
