@@ -39,10 +39,11 @@ def test_a_preempted_attempt_keeps_its_checkpointed_work_and_loses_the_rest():
     assert (back.done_s, back.overhead_s, back.attempt, back.started_s) == (120.0, 30.0, 1, None)
 
 
-def test_a_job_that_outruns_its_estimate_delays_the_reserved_head_as_it_would_on_a_real_cluster():
+def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_reserved_head_starts_on_time():
     # 1 node x 4 GPUs. 'a' holds 2 GPUs until 100. 'wide' (4 GPUs) waits, reserved at 100.
-    # 'liar' claims 50 s and is backfilled at 10 (ends 60 <= 100 by its estimate) but runs 150 s:
-    # 'wide' starts when 'liar' really ends, at 160. With an honest estimate it is not backfilled.
+    # 'liar' claims 50 s and is backfilled at 10 (ends 60 <= 100 by its estimate) but needs 150 s:
+    # held to its estimate as Slurm holds a job to its --time, it is stopped at 60 and 'wide' starts
+    # at 100. With an honest estimate it is not backfilled.
     cfg = parse_config({"pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1, "worker": "process"}}})
 
     def trace(liar_est):
@@ -50,7 +51,8 @@ def test_a_job_that_outruns_its_estimate_delays_the_reserved_head_as_it_would_on
                 TraceJob(Job("wide", "t", "research", "p", 4, 5.0, est_duration_s=10.0), 10.0),
                 TraceJob(Job("liar", "t", "research", "p", 2, 10.0, est_duration_s=liar_est), 150.0)]
 
-    starts = {r.job_id: r.first_start_s for r in simulate(trace(50.0), cfg, Policy.parse("fifo+backfill")).records}
-    assert starts == {"a": 0.0, "wide": 160.0, "liar": 10.0}
+    recs = {r.job_id: r for r in simulate(trace(50.0), cfg, Policy.parse("fifo+backfill")).records}
+    assert {k: r.first_start_s for k, r in recs.items()} == {"a": 0.0, "wide": 100.0, "liar": 10.0}
+    assert recs["liar"].limit_stops == [60.0] and recs["liar"].attempts[1][0] == 110.0
     starts = {r.job_id: r.first_start_s for r in simulate(trace(150.0), cfg, Policy.parse("fifo+backfill")).records}
     assert starts == {"a": 0.0, "wide": 100.0, "liar": 110.0}
