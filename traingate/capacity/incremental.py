@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,7 +121,9 @@ class Running:
         self.held: dict[str, int] = {}  # team -> GPUs held now
         self._seq: dict[str, int] = {}
         self._n = 0
-        self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq): still before "now"
+        # Sorted lists (stale entries, whose seq is no longer the job's, are skipped and dropped in bulk):
+        self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq) from _eoff: still ahead
+        self._eoff = 0
         self._late: list[tuple[float, str, int]] = []  # (-start, id, seq): past its prediction or none
         # The last reservation: (head's slots, running set's version), "now" it holds below, its answer.
         self._cache: tuple[tuple[int, int, int], float, float | None] | None = None
@@ -137,14 +139,14 @@ class Running:
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
         end = None if rem is None else job.started_s + job.overhead_s + rem  # policy.predicted_end's sum
         if end is None or end <= job.started_s:
-            heapq.heappush(self._late, (-job.started_s, job.job_id, self._n))
+            insort(self._late, (-job.started_s, job.job_id, self._n))
         else:
-            heapq.heappush(self._ends, (end, job.job_id, self._n))
-        if len(self._ends) + len(self._late) > 2 * len(self.jobs) + 64:
-            self._ends = [e for e in self._ends if self._seq.get(e[1]) == e[2]]
-            self._late = [e for e in self._late if self._seq.get(e[1]) == e[2]]
-            heapq.heapify(self._ends)
-            heapq.heapify(self._late)
+            insort(self._ends, (end, job.job_id, self._n), lo=self._eoff)
+        if len(self._ends) - self._eoff + len(self._late) > 2 * len(self.jobs) + 64:
+            seq = self._seq
+            self._ends = [e for e in self._ends[self._eoff :] if seq.get(e[1]) == e[2]]
+            self._eoff = 0
+            self._late = [e for e in self._late if seq.get(e[1]) == e[2]]
 
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
@@ -161,51 +163,60 @@ class Running:
         if c is not None and c[0] == (job.slots, self._n, len(self.jobs)) and now < c[1]:
             return c[2]
         ends, late, seq, jobs = self._ends, self._late, self._seq, self.jobs
-        while ends and ends[0][0] <= now:
-            _, jid, s = heapq.heappop(ends)
+        ne = len(ends)
+        i = self._eoff
+        while i < ne and ends[i][0] <= now:
+            _, jid, s = ends[i]
             if seq.get(jid) == s:
-                heapq.heappush(late, (-jobs[jid].started_s, jid, s))  # type: ignore[operator]
+                insort(late, (-jobs[jid].started_s, jid, s))  # type: ignore[operator]
+            i += 1
+        if i > self._eoff:
+            del ends[:i]
+            self._eoff = i = 0
+            ne = len(ends)
         gpn = self.gpn
         free = self.free.free
         small = job.slots <= gpn
+        want = job.slots
         k = nodes_needed(job.slots, gpn)
         wholes = self.free.count[gpn]
         freed: dict[int, int] = {}
-        # Both heaps walked in order without popping: a frontier of entries whose parents were visited.
-        # Equal ends may come in any order: the answer is an end, the same whichever of them fits it.
-        frontier: list[tuple[float, int, int]] = []
-        if ends:
-            frontier.append((ends[0][0], 0, 0))
-        if late:
-            frontier.append((now + (now + late[0][0]), 1, 0))  # now + (now - start): policy.predicted_end
-        heapq.heapify(frontier)
-        first_end = math.inf  # the walk holds until "now" passes the first end it used, or one was late
+        # Both lists merged in order; equal ends may come in any order: the answer is an end, the same
+        # whichever of them fits it. late's end is now + (now - start), policy.predicted_end's.
+        nl = len(late)
+        j = 0
+        inf = math.inf
+        first_end = inf  # the answer holds until "now" passes the first end it used, or one was late
         found: float | None = None
-        while frontier:
-            end, src, i = heapq.heappop(frontier)
-            heap = late if src else ends
-            for ch in (2 * i + 1, 2 * i + 2):
-                if ch < len(heap):
-                    e = heap[ch]
-                    heapq.heappush(frontier, (now + (now + e[0]) if src else e[0], src, ch))
-            _, jid, s = heap[i]
-            if seq.get(jid) != s:
-                continue
-            if src:
-                first_end = -math.inf
-            elif first_end == math.inf:
-                first_end = end
+        e_end = ends[i][0] if i < ne else inf
+        l_end = now + (now + late[0][0]) if nl else inf
+        while i < ne or j < nl:
+            if e_end <= l_end:
+                end, jid, s = e_end, ends[i][1], ends[i][2]
+                i += 1
+                e_end = ends[i][0] if i < ne else inf
+                if seq.get(jid) != s:
+                    continue
+                if first_end == inf:
+                    first_end = end
+            else:
+                end, jid, s = l_end, late[j][1], late[j][2]
+                j += 1
+                l_end = now + (now + late[j][0]) if j < nl else inf
+                if seq.get(jid) != s:
+                    continue
+                first_end = -inf
             r = jobs[jid]
             g = r.slots if r.slots <= gpn else gpn
             fits = False
             for n in r.nodes:
                 after = freed.get(n, free[n]) + g
                 freed[n] = after
-                if small and after >= job.slots:
+                if after >= want:
                     fits = True
                 if after == gpn:
                     wholes += 1
-            if fits or (not small and wholes >= k):
+            if (small and fits) or (not small and wholes >= k):
                 found = end
                 break
         self._cache = ((job.slots, self._n, len(self.jobs)), first_end, found)
