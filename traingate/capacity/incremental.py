@@ -8,7 +8,7 @@ nodes and a queue of thousands through it event after event. The simulator keeps
 - ``FreeIndex``: free GPUs per node, with the nodes indexed by their free count, so best fit is
   a look-up per count, not a scan of the nodes;
 - ``Running``: the running jobs with their predictions fixed when they start (as a Slurm job's
-  end is fixed by its time limit), in a heap by predicted end, so a reservation walks only the
+  end is fixed by its time limit), sorted by predicted end, so a reservation walks only the
   jobs that end before it;
 - ``Queue``: the waiting jobs in groups that the policy always serves in submission order and
   decides alike (same class, team and size, first attempt, no estimate of their own), one pass
