@@ -275,6 +275,16 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
             return stopped(Failed(message=decision.summary()), summary)
         log.info(decision.summary())
         if gate.require_approval and i + 1 < len(stages):
+            # WARNING: a person must act, and the terminal shows traingate's records from WARNING up.
+            log.warning(
+                "paused for approval: %s passed its gate (gates.%s.require_approval); %s starts when a reviewer "
+                "resumes flow run %s with {approve: true, reviewer, reason} (Prefect UI: Resume), within %d s",
+                stage,
+                stage,
+                stages[i + 1],
+                flow_run.id,
+                int(gate.approval_timeout_s),
+            )
             answer = pause_flow_run(
                 wait_for_input=Approval, timeout=int(gate.approval_timeout_s), key=f"approve-{stages[i + 1]}"
             )

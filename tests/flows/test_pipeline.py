@@ -1,6 +1,7 @@
 """The ladder end to end: real Prefect (test harness), real MLflow (sqlite), real torchrun."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -72,11 +73,24 @@ def _wait_for_paused_run(timeout_s: float = 180):
     raise AssertionError("no flow run paused for approval")
 
 
+class _Kept(logging.Handler):
+    def __init__(self, level: int, into: list[logging.LogRecord]):
+        super().__init__(level)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
+
+
 @pytest.mark.parametrize("approve", [True, False])
 def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harness, state_dir, tiny_spec, approve):
     from prefect.flow_runs import resume_flow_run
 
     from flows.pipeline import pipeline
+
+    records: list[logging.LogRecord] = []
+    handler = _Kept(logging.WARNING, records)  # Prefect's run loggers do not propagate to pytest's caplog
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
 
     spec = tiny_spec()
     gate = ["gates.unit.require_approval=true", "gates.unit.approval_timeout_s=300",
@@ -85,6 +99,11 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
     t = threading.Thread(target=lambda: box.update(state=pipeline(str(spec), gate, "smoke", return_state=True)))
     t.start()
     run_id = _wait_for_paused_run()
+    logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    said = [r.getMessage() for r in records if "paused for approval" in r.getMessage()]
+    assert said == [f"paused for approval: unit passed its gate (gates.unit.require_approval); smoke starts when a "
+                    f"reviewer resumes flow run {run_id} with {{approve: true, reviewer, reason}} (Prefect UI: "
+                    f"Resume), within 300 s"], said
     resume_flow_run(run_id, run_input={"approve": approve, "reviewer": "ana", "reason": "looks fine" if approve
                                        else "wait for the data fix"})
     t.join(timeout=300)
