@@ -41,7 +41,9 @@ from pathlib import Path
 
 import psutil
 
-MODE_VAR = "TRAINGATE_PREFECT_SERVER"
+from traingate.settings import PREFECT_SERVER_VAR
+
+MODE_VAR = PREFECT_SERVER_VAR
 DIR_NAME = "prefect-server"
 RECORD = "server.json"
 SECRETS = "secrets.env"
@@ -86,7 +88,7 @@ class Record:
 def mode(env: Mapping[str, str] | None = None) -> Mode:
     """The ``TRAINGATE_PREFECT_SERVER`` setting; unset: ``temporary`` under CI (``CI`` set), else ``kept``.
 
-    >>> mode({}).value, mode({"CI": "true"}).value, mode({"CI": "true", "TRAINGATE_PREFECT_SERVER": "kept"}).value
+    >>> mode({}).value, mode({"CI": "true"}).value, mode({"CI": "true", MODE_VAR: "kept"}).value
     ('kept', 'temporary', 'kept')
     """
     env = os.environ if env is None else env
