@@ -79,8 +79,9 @@ class Transitions:
         if line.status == "running":
             job = dashboard.files.read_json(self.reader.run_dir / line.name / dashboard.files.JOB) or {}
             world = int(job.get("nodes") or 1) * int(job.get("procs_per_node") or 1)
+            steps = f"{line.max_steps} steps on " if line.max_steps else ""  # a script's total may come later
             return (
-                f"{_PREFIX} {line.name} running: {line.max_steps} steps on {world} "
+                f"{_PREFIX} {line.name} running: {steps}{world} "
                 f"process{'es' if world != 1 else ''} ({job.get('pool', '?')})"
             )
         took = now - self.running_since[line.name] if line.name in self.running_since else None

@@ -156,3 +156,15 @@ def test_a_launch_that_ended_as_planned_before_the_stage_verdict_is_not_announce
     ended = [{"number": 0, "launched_at": start + 1, "ended_at": start + 3, "cause": None, "end_step": 5}]
     files.write_supervisor_state(run_dir / "smoke", files.SupervisorState(attempts=ended, final=None))
     assert t.poll(start + 4)[1] == []
+
+
+def test_a_running_stage_whose_step_total_is_not_known_yet_is_announced_without_a_count(tmp_path):
+    from flows.cli.terminal import Transitions
+
+    run_dir = tmp_path / "r1"
+    start = time.time()
+    _stage(run_dir, "canary", None, 1, start + 1)
+    job = files.read_json(run_dir / "canary" / files.JOB)
+    files.write_json(run_dir / "canary" / files.JOB, {**job, "max_steps": None})  # a script's total comes later
+    t = Transitions(run_dir, started=start)
+    assert t.poll(start + 2)[1] == ["traingate: canary running: 2 processes (cpu-local)"]
