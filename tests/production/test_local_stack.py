@@ -180,6 +180,12 @@ def test_the_native_stack_comes_up_healthy_runs_the_ladder_deployment_on_its_wor
     for name, svc in compose["services"].items():
         if svc.get("healthcheck"):
             assert re.search(rf"^{re.escape(name)}: healthy 127\.0\.0\.1:\d+$", status.stdout, re.M), status.stdout
+    # the UI in a browser calls the API where the server listens (its /ui-settings names the API's URL)
+    import httpx
+    api = client["PREFECT_API_URL"]
+    ui = httpx.get(api.removesuffix("/api") + "/ui-settings", timeout=30,
+                   auth=tuple(stack["creds"]["PREFECT_API_AUTH_STRING"].split(":", 1)))
+    assert ui.status_code == 200 and ui.json()["api_url"] == api, (ui.status_code, ui.text[:300])
     # no secret on the terminal
     for v in stack["secrets"].values():
         assert v not in stack["up"].stdout + stack["up"].stderr + status.stdout
