@@ -139,6 +139,7 @@ def _traingate_run(scanned_dir: Path, tracking_uri: str, args: list[str], name: 
         "TRAINGATE_STATE_DIR": str(state), "PREFECT_HOME": str(state / "prefect"), "TMPDIR": str(tmp),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
         "TRAINGATE_TRACKING_URI": tracking_uri,
+        "TRAINGATE_PREFECT_SERVER": "temporary",  # its database under state/prefect is scanned with the rest
         "AWS_SECRET_ACCESS_KEY": PLANTED["AwsSecret"], "MY_SERVICE_TOKEN": PLANTED["ServiceToken"],
         **(extra_env or {}),
     })

@@ -118,7 +118,8 @@ class RunLogHandler(logging.Handler):
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")
             self.path = path
-            self._file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} traingate {' '.join(sys.argv[1:])}\n")
+            command = redact(" ".join(sys.argv[1:]))  # a --set value may carry a secret flag's value
+            self._file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} traingate {command}\n")
             if self._dropped:
                 self._file.write(f"({self._dropped} earlier lines were not kept)\n")
             self._file.writelines(self._held)
