@@ -132,7 +132,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any location: only a pool gives them."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRAINGATE_", "MLFLOW_")) or k == "TRAINGATE_PREFECT_SERVER"}  # not a location
     return {**env, "PATH": f"{Path(PYTHON).parent}{os.pathsep}{env.get('PATH', '')}", **extra}
 
 

@@ -25,7 +25,8 @@ POOLS = {"pools": {"cpu-local": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_
 
 
 def _env_without_locations(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGATE_", "MLFLOW_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRAINGATE_", "MLFLOW_")) or k == "TRAINGATE_PREFECT_SERVER"}  # not a location
     return {**env, **extra}
 
 
