@@ -30,6 +30,7 @@ from flows.cli.validate import _load
 from traingate.redact import redact
 from traingate.secrets import protect_spec
 from traingate.settings import Settings
+from traingate.units import usd
 
 CHEAP = ("unit", "smoke", "canary")  # what a merge may spend; full training is the pool's, not CI's
 
@@ -74,7 +75,7 @@ def _local(args: argparse.Namespace) -> int:
     for stage, info in summary.get("stages", {}).items():
         print(
             f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
-            f"${info['cost_usd']:.4f}  restarts {info['restarts']}  mlflow run {info['mlflow_run_id']}"
+            f"{usd(info['cost_usd'])}  restarts {info['restarts']}  mlflow run {info['mlflow_run_id']}"
         )
     if summary:
         print(f"  traingate run: {summary['run_id']}  (traingate show {summary['run_id']})")
@@ -135,10 +136,10 @@ def _write_summary(args: argparse.Namespace, title: str, verdict: str, message: 
         return
     lines = [f"## {title}: {verdict}", "", message.replace("\n", " "), ""]
     if summary.get("stages"):
-        lines += ["| stage | status | gate | cost (USD) | restarts |", "|---|---|---|---:|---:|"]
+        lines += ["| stage | status | gate | cost | restarts |", "|---|---|---|---:|---:|"]
         lines += [
             f"| {stage} | {info['status']} | {'passed' if info['gate'] else '**failed**'} | "
-            f"{info['cost_usd']:.4f} | {info['restarts']} |"
+            f"{usd(info['cost_usd'])} | {info['restarts']} |"
             for stage, info in summary["stages"].items()
         ]
         lines += ["", f"traingate run `{summary['run_id']}`: `traingate show {summary['run_id']}`", ""]

@@ -28,6 +28,7 @@ from traingate.settings import Settings
 from traingate.supervision import guardian, supervisor
 from traingate.tracking import stale
 from traingate.tracking.prior import latest_canary_profile
+from traingate.units import usd
 
 
 def main(args: argparse.Namespace) -> int:
@@ -57,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
         for stage, info in summary["stages"].items():
             print(
                 f"  {stage:<7} {info['status']:<10} gate {'passed' if info['gate'] else 'FAILED':<7} "
-                f"mlflow run {info['mlflow_run_id']}  ${info['cost_usd']:.4f}"
+                f"mlflow run {info['mlflow_run_id']}  {usd(info['cost_usd'])}"
             )
         if summary.get("checkpoint_uri"):
             print(f"  checkpoint:      {redact(summary['checkpoint_uri'])}")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from traingate.job.vocab import Status
+from traingate.units import usd
 
 NEXT_STAGE = {"unit": "smoke", "smoke": "canary", "canary": "full"}
 # The step profile a training stage's metrics carry (ladder.outcomes reads them from the trainer's result).
@@ -78,9 +79,9 @@ def render_markdown(result: StageResult, decision: GateDecision | None) -> str:
     lines = [
         f"# Stage `{result.stage}`: {result.status}",
         "",
-        f"duration {result.duration_s:.1f} s, cost ${result.cost_usd:.4f}"
+        f"duration {result.duration_s:.1f} s, cost {usd(result.cost_usd)}"
         + (
-            f" (estimated ${result.estimated_cost_usd:.4f} by the stage before)"
+            f" (estimated {usd(result.estimated_cost_usd)} by the stage before)"
             if result.estimated_cost_usd is not None
             else ""
         )
