@@ -23,7 +23,7 @@ from prefect.futures import PrefectFuture
 from prefect.input import RunInput
 from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Completed, Crashed, Failed, State
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
@@ -54,6 +54,7 @@ from traingate.redact import redact, register_secret
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
+from traingate.specbase import form_positions
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
@@ -154,6 +155,8 @@ class Approval(RunInput):
 
 class ResumeFrom(BaseModel):
     """Continue an earlier run: its interrupted stage from the latest checkpoint, then the rest."""
+
+    model_config = ConfigDict(json_schema_extra=form_positions)  # the run form keeps this order on PostgreSQL
 
     run_id: str = Field(min_length=1, description="the traingate run id (`traingate run` printed it)")
     stage: Stage | None = Field(default=None, description="default: the run's first unfinished training stage")

@@ -99,13 +99,31 @@ def url_problem(value: str, schemes: set[str] | frozenset[str] | None = None) ->
     return None
 
 
+def form_positions(schema: dict[str, Any]) -> None:
+    """Number a model's JSON-schema properties in their declared order (``position``, from 0).
+
+    A form built from the schema orders its fields by ``position`` (the Prefect UI's run form does): a
+    schema kept as PostgreSQL JSONB (Prefect's deployments) comes back with its keys in another order.
+
+    >>> schema = {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    >>> form_positions(schema)
+    >>> schema["properties"]
+    {'b': {'type': 'string', 'position': 0}, 'a': {'type': 'integer', 'position': 1}}
+    """
+    for i, prop in enumerate(schema.get("properties", {}).values()):
+        prop["position"] = i
+
+
 class SpecModel(BaseModel):
     """Base of every spec section (RunSpec's and every package's section).
 
-    Unknown keys, inf/nan and booleans given for numbers are errors, not silent defaults.
+    Unknown keys, inf/nan and booleans given for numbers are errors, not silent defaults. Its JSON
+    schema numbers the fields in declared order (:func:`form_positions`).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, json_schema_extra=form_positions
+    )
 
     @field_validator("*", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ resume, retrain, CI, sweep), with the form edited the way a user edits it.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import yaml
@@ -55,3 +56,32 @@ def test_a_value_edited_in_the_form_reaches_the_flow_and_a_wrong_type_is_refused
     edited["spec"]["optim"]["lr"] = "fast"
     with pytest.raises(ValidationError, match="spec.optim.lr"):
         validate(edited, schema, raise_on_error=True)
+
+
+def _as_jsonb(value):
+    """``value`` with every object's keys in PostgreSQL JSONB's order (shorter keys first, then bytewise), as
+    a PostgreSQL-backed Prefect server returns a deployment's schema."""
+    if isinstance(value, dict):
+        return {k: _as_jsonb(value[k]) for k in sorted(value, key=lambda k: (len(k.encode()), k.encode()))}
+    if isinstance(value, list):
+        return [_as_jsonb(v) for v in value]
+    return value
+
+
+def _form_order(obj: dict) -> list[str]:
+    """The fields of one object in the order the Prefect UI's form shows them: by ``position``, a field
+    without one after those with one (its SchemaFormFields sort)."""
+    return sorted(obj["properties"], key=lambda k: obj["properties"][k].get("position", float("inf")))
+
+
+@pytest.mark.parametrize("d", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
+def test_every_deployments_form_shows_its_fields_in_declared_order_from_a_postgresql_server(d):
+    flow, declared = _form(d)
+    stored = _as_jsonb(declared)
+    assert _form_order(stored) == list(inspect.signature(flow.fn).parameters)
+    objects = {name: obj for name, obj in declared["definitions"].items() if obj.get("properties")}
+    for name, obj in objects.items():  # pydantic writes a model's properties in their declared order
+        assert _form_order(stored["definitions"][name]) == list(obj["properties"]), name
+    if "spec" in declared["properties"]:
+        assert _form_order(stored["definitions"]["RunSpec"]) == list(RunSpec.model_fields)
+        assert list(stored["definitions"]["RunSpec"]["properties"]) != list(RunSpec.model_fields)  # JSONB reorders
