@@ -184,7 +184,12 @@ def simulate(p: argparse.ArgumentParser) -> None:
         "--generate", type=int, metavar="N", help="N jobs shaped by published cluster traces (see docs/simulator.md)"
     )
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--load", type=float, default=0.8, help="offered GPU-time / pool capacity (default 0.8)")
+    p.add_argument(
+        "--load",
+        type=float,
+        help="offered GPU time / the pools' GPU time: a generated trace is drawn at it (default 0.8), a trace "
+        "read from a file has its arrivals compressed or stretched to it (default: as recorded)",
+    )
 
 
 def ci(p: argparse.ArgumentParser) -> None:

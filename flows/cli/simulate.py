@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from traingate.capacity.figures import figures, timeseries
+from traingate.capacity.load import LOAD_RANGE, at_load, offered_load
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import CapacityConfig, CapacityError, load_config
 from traingate.capacity.report import COMPARED, plots, report, write_figures, write_schedule, write_timeseries
@@ -36,6 +37,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.generate is not None:
         _generate(args, config, trace_path)
     trace = read_trace(trace_path, config, args.pool)
+    recorded = offered_load(trace, config) if len({tj.job.submit_s for tj in trace}) > 1 else None
+    if args.load is not None and args.generate is None:
+        trace = at_load(trace, config, args.load)
     out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
     out.mkdir(parents=True, exist_ok=True)
     results = [simulate(trace, config, p, args.half_life_h) for p in policies]
@@ -45,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
     text = report(
         results,
         f"{len(trace)} jobs from {trace_path.name} on "
-        + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools),
+        + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools)
+        + _load_note(recorded, args.load if args.generate is None else None),
         default,
         figs,
     )
@@ -65,8 +70,13 @@ def _run(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) -> None:
     if args.generate < 1:
         raise CapacityError(f"--generate = {args.generate}: must be at least 1 job")
-    if not 0 < args.load < 1:
-        raise CapacityError(f"--load = {args.load}: must be between 0 and 1 (a fraction of the pool's capacity)")
+    if args.load is None:
+        args.load = 0.8
+    lo, hi = LOAD_RANGE
+    if not lo <= args.load <= hi:
+        raise CapacityError(
+            f"--load = {args.load:g}: must be between {lo:g} and {hi:g} (offered GPU time / the pool's)"
+        )
     if trace_path.exists():
         raise CapacityError(f"--generate would overwrite {str(trace_path)!r}; remove it or name a new file")
     pool_name = args.pool or (next(iter(config.pools)) if len(config.pools) == 1 else None)
@@ -88,3 +98,12 @@ def _generate(args: argparse.Namespace, config: CapacityConfig, trace_path: Path
         ),
     )
     print(f"generated {args.generate} jobs into {trace_path} (pool {pool_name}, load {args.load}, seed {args.seed})")
+
+
+def _load_note(recorded: float | None, target: float | None) -> str:
+    """What load the replayed trace offers: as recorded, or scaled to ``--load``."""
+    if recorded is None:
+        return ""
+    if target is None:
+        return f", offered load {recorded:.2f}"
+    return f", arrivals scaled from offered load {recorded:.2f} to {target:g}"
