@@ -171,8 +171,8 @@ def simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
     p.add_argument(
         "--policies",
-        help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf or fairshare "
-        "(default: the ten-way comparison)",
+        help="comma-separated ORDER[+backfill][+preempt]; ORDER is fifo, priority, sjf, fairshare or multifactor "
+        "(Slurm's multifactor priority) (default: the ten-way comparison)",
     )
     p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
     p.add_argument(

@@ -31,7 +31,7 @@ from typing import Any
 from traingate.capacity.estimate import Predictor, predicted_remaining
 from traingate.capacity.gang import footprint, nodes_needed
 from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, schedule
+from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, multifactor_key, schedule
 from traingate.capacity.pools import PoolConfig
 
 
@@ -286,10 +286,15 @@ class Queue:
         return pos
 
 
-def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor) -> Any:
+def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
     """The policy's sort key (``policy.queue_order``'s) as (prefix(job), then submission, id)."""
     classes = rules.classes
     order = rules.policy.order
+    if order is Order.MULTIFACTOR:
+        teams = {k[1] for k, g in queue._groups.items() if g.off < len(g.jobs)}
+        teams.update(j.team for j in queue._singles.values())
+        key = multifactor_key(classes, usage, rules.slurm_priority, now, teams)
+        return lambda j: (key(j),)
     if order is Order.FIFO:
         return lambda j: ()
     if order is Order.PRIORITY:
@@ -323,7 +328,7 @@ def plan_pass(
     policy = rules.policy
     classes = rules.classes
     free = run.free
-    prefix = _key_maker(rules, usage, predict)
+    prefix = _key_maker(rules, usage, predict, now, queue)
     heap: list[tuple[tuple, Any, int]] = []
     for g in queue._groups.values():
         if g.off < len(g.jobs):
@@ -342,13 +347,13 @@ def plan_pass(
     def evict(victims: tuple[Job, ...], key: tuple) -> None:
         for v in victims:
             victims_out.append(run.remove(v.job_id))
-        # Freed slots and quota: groups given up on may start again from the next job after this one.
+        # Freed slots and quota: groups given up on may start again from the next job after this one
+        # (a group's keys never fall along it; under multifactor its jobs' ages differ).
         for g in dead:
-            pre = prefix(g.jobs[g.off]) if g.off < len(g.jobs) else ()
-            p = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (*pre, j.submit_s, j.job_id))
+            p = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (*prefix(j), j.submit_s, j.job_id))
             if p < len(g.jobs):
                 j = g.jobs[p]
-                heapq.heappush(heap, ((*pre, j.submit_s, j.job_id), g, p))
+                heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, p))
         dead.clear()
 
     while heap:

@@ -7,7 +7,9 @@ The pass walks the queue in the policy's order:
 - **order** — ``fifo``: submission order, classes ignored. Every other order puts the higher
   priority class first, then within a class: ``priority`` submission order; ``sjf`` the
   shortest predicted remaining work; ``fairshare`` the team with the fewest decayed GPU-hours
-  (:mod:`traingate.capacity.fairshare`), then submission order.
+  (:mod:`traingate.capacity.fairshare`), then submission order; ``multifactor`` Slurm's
+  priority/multifactor number, highest first (:func:`multifactor_key`: QOS, fair-share and age
+  factors times their weights, so a class is not always ahead of a lower one), then submission order.
 - **gang** — a job starts only when all of its slots fit at once (:mod:`traingate.capacity.gang`).
 - **quotas** — a job whose team would exceed its cap on the pool is passed over; the jobs behind
   it go on. (A preempting class may instead preempt its own team's lower-class jobs.)
@@ -27,13 +29,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from traingate.capacity.estimate import Predictor, predicted_remaining
 from traingate.capacity.gang import footprint, free_per_node, place, release, take
 from traingate.capacity.jobs import Job, at_risk_s, started
-from traingate.capacity.pools import CapacityError, PoolConfig, PriorityClass, SchedulingConfig
+from traingate.capacity.pools import CapacityError, PoolConfig, PriorityClass, SchedulingConfig, SlurmPriorityConfig
 
 
 class Order(str, enum.Enum):  # noqa: UP042 - str(Order.FIFO) stays 'Order.FIFO'
@@ -41,6 +44,7 @@ class Order(str, enum.Enum):  # noqa: UP042 - str(Order.FIFO) stays 'Order.FIFO'
     PRIORITY = "priority"
     SJF = "sjf"
     FAIRSHARE = "fairshare"
+    MULTIFACTOR = "multifactor"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class Rules:
     classes: Mapping[str, PriorityClass]
     quotas: Mapping[str, int]  # team -> max slots held on this pool; absent: uncapped
     restart_cost_s: float = 0.0  # what a victim pays to resume; part of the work a preemption loses
+    slurm_priority: SlurmPriorityConfig = SlurmPriorityConfig()  # the multifactor order's weights
 
 
 class How(str, enum.Enum):  # noqa: UP042 - str(How.X) stays 'How.X'
@@ -117,9 +122,15 @@ def queue_order(
     classes: Mapping[str, PriorityClass],
     usage: Mapping[str, float],
     predict: Predictor,
+    now: float = 0.0,
+    weights: SlurmPriorityConfig | None = None,
 ) -> list[Job]:
-    """The waiting jobs in the order the policy serves them (a queue view shows this order)."""
+    """The waiting jobs in the order the policy serves them (a queue view shows this order);
+    ``now`` and ``weights`` matter to the ``multifactor`` order only."""
     order = policy.order
+    if order is Order.MULTIFACTOR:
+        key = multifactor_key(classes, usage, weights or SlurmPriorityConfig(), now, {j.team for j in waiting})
+        return sorted(waiting, key=lambda j: (key(j), j.submit_s, j.job_id))
     if order is Order.FIFO:
         return sorted(waiting, key=lambda j: (j.submit_s, j.job_id))
     if order is Order.PRIORITY:
@@ -133,6 +144,53 @@ def queue_order(
         return sorted(waiting, key=sjf_key)
     assert order is Order.FAIRSHARE, order
     return sorted(waiting, key=lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id))
+
+
+def multifactor_key(
+    classes: Mapping[str, PriorityClass],
+    usage: Mapping[str, float],
+    weights: SlurmPriorityConfig,
+    now: float,
+    teams: Iterable[str] = (),
+) -> Callable[[Job], float]:
+    """Minus a job's Slurm priority (priority/multifactor) at ``now``: lower sorts first.
+
+    priority = weight_qos x QOS factor + weight_fairshare x fair-share factor + weight_age x age factor:
+
+    - QOS factor: the job's class priority / the highest class priority (Slurm's QOS priority over the
+      highest QOS priority);
+    - fair-share factor: Slurm's Fair Tree on a flat tree of teams (one account each, equal shares): the
+      ``n`` teams with usage or in ``teams`` (the waiting jobs'; no usage counts as 0) ranked by usage,
+      a team's factor ``(n - teams using strictly less) / n``: the least used have 1;
+    - age factor: ``min(1, (now - submission) / max_age)``.
+
+    Within a team and class the key never falls as submission time grows, so the queue's groups
+    (:mod:`traingate.capacity.incremental`) stay in submission order.
+
+    >>> from traingate.capacity.pools import _default_classes
+    >>> key = multifactor_key(_default_classes(), {"a": 5.0, "b": 1.0}, SlurmPriorityConfig(), 3600.0, ["c"])
+    >>> round(-key(Job("j", "a", "production", "p", 1, 0.0)), 2)   # 100000 x 0.5 + 10000 x 1/3 + 100 x 1/168
+    53333.93
+    >>> round(-key(Job("k", "b", "research", "p", 1, 3600.0)), 2)  # 100000 x 0.1 + 10000 x 2/3 + 0
+    16666.67
+    >>> round(-key(Job("m", "c", "research", "p", 1, 3600.0)), 2)  # c has run nothing: 10000 x 3/3
+    20000.0
+    """
+    top = max((c.priority for c in classes.values()), default=0)
+    qos = {name: weights.weight_qos * max(c.priority, 0) / top if top > 0 else 0.0 for name, c in classes.items()}
+    use = {t: 0.0 for t in teams}
+    use.update(usage)
+    ranked = sorted(use.values())
+    n = len(ranked)
+    fs = {team: weights.weight_fairshare * (n - bisect_left(ranked, u)) / n for team, u in use.items()}
+    w_fs, w_age, max_age_s = weights.weight_fairshare, weights.weight_age, weights.max_age_h * 3600.0
+
+    def key(j: Job) -> float:
+        age = now - j.submit_s
+        age_f = 0.0 if age <= 0 else (1.0 if age >= max_age_s else age / max_age_s)
+        return -(qos[j.priority] + fs.get(j.team, w_fs) + w_age * age_f)
+
+    return key
 
 
 def never_fits(
@@ -292,7 +350,7 @@ def schedule(
         live[job.job_id] = started(job, now, nodes)
         starts.append(Start(job.job_id, nodes, how))
 
-    for job in queue_order(waiting, policy, rules.classes, usage, predict):
+    for job in queue_order(waiting, policy, rules.classes, usage, predict, now, rules.slurm_priority):
         need = footprint(job.slots, gpn)
         cap = rules.quotas.get(job.team)
         over = 0 if cap is None else max(0, held.get(job.team, 0) + need - cap)

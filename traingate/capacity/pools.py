@@ -180,6 +180,19 @@ class SchedulingConfig(_Section):
     preemption: bool = Field(default=True, description="classes with preempts: true may stop lower classes")
 
 
+class SlurmPriorityConfig(_Section):
+    """Slurm's multifactor job priority, as the simulator's ``multifactor`` order computes it (the
+    defaults are the Slurm test cluster's slurm.conf: QOS above fair share above age)."""
+
+    weight_qos: float = Field(default=100000.0, ge=0, description="PriorityWeightQOS")
+    weight_fairshare: float = Field(default=10000.0, ge=0, description="PriorityWeightFairshare")
+    weight_age: float = Field(default=100.0, ge=0, description="PriorityWeightAge")
+    max_age_h: float = Field(default=168.0, gt=0, description="PriorityMaxAge: the age factor is 1 from here")
+    calc_period_s: float = Field(
+        default=60.0, ge=0, description="PriorityCalcPeriod: fair-share usage is refreshed this often (0: always)"
+    )
+
+
 class SimulatorConfig(_Section):
     """What a trace does not say about its jobs but the simulator needs."""
 
@@ -191,6 +204,9 @@ class SimulatorConfig(_Section):
     )
     preempt_grace_s: float = Field(
         default=30.0, ge=0, description="the victims' emergency checkpoint, paid by the preemptor"
+    )
+    slurm_priority: SlurmPriorityConfig = Field(
+        default_factory=SlurmPriorityConfig, description="the weights of the multifactor order (Slurm mode)"
     )
 
 
