@@ -135,6 +135,11 @@ def supervisor_pid(env: Mapping[str, str] | None = None) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def stage_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    value = (os.environ if env is None else env).get(STAGE_DIR, "")
+    return Path(value) if value else None
+
+
 def inplace_restart_count(env: Mapping[str, str] | None = None) -> int:
     return int((os.environ if env is None else env).get(TORCHELASTIC_RESTART_COUNT, "0") or 0)
 

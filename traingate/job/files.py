@@ -48,8 +48,11 @@ LOGBOOK = "logbook.jsonl"
 SUPERVISOR = "supervisor.json"
 CHARGED = "charged.json"
 STDOUT = "stdout.log"
+# The supervisor stops this launch on purpose (written before the SIGTERM): its agent shuts the group
+# down instead of restarting it in place as after a preemption (traingate.runtime.agent).
+STOP = "stop.json"
 # Written anew by every launch: a launch must not be judged by its predecessor's heartbeats or verdict.
-PER_LAUNCH = ("heartbeat.rank*.json", "last_words.rank*.json", RESULT)
+PER_LAUNCH = ("heartbeat.rank*.json", "last_words.rank*.json", RESULT, STOP)
 _RANK = re.compile(r"\.rank(\d+)(?:\.restart\d+)?\.json$")
 
 
@@ -178,6 +181,16 @@ def write_result(stage_dir: Path, result: RuntimeResult) -> None:
 
 def read_result(stage_dir: Path) -> RuntimeResult | None:
     return _build(RuntimeResult, read_json(stage_dir / RESULT))
+
+
+def write_stop(stage_dir: Path, reason: str) -> None:
+    write_json(stage_dir / STOP, {"reason": reason})
+
+
+def read_stop(stage_dir: Path) -> str | None:
+    """Why the supervisor stops the current launch, or None when it does not."""
+    data = read_json(stage_dir / STOP)
+    return str(data.get("reason") or "stopped") if isinstance(data, dict) else None
 
 
 def clear_launch_files(stage_dir: Path) -> None:

@@ -48,10 +48,12 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         tail = ["-m", "traingate.runtime.warm", zygote_socket, "--job", str(job.job_path)]
     if job.world_size == 1:
         return [python, *tail]
+    # On one node the agent is torchrun with an in-place restart after a preemption of the group
+    # (traingate.runtime.agent); its supervisor, which tells a preemption from a stop, runs beside it.
     return [
         python,
         "-m",
-        "torch.distributed.run",
+        "traingate.runtime.agent" if job.nodes == 1 else "torch.distributed.run",
         *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
         f"--max-restarts={job.inplace_restarts}",
         *tail,

@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = path.parent
     trainer: Trainer | None = None
     d: DistInfo | None = None
-    timeline = {"process_start": psutil.Process().create_time(), "imported": time.time()}
+    timeline = {"process_start": process_start_time(), "imported": time.time()}
     try:
         job = StageJob.read(path)
         out_dir = Path(job.stage_dir)
@@ -616,6 +616,16 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         trainer.close()
+        if outcome.status == Status.PREEMPTED and not trainer.stop.orphaned and "TORCHELASTIC_RUN_ID" in os.environ:
+            # torchrun's agent may restart a preempted group in place (traingate.runtime.agent): these words
+            # tell the supervisor why this incarnation ended, its checkpoint written.
+            _last_words(
+                out_dir,
+                d,
+                Cause.PREEMPTED,
+                RuntimeError(f"{trainer.stop.reason}: emergency checkpoint written at step {outcome.steps_done}"),
+                exitcodes.PREEMPTED,
+            )
         if outcome.status == Status.PREEMPTED and trainer.stop.orphaned:
             _stop_agent()  # torchrun would restart the group in place: nobody is left to want that
             return _last_words(
@@ -635,6 +645,23 @@ def main(argv: list[str] | None = None) -> int:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
         close_distributed()
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds, to the kernel's 10 ms tick).
+
+    psutil's ``create_time`` adds the start tick to the boot time, which the kernel reports in whole
+    seconds: up to a second early, which would charge a restart's launch to its imports. The process's
+    age on the uptime clock, taken from now, has no such error.
+    """
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return psutil.Process().create_time()
 
 
 def _stop_agent() -> None:

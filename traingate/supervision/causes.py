@@ -31,7 +31,10 @@ _ECHOES = {Cause.WORKER_LOST}
 _LOST = "rank {rank} ended without last words (killed); its peers' SIGTERM was torchrun stopping the group"
 # Failures torchrun may answer with an in-place restart of the group; any other needs the supervisor
 # (a bug or NaN must stop, an OOM restarts with a smaller batch, a full disk stays full).
-INPLACE_OK = frozenset({Cause.WORKER_LOST, Cause.COLLECTIVE_TIMEOUT, Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR})
+# A preemption of the group is one too: its agent (traingate.runtime.agent) outlives the SIGTERM.
+INPLACE_OK = frozenset(
+    {Cause.WORKER_LOST, Cause.PREEMPTED, Cause.COLLECTIVE_TIMEOUT, Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR}
+)
 
 
 @dataclass

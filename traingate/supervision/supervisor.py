@@ -23,6 +23,7 @@ records :mod:`traingate.supervision.attempts`. Each launch writes the attempt's 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import random
@@ -30,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from traingate.alerts.rules import Action
 from traingate.job import envvars, files
@@ -141,6 +143,22 @@ def _supervise(run: _Run, python: str, zygote_socket: str | None) -> Supervision
             return stopped
 
 
+class _Tree(proc.ProcessTree):
+    """A launch's process tree whose deliberate stops are marked in the stage directory before the SIGTERM:
+    its agent then shuts the group down instead of restarting it in place (traingate.runtime.agent), which
+    it does for a SIGTERM nobody here sent (a preemption of the group)."""
+
+    def __init__(self, stage_dir: Path, *args: Any):
+        self.stage_dir = stage_dir
+        super().__init__(*args)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        # A stage directory that cannot take the mark (a full disk) is caught by the watch, which kills the tree.
+        with contextlib.suppress(OSError):
+            files.write_stop(self.stage_dir, "stopped by its supervisor")
+        super().stop(grace_s)
+
+
 class _Run:
     """One supervision's state across its launches: the job of the next launch, the attempts, the budget."""
 
@@ -204,7 +222,7 @@ class _Run:
             job, self.hang_s, self.attempts, self.budget, self.hooks, self.record, self.monitor, self.started
         )
         out, on_line = self.stage_dir / files.STDOUT, watch.line_hook(self.hooks.on_line)
-        return proc.ProcessTree(cmd, env, self.driver.workdir(job), out, on_line, TAIL_LINES), watch
+        return _Tree(self.stage_dir, cmd, env, self.driver.workdir(job), out, on_line, TAIL_LINES), watch
 
     def wait(self, tree: proc.ProcessTree, watch: Watch) -> proc.ProcResult:
         grace_s = self.job.spec.supervision.preempt_grace_s

@@ -1,0 +1,72 @@
+"""torchrun's agent for a supervised one-node group: a preemption of the group restarts it in place.
+
+``python -m traingate.runtime.agent [torchrun arguments]`` is ``python -m torch.distributed.run`` with
+one difference, in how the agent takes a SIGTERM. torchrun's own handler shuts the group down and
+exits, so a preempted group (a scheduler or an operator SIGTERMing the training tree while its
+supervisor lives on) would come back only through a relaunch: a new agent, its imports, a backoff.
+Here a SIGTERM nobody on our side asked for is passed on to the workers, which write the emergency
+checkpoint and exit ``preempted`` (75, with last words saying so); torchrun then restarts the group in
+place from that checkpoint, as after a lost worker, within ``--max-restarts``.
+
+The agent shuts down as torchrun would (SIGTERM to the workers, grace, exit) when the SIGTERM is a
+stop: the supervisor marked the launch stopped before signalling it (:func:`traingate.job.files.write_stop`:
+a cancel, Ctrl-C, an alert, a hang, the stage's timeout), or the supervisor is gone (a rank that lost
+its orchestrator SIGTERMs the agent, as does the CLI's guardian), or it is not this agent's to judge
+(no supervisor named). A second SIGTERM while the workers are still writing their checkpoint is one
+preemption, not two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from types import FrameType
+
+import psutil
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing import api as elastic_api
+
+from traingate.job import envvars, files
+from traingate.runtime.watchdog import StopFlag
+
+_torch_handler = elastic_api._terminate_process_handler
+
+
+def stop_reason() -> str | None:
+    """Why a SIGTERM to this agent must stop the group (None: a preemption, restart it in place)."""
+    pid = envvars.supervisor_pid()
+    stage_dir = envvars.stage_dir()
+    if pid is None or stage_dir is None:
+        return "no supervisor named"
+    if (orphan := StopFlag.orphaned_now(pid)) is not None:
+        return orphan
+    if (stop := files.read_stop(stage_dir)) is not None:
+        return f"the supervisor stops the launch: {stop}"
+    return None
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGTERM and stop_reason() is None:
+        workers = psutil.Process().children()
+        print(
+            f"traingate agent: SIGTERM: the group is preempted; {len(workers)} worker(s) checkpoint and "
+            "torchrun restarts the group in place",
+            file=sys.stderr,
+            flush=True,
+        )
+        for w in workers:  # a warm entry relays it to its worker
+            with contextlib.suppress(psutil.Error):
+                w.send_signal(signal.SIGTERM)
+        return
+    _torch_handler(signum, frame)
+
+
+def main(argv: list[str] | None = None) -> None:
+    # torchrun registers its handler by this module-level name each time it starts a group.
+    elastic_api._terminate_process_handler = _on_signal
+    torchrun.main(argv)
+
+
+if __name__ == "__main__":
+    main()
