@@ -1,13 +1,17 @@
 """The Slurm engine's overhead, on the real Slurm 22.05 test cluster (tests/slurm/cluster.py: two nodes of two
 fake a100 GPUs each, started here and torn down at the end; needs root and the Debian Slurm packages).
 
-(a) idle pool: submit -> Slurm starts the job (Slurm's own scheduling) and Slurm's start -> the first training
-    step (what traingate adds: batch step, supervisor, torchrun, imports, rendezvous), beside the local engine's
-    launch -> first step of the same stage;
-(b) an urgent stage submitted while a research victim holds all four GPUs: submit -> the urgent's first step
-    (Slurm preempts the victim, whose emergency checkpoint, requeue and exit free the GPUs), beside (a)'s;
+(a) idle pool: traingate's added latency. The tiny digits ``full`` stage submitted by traingate, and the same
+    training as a user's own batch job (``srun torchrun ... bench/bare_digits.py``: the recipe's model, data and
+    loss, DDP, no traingate), alternating, ``TRAINGATE_BENCH_SLURM_PAIRS`` pairs (default 3); each a timeline
+    from its sbatch to its first training step. Added latency = traingate's submit -> first step minus the bare
+    job's, pair by pair; Slurm's own scheduling is in both;
+(b) an urgent stage submitted while a research victim holds all four GPUs: the grace (urgent submit -> its Slurm
+    start: the victim's emergency checkpoint, requeue and exit) and the rest up to its first step;
 (c) the tiny digits ladder (unit -> smoke -> canary -> full) on the Slurm pool vs the same ladder on the local
     engine, same invocation, same Prefect server.
+
+``TRAINGATE_BENCH_SLURM_PARTS`` (default ``idle,urgent,ladder``) runs a subset.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import statistics
 import sys
 import tempfile
 import threading
@@ -153,14 +159,17 @@ def _batch_python(job: Any) -> tuple[float, float] | None:
     return (float(m.group(1)), float(m.group(1)) + float(m.group(2))) if m else None
 
 
-def _idle(state: Path) -> dict[str, float]:
-    """One stage on the idle pool, as a timeline from its sbatch (seconds since the submit)."""
-    job = _job(state, f"idle-{time.monotonic_ns()}", _tree())
-    stop = threading.Event()
-    t, box = _start(job, stop)
-    t.join(400)
-    assert box["result"].status == "completed", box["result"].error
-    rec = _record(job)["jobs"][-1]
+def _rank_timeline(job: Any) -> dict[str, float]:
+    """Rank 0's own marks of its first attempt (epoch s): python started, imports done, process group formed,
+    checkpoint/tracking/recipe set up."""
+    try:
+        return dict(json.loads((Path(job.stage_dir) / "heartbeat.rank0.json").read_text())["timeline"])
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _times(job: Any, rec: dict[str, Any]) -> dict[str, float]:
+    """The stage's first allocation as a timeline from its sbatch (seconds since the submit)."""
     start, first = _sacct_start(rec["id"]), _first_step(job)
     assert first is not None
     sub = rec["submitted"]
@@ -168,12 +177,79 @@ def _idle(state: Path) -> dict[str, float]:
     py = _batch_python(job)
     if py is not None:
         times["python"], times["imports"] = py[0] - sub, py[1] - sub
+    rank = _rank_timeline(job)
+    for key, mark in (("process_start", "rank_python"), ("imported", "rank_imports"), ("rendezvous", "rendezvous")):
+        if key in rank:
+            times[mark] = rank[key] - sub
+    if "loaded" in rank:
+        times["set_up"] = rank["loaded"] - sub
     return times
 
 
-def _urgent(state: Path) -> tuple[float, float, float]:
-    """(submit -> first step of an urgent stage while a victim holds all GPUs, submit -> its Slurm start,
-    victim's step when preempted)."""
+def _idle(state: Path) -> dict[str, float]:
+    """One stage on the idle pool."""
+    job = _job(state, f"idle-{time.monotonic_ns()}", _tree())
+    stop = threading.Event()
+    t, box = _start(job, stop)
+    t.join(400)
+    assert box["result"].status == "completed", box["result"].error
+    return _times(job, _record(job)["jobs"][-1])
+
+
+def _bare(state: Path, steps: int = 16) -> dict[str, float]:
+    """The same training as a user's own batch job: ``srun torchrun ... bench/bare_digits.py`` on one node of the
+    same partition, account and QOS, no traingate around it; the same timeline from its sbatch."""
+    from traingate.capacity import slurm, slurm_cli
+
+    out_dir = state / f"bare-{time.monotonic_ns()}"
+    out_dir.mkdir(parents=True)
+    marks = out_dir / "marks.json"
+    tr = _tree()
+    run = shlex.join(
+        [
+            "srun",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={tr['resources']['procs_per_node']}",
+            str(ROOT / "bench" / "bare_digits.py"),
+            str(marks),
+            str(steps),
+        ]
+    )
+    cmd = [
+        "sbatch",
+        "--parsable",
+        "--partition=gpu",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        f"--gres=gpu:a100:{tr['resources']['procs_per_node']}",
+        f"--account={tr['identity']['team']}",
+        f"--qos={tr['resources']['priority']}",
+        "--time=10",
+        f"--output={out_dir / 'slurm-%j.out'}",
+        f"--chdir={out_dir}",
+        f"--wrap={run}",
+    ]
+    jid = slurm.parse_job_id(slurm_cli.run(cmd))
+    sub = time.time()
+
+    def ended() -> bool:
+        q = slurm.queued_job(slurm_cli.squeue(), jid)
+        return q is None or slurm.ending(q.state) is not None
+
+    _wait(ended, f"bare job {jid} to end", 400)
+    assert marks.exists(), "".join(p.read_text() for p in out_dir.glob("slurm-*.out"))
+    m = json.loads(marks.read_text())
+    times = {"slurm_start": _sacct_start(jid) - sub, "rank_python": m["python"] - sub}
+    times.update(rank_imports=m["imports"] - sub, rendezvous=m["rendezvous"] - sub, first_step=m["first_step"] - sub)
+    return times
+
+
+def _urgent(state: Path) -> dict[str, float]:
+    """An urgent stage submitted while a victim holds all GPUs: its timeline, and the victim's step when
+    preempted."""
     victim = _job(state, f"victim-{time.monotonic_ns()}", _tree(nodes=2, steps=200), "slow@0")
     stop = threading.Event()
     tv, _ = _start(victim, stop)
@@ -184,10 +260,13 @@ def _urgent(state: Path) -> tuple[float, float, float]:
     stop.set()  # the victim's requeued job is stopped at a checkpoint: it is not measured
     tv.join(400)
     assert bu["result"].status == "completed", bu["result"].error
-    first = _first_step(urgent)
-    assert first is not None
-    rec = _record(urgent)["jobs"][0]
-    return first - rec["submitted"], _sacct_start(rec["id"]) - rec["submitted"], float(_step(victim))
+    return {**_times(urgent, _record(urgent)["jobs"][0]), "victim_step": float(_step(victim))}
+
+
+def _segment_rows(t: dict[str, float]) -> list[tuple[str, float]]:
+    """(what, seconds) of each segment after Slurm's start."""
+    seg = _segments(t)
+    return [(what, seg[key]) for key, what in MARKS[1:] if key in seg]
 
 
 def _ladder(spec: Path) -> float:
@@ -200,28 +279,63 @@ def _ladder(spec: Path) -> float:
     return wall
 
 
-def _local_launch_to_first_step(state_dir: Path) -> float:
-    """The local ladder's full stage: launch -> first training step (the same process tree, no Slurm)."""
-    runs = sorted((state_dir / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
-    sup = json.loads((runs[-1] / "full" / "supervisor.json").read_text())
-    a = sup["attempts"][0]
-    return float(a["first_step_time"] - a["launched_at"])
+PAIRS = int(os.environ.get("TRAINGATE_BENCH_SLURM_PAIRS", "3"))
+PARTS = os.environ.get("TRAINGATE_BENCH_SLURM_PARTS", "idle,urgent,ladder").split(",")
+
+# (a)'s marks, seconds since the sbatch returned; a segment runs from the mark before it.
+MARKS = [
+    ("slurm_start", "submit -> Slurm's start of the job (Slurm's scheduling; sacct, 1 s resolution)"),
+    ("python", "-> traingate's batch step: python started (slurmd's job launch)"),
+    ("imports", "-> its imports done"),
+    ("torchrun", "-> torchrun started by the supervisor (job file, stage set-up)"),
+    ("rank_python", "-> rank 0's python started (torchrun's agent; bare: srun + the agent)"),
+    ("rank_imports", "-> rank 0's imports done (torch, the recipe; traingate: its runtime)"),
+    ("rendezvous", "-> process group formed"),
+    ("set_up", "-> traingate's set-up done (recipe, data, model, checkpoint look-up, tracking)"),
+    ("first_step", "-> first training step done"),
+]
 
 
-def _timeline(t: dict[str, float]) -> list[str]:
-    """Where (a)'s seconds go, each row the time since the previous mark (sacct's start: whole seconds)."""
-    marks = [
-        ("slurm_start", "submit -> Slurm's start of the job (Slurm's scheduling; sacct, 1 s resolution)"),
-        ("python", "-> the batch step's python started (slurmd's prolog and job launch: Slurm's)"),
-        ("imports", "-> its imports done (traingate)"),
-        ("torchrun", "-> torchrun started by the supervisor (traingate: job file, stage set-up)"),
-        ("first_step", "-> first training step (torchrun, ranks' imports, rendezvous, build: as on the local engine)"),
-    ]
-    rows, prev = [], 0.0
-    for key, what in marks:
+def _segments(t: dict[str, float]) -> dict[str, float]:
+    """Each mark's time since the mark before it (marks a run lacks are skipped)."""
+    out, prev = {}, 0.0
+    for key, _ in MARKS:
         if key in t:
-            rows.append(f"| (a) timeline: {what} | {t[key] - prev:.2f} |")
+            out[key] = t[key] - prev
             prev = t[key]
+    return out
+
+
+def _med(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+def _added_rows(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[str]:
+    """(a): traingate's and the bare job's timelines, segment by segment (medians of the pairs), and per pair."""
+    tg = [_segments(t) for t, _ in pairs]
+    bare = [_segments(b) for _, b in pairs]
+    rows = [
+        "| (a) idle pool, median of the pairs (s) | traingate | bare `srun torchrun` | traingate - bare |",
+        "|---|---|---|---|",
+    ]
+    for key, what in MARKS:
+        a, b = [s[key] for s in tg if key in s], [s[key] for s in bare if key in s]
+        diff = f"{statistics.median(a) - statistics.median(b):+.2f}" if a and b else "-"
+        rows.append(f"| {what} | {_med(a)} | {_med(b)} | {diff} |")
+    added = [t["first_step"] - b["first_step"] for t, b in pairs]
+    rows.append(
+        f"| **submit -> first training step** | **{_med([t['first_step'] for t, _ in pairs])}** | "
+        f"**{_med([b['first_step'] for _, b in pairs])}** | **{_med(added)}** |"
+    )
+    rows += [
+        "",
+        "| pair | traingate submit -> first step | bare submit -> first step | traingate's added latency |",
+        "|---|---|---|---|",
+        *(
+            f"| {i + 1} | {t['first_step']:.2f} | {b['first_step']:.2f} | {t['first_step'] - b['first_step']:+.2f} |"
+            for i, (t, b) in enumerate(pairs)
+        ),
+    ]
     return rows
 
 
@@ -246,45 +360,54 @@ def main() -> str:
     t0 = time.perf_counter()
     cluster = SlurmCluster.start(tmp / "cluster")
     cluster_s = time.perf_counter() - t0
+    rows: list[str] = []
     try:
         os.environ.update(cluster.env)
-        idle = _idle(tmp / "direct")
-        sched, added = idle["slurm_start"], idle["first_step"] - idle["slurm_start"]
-        urgent_s, urgent_start, victim_step = _urgent(tmp / "direct")
-        spec = tmp / "spec.yaml"
-        spec.write_text(yaml.safe_dump(_tree()))
-        with prefect_test_harness(server_startup_timeout=180):
-            local_s = _ladder(spec)  # no capacity config on the server: the local engine runs the pool
-            local_first = _local_launch_to_first_step(state_dir)
-            with get_client(sync_client=True) as c:
-                slots.put_variable(c, slots.CONFIG_VAR, parse_config(POOLS).model_dump(mode="json"))
-            slurm_s = _ladder(spec)
+        pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+        for i in range(PAIRS if "idle" in PARTS else 0):  # alternating which goes first
+            if i % 2 == 0:
+                tg = _idle(tmp / "direct")
+                pairs.append((tg, _bare(tmp / "bare")))
+            else:
+                bare = _bare(tmp / "bare")
+                pairs.append((_idle(tmp / "direct"), bare))
+        if pairs:
+            rows += [*_added_rows(pairs), ""]
+        if "urgent" in PARTS:
+            u = _urgent(tmp / "direct")
+            rows += [
+                "| (b) urgent stage while a research victim holds all 4 GPUs | s |",
+                "|---|---|",
+                f"| grace: urgent submit -> its Slurm start (victim at step {u['victim_step']:.0f} signalled, "
+                f"emergency checkpoint, requeue, exit) | {u['slurm_start']:.2f} |",
+                *(f"| {what} | {v:.2f} |" for what, v in _segment_rows(u)),
+                f"| **urgent submit -> urgent first step** | **{u['first_step']:.2f}** |",
+                f"| **the rest (first step - grace; goal <= 5 s)** | **{u['first_step'] - u['slurm_start']:.2f}** |",
+                "",
+            ]
+        if "ladder" in PARTS:
+            spec = tmp / "spec.yaml"
+            spec.write_text(yaml.safe_dump(_tree()))
+            with prefect_test_harness(server_startup_timeout=180):
+                local_s = _ladder(spec)  # no capacity config on the server: the local engine runs the pool
+                with get_client(sync_client=True) as c:
+                    slots.put_variable(c, slots.CONFIG_VAR, parse_config(POOLS).model_dump(mode="json"))
+                slurm_s = _ladder(spec)
+            rows += [
+                f"(c) tiny digits ladder: local engine {local_s:.1f} s, Slurm pool {slurm_s:.1f} s: "
+                f"**{slurm_s / local_s:.2f}x**"
+            ]
     finally:
         cluster.stop()
     load1 = os.getloadavg()
-    cpus = os.cpu_count()
     return "\n".join(
         [
             f"Slurm 22.05 test cluster (2 nodes x 2 fake a100, started in {cluster_s:.1f} s) on this host "
-            f"({cpus} CPUs; load average {load0[0]:.1f} before, {load1[0]:.1f} after). One stage = the tiny "
-            "digits `full` stage (16 steps, 1 node x 2 processes).",
+            f"({os.cpu_count()} CPUs; load average {load0[0]:.1f} before, {load1[0]:.1f} after). One stage = the "
+            f"tiny digits `full` stage (16 steps, 1 node x 2 processes); {len(pairs)} pairs traingate/bare, "
+            "alternating. Seconds since the `sbatch` returned.",
             "",
-            "| measure | seconds |",
-            "|---|---|",
-            f"| (a) idle pool: submit -> Slurm starts the job (Slurm's scheduling) | {sched:.1f} |",
-            f"| (a) idle pool: Slurm's start -> first training step (traingate's batch step) | {added:.1f} |",
-            *_timeline(idle),
-            f"| (a) local engine, same stage: launch -> first training step | {local_first:.1f} |",
-            f"| (b) urgent submit -> urgent first step, victim on all 4 GPUs (victim at step {victim_step:.0f}) "
-            f"| {urgent_s:.1f} |",
-            f"| (b) of which urgent submit -> its Slurm start (victim signalled, checkpointed, requeued, gone) "
-            f"| {urgent_start:.1f} |",
-            f"| (c) tiny digits ladder on the local engine | {local_s:.1f} |",
-            f"| (c) the same ladder on the Slurm pool | {slurm_s:.1f} |",
-            "",
-            f"traingate's added latency on Slurm (Slurm start -> first step) / the local engine's launch -> first "
-            f"step = **{added / local_first:.2f}x**; urgent under contention / idle submit -> first step = "
-            f"**{urgent_s / (sched + added):.2f}x**; ladder Slurm / local = **{slurm_s / local_s:.2f}x**",
+            *rows,
         ]
     )
 
