@@ -215,7 +215,8 @@ def publish_sweep(
 ) -> list[str]:
     """Plots of the study, the summary as a Prefect artifact, everything onto the MLflow parent run."""
     study = open_study(spec, storage_url)
-    plots = save_plots(study, Path(out_dir) / "plots")
+    assert spec.sweep is not None  # the sweep flow checked its section before any trial
+    plots = save_plots(study, Path(out_dir) / "plots", [o.metric for o in spec.sweep.objectives])
     c = runs.client(Settings.from_env().tracking_uri)
     sweep_tracking.close_sweep_run(c, parent_run_id, summary, [*plots, *map(Path, files)])
     lines = [

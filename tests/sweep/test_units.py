@@ -111,7 +111,7 @@ def test_fence_stops_an_orphaned_trainer_still_writing_into_the_trial_dir(tmp_pa
     assert not psutil.pid_exists(p.pid) and orphans(tmp_path) == []
 
 
-def test_plots_of_history_importance_and_intermediate_values_are_written(tmp_path):
+def test_plots_of_history_and_importance_are_written_and_intermediate_values_are_left_to_mlflow(tmp_path):
     from traingate.sweep.plots import save_plots
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
@@ -120,8 +120,8 @@ def test_plots_of_history_importance_and_intermediate_values_are_written(tmp_pat
         x, y = t.suggest_float("x", 0, 1), t.suggest_int("y", 0, 3)
         t.report(x / 2, 1)
         study.tell(t, x + 0.01 * y)
-    names = {p.name for p in save_plots(study, tmp_path)}
-    assert names == {"optimization_history.png", "param_importances.png", "intermediate_values.png"}
+    names = {p.name for p in save_plots(study, tmp_path, ["score"])}
+    assert names == {"optimization_history.png", "param_importances.png"}
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
 
 

@@ -114,7 +114,7 @@ def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_deli
     assert max(expected["train_loss"]) == 80 and stopped_at < 80
     for key, steps in expected.items():
         assert [m.step for m in c.get_metric_history(canary.info.run_id, key)] == steps, key
-    assert {a.path for a in c.list_artifacts(canary.info.run_id, "plots")} >= {"plots/loss_curve.png"}
+    assert {a.path for a in c.list_artifacts(canary.info.run_id, "gate")} >= {"gate/report.md"}
 
     # Idempotent: a second replay finds nothing and changes nothing.
     again = _cli(env, "replay", run_id)

@@ -270,15 +270,18 @@ def _matplotlib() -> Any:
 
 
 def _colours(n: int) -> list[tuple[float, ...]]:
-    """``n`` distinct colours: tab10, or tab20 past ten."""
-    cmap = _matplotlib().colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(k % cmap.N) for k in range(n)]
+    """``n`` distinct colours: tab10, tab20 past ten, evenly spaced along ``turbo`` past twenty."""
+    colormaps = _matplotlib().colormaps
+    if n > 20:
+        return [colormaps["turbo"](k / (n - 1)) for k in range(n)]
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(k) for k in range(n)]
 
 
 PLOT_POINTS = 200
 
 
-def plot_timeseries(results: Sequence[SimResult], series: Sequence[Sequence[Interval]], path: Path) -> Path:
+def _timeseries_figure(results: Sequence[SimResult], series: Sequence[Sequence[Interval]]) -> Any:
     """Queue length and utilisation over time: a row per pool (and one over all pools when there
     are several), a line per policy."""
     Figure = _matplotlib().figure.Figure
@@ -307,78 +310,102 @@ def plot_timeseries(results: Sequence[SimResult], series: Sequence[Sequence[Inte
             width = (mine[0].end_s - mine[0].start_s) * n[0] / div if mine else 0.0
             style = "--" if r.policy.preempt else "-"
             qax.plot(x, mean([i.queued_mean for i in mine]), style, color=colour, label=r.policy.name)
-            uax.plot(x, 100 * mean([i.utilisation for i in mine]), style, color=colour)
+            uax.plot(x, 100 * mean([i.utilisation for i in mine]), style, color=colour, label=r.policy.name)
         cap = next((i.capacity for s in series for i in s if i.scope == scope), 0)
-        qax.set_ylabel("queued jobs")
+        qax.set_ylabel("queued jobs (jobs)")
         qax.set_title(f"{scope}: queue length (mean per {width:.3g} {unit})", fontsize=9)
-        uax.set_ylabel("utilisation (%)")
+        uax.set_ylabel("utilisation (% of GPUs)")
         uax.set_ylim(0, 105)
         uax.set_title(f"{scope}: GPUs held / {cap} GPUs (mean per {width:.3g} {unit})", fontsize=9)
     for ax in axes[-1]:
         ax.set_xlabel(f"time since first submission ({unit})")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return fig
 
 
-def plots(results: Sequence[SimResult], out: Path, series: Sequence[Sequence[Interval]] | None = None) -> list[Path]:
-    """``series``: each result's :func:`timeseries` when already computed."""
-    Figure = _matplotlib().figure.Figure
-
-    out.mkdir(parents=True, exist_ok=True)
-    ms = [summarize(r) for r in results]
-    names = [r.policy.name for r in results]
-    paths = []
-
-    fig = Figure(figsize=(8, 5))
+def _wait_cdf_figure(results: Sequence[SimResult]) -> Any:
+    fig = _matplotlib().figure.Figure(figsize=(8, 5))
     ax = fig.add_subplot()
-    for r, name, colour in zip(results, names, _colours(len(results))):
+    for r, colour in zip(results, _colours(len(results))):
         w = np.sort([rec.wait_s / 3600.0 for rec in r.records])
         ax.step(
             np.maximum(w, 1e-3),
             np.arange(1, len(w) + 1) / len(w),
             where="post",
-            label=name,
+            label=r.policy.name,
             color=colour,
             linestyle="--" if r.policy.preempt else "-",
         )
     ax.set_xscale("log")
     ax.set_xlabel("queueing delay (h, log; 0 shown at 0.001)")
-    ax.set_ylabel("fraction of jobs")
+    ax.set_ylabel("fraction of jobs (0-1)")
     ax.set_title("Queueing delay CDF")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(out / "wait_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
+    return fig
 
-    base = summarize(baseline(results))
-    fig = Figure(figsize=(9, 4.5))
+
+def _ratios_figure(results: Sequence[SimResult]) -> Any:
+    """Mean wait and mean job completion time of each policy over the baseline's, on a log axis: 0.5x and 2x
+    are as far from 1x."""
+    fig = _matplotlib().figure.Figure(figsize=(9, 4.5))
     ax = fig.add_subplot()
-    x = np.arange(len(names))
-    ax.bar(x - 0.2, [m.mean_wait_s / base.mean_wait_s if base.mean_wait_s else 0 for m in ms], 0.4, label="mean wait")
-    ax.bar(x + 0.2, [m.mean_jct_s / base.mean_jct_s if base.mean_jct_s else 0 for m in ms], 0.4, label="mean JCT")
+    ms = [summarize(r) for r in results]
+    base = summarize(baseline(results))
+    x = np.arange(len(results))
+    wait_colour, jct_colour = _colours(2)
+    for offset, label, colour, values, base_value in (
+        (-0.2, "mean wait", wait_colour, [m.mean_wait_s for m in ms], base.mean_wait_s),
+        (0.2, "mean JCT", jct_colour, [m.mean_jct_s for m in ms], base.mean_jct_s),
+    ):
+        # A zero (or a zero baseline) has no place on a log axis: it is left out, not drawn as 0.
+        ratios = [v / base_value if base_value and v else np.nan for v in values]
+        ax.bar(x + offset, ratios, 0.4, label=label, color=colour)
+    ax.set_yscale("log")
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel(f"ratio to {baseline(results).policy.name}")
+    ax.set_xticks(x, [r.policy.name for r in results], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel(f"ratio to {baseline(results).policy.name} (x, log)")
     ax.legend()
     fig.tight_layout()
-    paths.append(out / "ratios.png")
-    fig.savefig(paths[-1], dpi=110)
+    return fig
 
-    teams = sorted({t for m in ms for t in m.share_by_team})
-    fig = Figure(figsize=(9, 4.5))
+
+def _team_share_figure(results: Sequence[SimResult]) -> Any:
+    fig = _matplotlib().figure.Figure(figsize=(9, 4.5))
     ax = fig.add_subplot()
-    bottom = np.zeros(len(names))
-    for t in teams:
-        share = np.array([m.share_by_team.get(t, 0.0) for m in ms])
-        ax.bar(x, share, 0.6, bottom=bottom, label=t)
+    ms = [summarize(r) for r in results]
+    teams = sorted({t for m in ms for t in m.share_by_team})
+    x = np.arange(len(results))
+    bottom = np.zeros(len(results))
+    for t, colour in zip(teams, _colours(len(teams))):
+        share = np.array([100 * m.share_by_team.get(t, 0.0) for m in ms])
+        ax.bar(x, share, 0.6, bottom=bottom, label=t, color=colour)
         bottom += share
-    ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("share of GPU-hours held")
+    ax.set_xticks(x, [r.policy.name for r in results], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("share of GPU-hours held (%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths.append(out / "team_share.png")
-    fig.savefig(paths[-1], dpi=110)
-    paths.append(plot_timeseries(results, series or [timeseries(r) for r in results], out / "timeseries.png"))
+    return fig
+
+
+def plot_figures(results: Sequence[SimResult], series: Sequence[Sequence[Interval]] | None = None) -> dict[str, Any]:
+    """The simulator's figures by file name (matplotlib Figures): a colour per policy (per team in the team
+    share), units on every axis, ratios on a log axis. ``series``: each result's :func:`timeseries`."""
+    return {
+        "wait_cdf.png": _wait_cdf_figure(results),
+        "ratios.png": _ratios_figure(results),
+        "team_share.png": _team_share_figure(results),
+        "timeseries.png": _timeseries_figure(results, series or [timeseries(r) for r in results]),
+    }
+
+
+def plots(results: Sequence[SimResult], out: Path, series: Sequence[Sequence[Interval]] | None = None) -> list[Path]:
+    """Write :func:`plot_figures` under ``out``; ``series``: each result's :func:`timeseries` when already
+    computed."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in plot_figures(results, series).items():
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=110)
     return paths

@@ -1,4 +1,6 @@
-"""PNG figures for a run: loss curve, throughput, confusion matrix (matplotlib, headless Agg backend)."""
+"""PNG figures for a run that MLflow does not draw itself: the confusion matrix (matplotlib, headless Agg backend).
+
+Curves of logged metrics (loss, throughput) are MLflow's own charts, drawn from the metric history."""
 
 from __future__ import annotations
 
@@ -15,20 +17,6 @@ def _figure(title: str) -> tuple[Any, Any]:
     return fig, ax
 
 
-def curves(series: dict[str, list[tuple[int, float]]], ylabel: str, title: str) -> Any:
-    """One line per metric over steps."""
-    fig, ax = _figure(title)
-    for name, points in series.items():
-        points = sorted(points)
-        ax.plot([s for s, _ in points], [v for _, v in points], label=name, marker="." if len(points) < 50 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
 def confusion_matrix(matrix: list[list[int]]) -> Any:
     fig, ax = _figure("confusion matrix (rows: true, columns: predicted)")
     im = ax.imshow(matrix, cmap="Blues")
@@ -39,6 +27,6 @@ def confusion_matrix(matrix: list[list[int]]) -> Any:
         for j, v in enumerate(row):
             if v:
                 ax.text(j, i, str(v), ha="center", va="center", fontsize=7)
-    fig.colorbar(im, ax=ax)
+    fig.colorbar(im, ax=ax, label="samples")
     fig.tight_layout()
     return fig

@@ -280,7 +280,8 @@ def _log_dataset(c: MlflowClient, run_id: str, data_snapshot: str, data_uri: str
 
 
 def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decision: GateDecision | None) -> None:
-    """Log a stage's result, gate decision, plots, eval outputs and checkpoint URIs, then close its run."""
+    """Log a stage's result, gate decision, eval outputs (a confusion matrix also as a PNG) and checkpoint URIs, then
+    close its run."""
     # At the step the stage reached and the time it is recorded: a stage recorded again after a resume
     # (a preempted attempt's result first) has its newer values read back as the latest, never the older.
     now_ms, step = int(time.time() * 1000), int(result.metrics.get("steps") or 0)
@@ -307,7 +308,6 @@ def record_stage(c: MlflowClient, stage_run_id: str, result: StageResult, decisi
     c.log_text(stage_run_id, redact(json.dumps(result.to_dict(), indent=1, default=str)), "stage/result.json")
     _log_eval_outputs(c, stage_run_id, result.details.get("eval") or {})
     _log_checkpoint_uris(c, stage_run_id, result.checkpoint_uri)
-    _log_plots(c, stage_run_id)
     validate_identity(c, stage_run_id)
     ok = result.status == "completed" and (decision is None or decision.passed)
     c.set_terminated(stage_run_id, "FINISHED" if ok else "FAILED")
@@ -333,21 +333,6 @@ def _log_checkpoint_uris(c: MlflowClient, run_id: str, root: str | None) -> None
     c.log_text(run_id, json.dumps(index, indent=1), "checkpoints/index.json")
     if steps:
         c.set_tag(run_id, "traingate.checkpoint.latest_uri", index["steps"][str(steps[-1])])
-
-
-def _log_plots(c: MlflowClient, run_id: str) -> None:
-    run = c.get_run(run_id)
-    keys = set(run.data.metrics)
-    loss_keys: list[str] = [k for k in ("train_loss", "val_loss") if k in keys] or sorted(
-        k for k in keys if "loss" in k and not k.startswith(("stage.", "profile_", "first_", "final_"))
-    )
-    if loss_keys:
-        series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in loss_keys}
-        c.log_figure(run_id, plots.curves(series, "loss", "loss curve"), "plots/loss_curve.png")
-    rate_keys: list[str] = [k for k in ("samples_per_s", "tokens_per_s") if k in keys]
-    if rate_keys:
-        series = {k: [(m.step, m.value) for m in c.get_metric_history(run_id, k)] for k in rate_keys}
-        c.log_figure(run_id, plots.curves(series, "per second", "throughput"), "plots/throughput.png")
 
 
 def run_cost_usd(stages: list[Run]) -> float:
