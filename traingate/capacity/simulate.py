@@ -46,6 +46,18 @@ from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
 class TraceJob:
     job: Job
     duration_s: float  # true work; only the simulator knows it
+    # Every pool the job accepts, ``job.pool`` first; () means ``job.pool`` only. It waits in each
+    # and starts in whichever can start it first (pools passed in name order at each event), like a
+    # Slurm job submitted to several partitions; once started it belongs to that pool: a requeued
+    # attempt resumes there and its figures count there.
+    pools: tuple[str, ...] = ()
+    # A request below one GPU (e.g. 0.5): the fill experiment packs it onto a shared GPU
+    # (traingate.capacity.fill); ``job.slots`` holds it rounded up to a whole GPU. None: whole GPUs.
+    gpus: float | None = None
+
+    @property
+    def accepts(self) -> tuple[str, ...]:
+        return self.pools or (self.job.pool,)
 
 
 @dataclass
@@ -117,65 +129,125 @@ def simulate(
     ``planner`` one pass (``incremental.plan_pass``'s signature; tests pass one over ``policy.schedule``)."""
     for tj in trace:
         why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
+        for name in tj.pools[1:]:
+            why = why or never_fits(
+                dataclasses.replace(tj.job, pool=name), config.pools, config.priority_classes, config.quotas
+            )
         if why:
             raise CapacityError(f"job {tj.job.job_id}: {why}")
     h = config.scheduling.half_life_h if half_life_h is None else half_life_h
     t0, c0 = time.perf_counter(), time.process_time()
     records: list[JobRecord] = []
     totals: list[PoolTotals] = []
-    for name in sorted({tj.job.pool for tj in trace}):
-        rec, tot = _replay_pool(
-            name,
-            config.pools[name],
-            [tj for tj in trace if tj.job.pool == name],
+    for names in _linked_pools(trace):
+        rec, tots = _replay_pools(
+            names,
+            [tj for tj in trace if tj.job.pool in names],
             config,
-            Rules(policy, config.priority_classes, config.quotas_on(name), config.simulator.restart_cost_s),
+            {
+                n: Rules(policy, config.priority_classes, config.quotas_on(n), config.simulator.restart_cost_s)
+                for n in names
+            },
             h * 3600.0,
             planner or plan_pass,
         )
         records += rec
-        totals.append(tot)
+        totals += tots
     records.sort(key=lambda r: (r.submit_s, r.job_id))
+    totals.sort(key=lambda p: p.pool)
     return SimResult(policy, h, records, totals, time.perf_counter() - t0, time.process_time() - c0)
 
 
 Planner = Callable[..., tuple[Plan, list[Job]]]  # plan_pass's signature
 
 
-def _replay_pool(
-    name: str,
-    pool: PoolConfig,
+def _linked_pools(trace: Sequence[TraceJob]) -> list[list[str]]:
+    """The pools with jobs, in groups linked by jobs that accept several (sorted): pools no job
+    links are replayed on their own, linked pools together."""
+    parent = {tj.job.pool: tj.job.pool for tj in trace}
+
+    def root(p: str) -> str:
+        while parent.setdefault(p, p) != p:
+            p = parent[p]
+        return p
+
+    for tj in trace:
+        if len(tj.pools) > 1:
+            first = root(tj.pools[0])
+            for other in tj.pools[1:]:
+                parent[root(other)] = first
+    groups: dict[str, list[str]] = {}
+    for p in sorted(parent):
+        groups.setdefault(root(p), []).append(p)
+    return sorted(groups.values())
+
+
+@dataclass
+class _PoolState:
+    """One pool of a replay: its running jobs, queue, fair-share usage, totals and window."""
+
+    name: str
+    pool: PoolConfig
+    rules: Rules
+    tot: PoolTotals
+    run: Running
+    waiting: Queue = field(default_factory=Queue)
+    usage: dict[str, float] = field(default_factory=dict)  # team -> decayed GPU-hours
+    stranded: int = 0
+    start_t: float = 0.0  # first and last submission of the jobs that accept it
+    window_end: float = 0.0
+    last_t: float = 0.0  # its last job's end
+
+
+def _replay_pools(
+    names: list[str],
     trace: list[TraceJob],
     config: CapacityConfig,
-    rules: Rules,
+    rules: dict[str, Rules],
     half_life_s: float,
     planner: Planner = plan_pass,
-) -> tuple[list[JobRecord], PoolTotals]:
-    gpn = pool.gpus_per_node
+) -> tuple[list[JobRecord], list[PoolTotals]]:
     sim = config.simulator
     arrivals = sorted(trace, key=lambda tj: (tj.job.submit_s, tj.job.job_id))
     true = {tj.job.job_id: tj.duration_s for tj in trace}
+    states = {
+        n: _PoolState(
+            n,
+            config.pools[n],
+            rules[n],
+            PoolTotals(n, config.pools[n].capacity, config.pools[n].price_per_gpu_hour),
+            Running(config.pools[n].nodes, config.pools[n].gpus_per_node),
+        )
+        for n in names
+    }
+    order = [states[n] for n in names]
+    for st in order:
+        subs = [tj.job.submit_s for tj in arrivals if st.name in tj.accepts] if len(order) > 1 else []
+        st.start_t, st.window_end = (
+            (subs[0], subs[-1])
+            if subs
+            else (arrivals[0].job.submit_s, arrivals[-1].job.submit_s)
+            if arrivals
+            else (0.0, 0.0)
+        )
     rec = {
         tj.job.job_id: JobRecord(
             tj.job.job_id,
             tj.job.team,
             tj.job.priority,
-            name,
+            tj.job.pool,
             tj.job.slots,
-            footprint(tj.job.slots, gpn),
+            footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node),
             tj.job.submit_s,
             tj.duration_s,
         )
         for tj in trace
     }
-    tot = PoolTotals(name, pool.capacity, pool.price_per_gpu_hour)
-    waiting = Queue()
-    run = Running(pool.nodes, gpn)
-    running = run.jobs
-    held = run.held  # team -> GPUs held now
+    multi = {tj.job.job_id: tj.pools for tj in trace if len(tj.pools) > 1}
+    where: dict[str, _PoolState] = {}  # job id -> the pool it started in
+    running_in: dict[str, dict[str, Job]] = {}  # job id -> the running jobs of that pool
     # (end, job id, attempt, why): why 0 = its work is done, 1 = its backfill limit; stale after a stop
     ends: list[tuple[float, str, int, int]] = []
-    usage: dict[str, float] = {}  # team -> decayed GPU-hours
     estimator = HistoryEstimator()
     # A running job's prediction is fixed when it starts, as a Slurm job's end is by its time limit;
     # a job that ran into its backfill limit has shown its prediction wrong and is not predicted again.
@@ -189,82 +261,103 @@ def _replay_pool(
             return fixed[job.job_id]
         return estimator.predict(job)
 
+    def stale(end: tuple[float, str, int, int]) -> bool:
+        jobs = running_in.get(end[1])
+        job = jobs.get(end[1]) if jobs is not None else None
+        return job is None or job.attempt != end[2]
+
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
-    start_t = t
-    window_end = arrivals[-1].job.submit_s if arrivals else 0.0
-    stranded = 0
 
-    while i < n or running or len(waiting):
-        while ends and (ends[0][1] not in running or running[ends[0][1]].attempt != ends[0][2]):
+    while i < n or any(st.run.jobs or st.waiting.byid for st in order):
+        while ends and stale(ends[0]):
             heapq.heappop(ends)
         nt = min(arrivals[i].job.submit_s if i < n else math.inf, ends[0][0] if ends else math.inf)
-        assert nt < math.inf, f"pool {name}: jobs wait with nothing running and nothing to come: {sorted(waiting.byid)}"
+        assert nt < math.inf, f"pools {names}: jobs wait with nothing running and nothing to come"
         dt = nt - t
         if dt > 0:
-            busy = pool.capacity - run.free.total
-            tot.busy_gpu_s += busy * dt
-            in_window = max(0.0, min(nt, window_end) - t) if window_end > start_t else dt
-            tot.window_busy_gpu_s += busy * in_window
-            tot.fragmented_gpu_s += stranded * in_window
-            for team, g in held.items():
-                tot.team_gpu_s[team] = tot.team_gpu_s.get(team, 0.0) + g * dt
-            usage = advance(usage, held, dt, half_life_s)
+            for st in order:
+                tot = st.tot
+                busy = tot.capacity - st.run.free.total
+                tot.busy_gpu_s += busy * dt
+                in_window = max(0.0, min(nt, st.window_end) - t) if st.window_end > st.start_t else dt
+                tot.window_busy_gpu_s += busy * in_window
+                tot.fragmented_gpu_s += st.stranded * in_window
+                for team, g in st.run.held.items():
+                    tot.team_gpu_s[team] = tot.team_gpu_s.get(team, 0.0) + g * dt
+                st.usage = advance(st.usage, st.run.held, dt, half_life_s)
             t = nt
         while ends and ends[0][0] <= t:
-            _, jid, attempt, why = heapq.heappop(ends)
-            job = running.get(jid)
-            if job is None or job.attempt != attempt:
+            end = heapq.heappop(ends)
+            if stale(end):
                 continue
+            _, jid, _, why = end
+            st = where[jid]
+            st.last_t = t
+            job = st.run.remove(jid)
+            fixed.pop(jid, None)
             if why:
-                # Held to its limit: stopped at its checkpoint like a victim, back in the queue.
-                run.remove(jid)
-                fixed.pop(jid, None)
+                # Held to its limit: stopped at its checkpoint like a victim, back in its pool's queue.
                 overran.add(jid)
-                waiting.add(requeued(job, t, sim.restart_cost_s), discredited=True)
+                st.waiting.add(requeued(job, t, sim.restart_cost_s), discredited=True)
                 rec[jid].preempted_at.append(t)
                 rec[jid].limit_stops.append(t)
                 continue
-            run.remove(jid)
-            fixed.pop(jid, None)
             rec[jid].end_s = t
             estimator.observe(job, true[jid])
         while i < n and arrivals[i].job.submit_s <= t:
-            waiting.add(arrivals[i].job)
+            tj = arrivals[i]
+            for name in tj.accepts:
+                states[name].waiting.add(tj.job if name == tj.job.pool else dataclasses.replace(tj.job, pool=name))
             i += 1
-        while True:
-            plan, victims = planner(t, pool, run, waiting, rules, usage, predict)
-            for v in victims:
-                rec[v.job_id].preempted_at.append(t)
-                waiting.add(requeued(v, t, sim.restart_cost_s), discredited=v.job_id in overran)
-            for s in plan.starts:
-                job = running[s.job_id]
-                fixed[job.job_id] = pred = predict(job)
-                if s.how is How.PREEMPTION and sim.preempt_grace_s:
-                    run.remove(job.job_id)
-                    job = dataclasses.replace(job, overhead_s=job.overhead_s + sim.preempt_grace_s)
-                    run.add(job, pred)
-                finish = t + job.overhead_s + true[job.job_id] - job.done_s
-                why = 0
-                if s.how is How.BACKFILL:
-                    # Backfilled on its prediction, held to it: it may not delay the head it jumped.
-                    assert pred is not None, f"{job.job_id}: backfilled without a prediction"
-                    limit = t + job.overhead_s + max(pred - job.done_s, 0.0)
-                    if finish > limit:
-                        finish, why = limit, 1
-                heapq.heappush(ends, (finish, job.job_id, job.attempt, why))
-                r = rec[job.job_id]
-                if r.first_start_s is None:
-                    r.first_start_s = t
-                r.attempts.append((t, s.nodes, s.how.value))
-            # Slots freed by a preemption may let a job the pass already passed over start.
-            if not plan.preempted:
-                break
-        head = waiting.byid.get(plan.head) if plan.head else None
-        stranded = run.free.fragmented(head.slots if head else None)
-    tot.makespan_s = t - start_t
-    tot.window_s = window_end - start_t if window_end > start_t else tot.makespan_s
-    return list(rec.values()), tot
+        heads: list[tuple[_PoolState, str | None]] = []
+        for st in order:
+            while True:
+                plan, victims = planner(t, st.pool, st.run, st.waiting, st.rules, st.usage, predict)
+                for v in victims:
+                    rec[v.job_id].preempted_at.append(t)
+                    st.waiting.add(requeued(v, t, sim.restart_cost_s), discredited=v.job_id in overran)
+                for s in plan.starts:
+                    job = st.run.jobs[s.job_id]
+                    fixed[job.job_id] = pred = predict(job)
+                    if s.how is How.PREEMPTION and sim.preempt_grace_s:
+                        st.run.remove(job.job_id)
+                        job = dataclasses.replace(job, overhead_s=job.overhead_s + sim.preempt_grace_s)
+                        st.run.add(job, pred)
+                    finish = t + job.overhead_s + true[job.job_id] - job.done_s
+                    why = 0
+                    if s.how is How.BACKFILL:
+                        # Backfilled on its prediction, held to it: it may not delay the head it jumped.
+                        assert pred is not None, f"{job.job_id}: backfilled without a prediction"
+                        limit = t + job.overhead_s + max(pred - job.done_s, 0.0)
+                        if finish > limit:
+                            finish, why = limit, 1
+                    heapq.heappush(ends, (finish, job.job_id, job.attempt, why))
+                    r = rec[job.job_id]
+                    if r.first_start_s is None:
+                        r.first_start_s = t
+                        where[job.job_id] = st
+                        running_in[job.job_id] = st.run.jobs
+                        if job.job_id in multi:
+                            # It runs here: out of the other pools' queues, its figures counted here.
+                            for name in multi[job.job_id]:
+                                if name != st.name:
+                                    states[name].waiting.pop(job.job_id)
+                            r.pool, r.footprint = st.name, footprint(r.slots, st.pool.gpus_per_node)
+                    r.attempts.append((t, s.nodes, s.how.value))
+                # Slots freed by a preemption may let a job the pass already passed over start.
+                if not plan.preempted:
+                    break
+            heads.append((st, plan.head))
+        for st, head_id in heads:
+            head = st.waiting.byid.get(head_id) if head_id else None
+            st.stranded = st.run.free.fragmented(head.slots if head else None)
+    totals = []
+    for st in order:
+        st.tot.makespan_s = max(0.0, st.last_t - st.start_t)  # 0: every job that accepts it ran elsewhere
+        st.tot.window_s = st.window_end - st.start_t if st.window_end > st.start_t else st.tot.makespan_s
+        totals.append(st.tot)
+    return list(rec.values()), totals
 
 
 @dataclass(frozen=True)
