@@ -45,7 +45,7 @@ def offered_load(trace: Sequence[TraceJob], config: CapacityConfig) -> float:
     """GPU-seconds asked / (GPUs of the pools the trace uses x span of its submissions)."""
     if not trace:
         raise CapacityError("the trace has no jobs; its offered load is undefined")
-    pools = {tj.job.pool for tj in trace}
+    pools = {p for tj in trace for p in tj.accepts}
     gpus = sum(config.pools[p].capacity for p in pools)
     asked = sum(footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node) * tj.duration_s for tj in trace)
     submits = [tj.job.submit_s for tj in trace]
@@ -68,7 +68,7 @@ def at_load(trace: Sequence[TraceJob], config: CapacityConfig, load: float) -> l
         )
     factor = offered_load(trace, config) / load
     t0 = min(tj.job.submit_s for tj in trace)
-    return [TraceJob(_moved(tj.job, t0 + (tj.job.submit_s - t0) * factor), tj.duration_s) for tj in trace]
+    return [dataclasses.replace(tj, job=_moved(tj.job, t0 + (tj.job.submit_s - t0) * factor)) for tj in trace]
 
 
 def _moved(job: Job, submit_s: float) -> Job:

@@ -2,19 +2,23 @@
 
 Format: CSV in UTF-8 with a header, separated by commas, semicolons or tabs (the one that splits
 the header into trace columns). Required columns ``job_id,submit_s,duration_s,gpus``; optional
-``team,priority,pool,est_duration_s``. ``gpus`` is whole GPUs (traingate does not share a GPU
-between jobs). A missing ``team`` column means team ``default``; a missing ``priority`` the
-config's ``default_class``; a missing ``pool`` the pool passed as ``default_pool`` (needed only
-when the config has several). ``est_duration_s`` is the submitter's prediction; when it is
-absent the simulator predicts from the trace's history (:mod:`traingate.capacity.estimate`).
+``team,priority,est_duration_s`` and one of ``pool`` (one pool), ``pools`` (the pools a job accepts,
+separated by ``|``) or ``gpu_types`` (the GPU models it accepts, separated by ``|``: every pool whose
+``gpu`` is one of them). ``gpus`` is whole GPUs for the replay; the fill experiment also takes a
+fraction of one GPU (``0.25``), packed onto a shared GPU. A missing ``team`` column means team
+``default``; a missing ``priority`` the config's ``default_class``; no pool column the pool passed
+as ``default_pool`` (needed only when the config has several). ``est_duration_s`` is the
+submitter's prediction; when it is absent the simulator predicts from the trace's history
+(:mod:`traingate.capacity.estimate`).
 
 The generator (:func:`generate`) draws a trace shaped by two published characterisations:
 
 - Weng et al., "MLaaS in the Wild: Workload Analysis and Scheduling in Large-Scale Heterogeneous
   GPU Clusters", NSDI'22 (two months of Alibaba PAI, ~6,700 GPUs): most jobs ask for a fraction
   of a GPU or one GPU; distributed jobs need gang scheduling; about 65% of jobs recur (the same
-  job submitted again and again). Here: ``small_sizes`` puts 70% of jobs at 1 GPU (fractional
-  requests round up to one whole GPU); ``recurring_fraction`` 0.65 of jobs are repeats of a
+  job submitted again and again). Here: ``small_sizes`` puts 70% of jobs at 1 GPU (by default no
+  fractions: the replay takes whole GPUs; sizes below 1 draw shared-GPU requests for the fill
+  experiment); ``recurring_fraction`` 0.65 of jobs are repeats of a
   ``templates`` set (same team, class, size; duration within ``recur_jitter`` of the template's).
 - Hu et al., "Characterization of Large Language Model Development in the Datacenter", NSDI'24
   (Shanghai AI Lab's Acme): a heavy tail, about 3.2% of jobs (pretraining) take about 94% of the
@@ -30,9 +34,11 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import io
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,10 @@ from traingate.capacity.pools import CapacityConfig, CapacityError
 from traingate.capacity.simulate import TraceJob
 
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus")
-OPTIONAL = ("team", "priority", "pool", "est_duration_s")
+OPTIONAL = ("team", "priority", "pool", "est_duration_s", "pools", "gpu_types")
+# The columns that say where a job may run: one pool; pools separated by |; GPU models separated by |
+# (each the `gpu` of one or more pools in the config, as a real trace's GPU-type column names them).
+WHERE = ("pool", "pools", "gpu_types")
 DEFAULT_TEAM = "default"
 # Bounds past which a value is a unit or column mix-up, not a job: submissions up to ~317 years
 # (Unix-epoch seconds pass, epoch milliseconds do not), runs and estimates up to a year, and
@@ -55,9 +64,12 @@ MAX_DURATION_S = 366 * 86400.0
 MAX_GPUS = 1_000_000
 
 
-def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | None = None) -> list[TraceJob]:
+def read_trace(
+    path: str | Path, config: CapacityConfig, default_pool: str | None = None, shared_gpus: bool = False
+) -> list[TraceJob]:
     """Read and check a trace against the config; the first problem is one ``CapacityError`` line
-    naming the file, line, column, value and fix.
+    naming the file, line, column, value and fix. ``shared_gpus``: ``gpus`` may be a fraction of one
+    GPU (the fill experiment packs such requests onto shared GPUs; the replay takes whole GPUs only).
 
     The file is UTF-8 (a UTF-8 byte-order mark is skipped); the delimiter is the one of comma,
     semicolon or tab that splits the header into trace columns.
@@ -85,7 +97,7 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
         header = [h.strip() for h in next(reader)]
         _check_header(path, header)
         pool_fallback = default_pool
-        if "pool" not in header and pool_fallback is None:
+        if not set(WHERE) & set(header) and pool_fallback is None:
             if len(config.pools) != 1:
                 raise CapacityError(
                     f"{path}: no `pool` column and the config has pools {sorted(config.pools)}; "
@@ -101,7 +113,7 @@ def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | Non
             if len(row) != len(header):
                 raise CapacityError(_width(path, line, row, header, delimiter))
             cells = dict(zip(header, (c.strip() for c in row)))
-            jobs.append(_row(path, line, cells, config, pool_fallback, seen))
+            jobs.append(_row(path, line, cells, config, pool_fallback, seen, shared_gpus))
     except csv.Error as e:
         raise CapacityError(
             f"{path} line {reader.line_num}: not CSV ({e}); quote fields that hold the delimiter or a line break"
@@ -169,6 +181,12 @@ def _check_header(path: str | Path, header: list[str]) -> None:
             )
         if header.count(c) > 1:
             raise CapacityError(f"{path} line 1: column {c!r} appears twice; keep one")
+    where = [c for c in WHERE if c in header]
+    if len(where) > 1:
+        raise CapacityError(
+            f"{path} line 1: columns {where[0]!r} and {where[1]!r} both say where a job runs; keep one "
+            f"(pool: one pool; pools: pools separated by |; gpu_types: GPU models separated by |)"
+        )
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise CapacityError(
@@ -201,6 +219,7 @@ def _row(
     config: CapacityConfig,
     pool_fallback: str | None,
     seen: set[str],
+    shared_gpus: bool = False,
 ) -> TraceJob:
     def bad(col: str, why: str) -> CapacityError:
         return CapacityError(f"{path} line {line}: {col} = {cells.get(col, '')!r}: {why}")
@@ -239,15 +258,27 @@ def _row(
         raise bad("gpus", "not a number; write whole GPUs like 1, 8 or 16") from None
     if not math.isfinite(gpus_f) or gpus_f > MAX_GPUS:
         raise bad("gpus", f"not a plausible GPU count (at most {MAX_GPUS:,}); write whole GPUs like 1, 8 or 16")
-    if not gpus_f.is_integer() or gpus_f < 1:
-        raise bad("gpus", f"slots are whole GPUs, at least 1; round up to {max(1, math.ceil(gpus_f))}")
+    if gpus_f > 1 and not gpus_f.is_integer():
+        raise bad(
+            "gpus",
+            f"a request above one GPU is whole GPUs (a fraction below 1 shares a GPU); round up to {math.ceil(gpus_f)}",
+        )
+    if not shared_gpus and (not gpus_f.is_integer() or gpus_f < 1):
+        raise bad(
+            "gpus",
+            f"slots are whole GPUs, at least 1; round up to {max(1, math.ceil(gpus_f))} "
+            f"(`traingate simulate --fill` packs fractions onto shared GPUs)",
+        )
+    if not gpus_f > 0:
+        raise bad("gpus", "must be > 0: a fraction of one GPU like 0.25, or whole GPUs like 1 or 8")
     est: float | None = None
     if cells.get("est_duration_s"):
         est = number("est_duration_s", positive=True, most=MAX_DURATION_S)
     priority = name("priority", config.default_class)
     if priority not in config.priority_classes:
         raise bad("priority", f"not a priority class; use one of {sorted(config.priority_classes)}")
-    pool = name("pool", pool_fallback or "")
+    pools = _pools(cells, config, bad) or (name("pool", pool_fallback or ""),)
+    pool = pools[0]
     if pool not in config.pools:
         raise bad("pool", f"not in the pools config; use one of {sorted(config.pools)} or add it there")
     job = Job(
@@ -255,15 +286,40 @@ def _row(
         team=name("team", DEFAULT_TEAM),
         priority=priority,
         pool=pool,
-        slots=int(gpus_f),
+        slots=math.ceil(gpus_f),
         submit_s=submit,
         est_duration_s=est,
         checkpoint_every_s=config.simulator.checkpoint_every_s,
     )
-    why = never_fits(job, config.pools, config.priority_classes, config.quotas)
-    if why:
-        raise bad("gpus", why)
-    return TraceJob(job, duration)
+    for p in pools:
+        why = never_fits(dataclasses.replace(job, pool=p), config.pools, config.priority_classes, config.quotas)
+        if why:
+            raise bad("gpus", why)
+    return TraceJob(job, duration, pools if len(pools) > 1 else (), None if gpus_f.is_integer() else gpus_f)
+
+
+def _pools(cells: dict[str, str], config: CapacityConfig, bad: Callable[[str, str], CapacityError]) -> tuple[str, ...]:
+    """The pools a ``pools`` or ``gpu_types`` cell accepts, in its order (a GPU model: every pool of
+    that model, by name); () when the trace has neither column."""
+    col = next((c for c in ("pools", "gpu_types") if c in cells), None)
+    if col is None:
+        return ()
+    names = [n.strip() for n in cells[col].split("|")]
+    if not all(names):
+        raise bad(col, "an empty entry; list them separated by |, e.g. a100|h100")
+    if col == "pools":
+        for n in names:
+            if n not in config.pools:
+                raise bad(col, f"{n!r} is not in the pools config; use some of {sorted(config.pools)}")
+        return tuple(dict.fromkeys(names))
+    models = sorted({p.gpu for p in config.pools.values() if p.gpu})
+    out: list[str] = []
+    for n in names:
+        mine = sorted(p for p, c in config.pools.items() if c.gpu == n)
+        if not mine:
+            raise bad(col, f"no pool has GPU {n!r}; the pools' GPUs are {models}, or add a pool with gpu: {n}")
+        out += mine
+    return tuple(dict.fromkeys(out))
 
 
 def write_trace(path: str | Path, rows: list[dict[str, object]]) -> Path:
@@ -288,7 +344,7 @@ class TraceParams:
     # Gang sizes of large jobs (whole nodes). None: a quarter (60%) and half (40%) of the pool's
     # nodes, 16 and 32 GPUs on 8 x 8; at most half the pool, so one job never drains it.
     large_sizes: tuple[tuple[int, float], ...] | None = None
-    small_sizes: tuple[tuple[int, float], ...] = ((1, 0.70), (2, 0.12), (4, 0.10), (8, 0.08))  # Weng et al.
+    small_sizes: tuple[tuple[float, float], ...] = ((1, 0.70), (2, 0.12), (4, 0.10), (8, 0.08))  # Weng et al.
     small_median_s: float = 900.0  # lognormal durations (our choice)
     small_sigma: float = 1.4
     large_median_s: float = 8 * 3600.0  # before scaling to large_gpu_time_share
