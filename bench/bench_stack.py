@@ -6,6 +6,7 @@ per pool), brought up once before the clock starts: it is the long-running servi
 the UI. Both runs take the demo spec (examples/digits.yaml) to its smoke stage; "first step" is the time of
 the smoke stage's first line in metrics.jsonl (rank 0's clock), "run" is until the run's final state.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
@@ -25,8 +27,13 @@ TIMEOUT_S = 900
 
 
 def _bare_env(**extra: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
-            "TRAINGATE_PYTHON": PYTHON, **extra}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "TRAINGATE_PYTHON": PYTHON,
+        **extra,
+    }
 
 
 def _first_step(state: Path, deadline: float) -> float:
@@ -41,8 +48,14 @@ def _first_step(state: Path, deadline: float) -> float:
 
 
 def _stack(d: Path, action: str) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(ROOT / "infra" / "local-stack.sh"), action], env=_bare_env(TRAINGATE_STACK_DIR=str(d)),
-                       cwd=d.parent, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [str(ROOT / "infra" / "local-stack.sh"), action],
+        env=_bare_env(TRAINGATE_STACK_DIR=str(d)),
+        cwd=d.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"local-stack.sh {action} failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
     return p
@@ -59,27 +72,68 @@ def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
     _stack(d, "up")
     up_s = time.monotonic() - t0
     # `env`: the client's settings with its credentials (the servers authenticate every client)
-    client = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
-                  for line in _stack(d, "env").stdout.splitlines())
+    client = dict(
+        shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in _stack(d, "env").stdout.splitlines()
+    )
     state = Path(client["TRAINGATE_STATE_DIR"])
     try:
-        with temporary_settings(updates={PREFECT_API_URL: client["PREFECT_API_URL"],
-                                         PREFECT_API_AUTH_STRING: client["PREFECT_API_AUTH_STRING"]}):
+        with temporary_settings(
+            updates={
+                PREFECT_API_URL: client["PREFECT_API_URL"],
+                PREFECT_API_AUTH_STRING: client["PREFECT_API_AUTH_STRING"],
+            }
+        ):
             start = time.time()
-            run = run_deployment("ladder/ladder-cpu", timeout=0,
-                                 parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"})
+            run = run_deployment(
+                "ladder/ladder-cpu", timeout=0, parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"}
+            )
             first = _first_step(state, time.monotonic() + TIMEOUT_S)
             from prefect import get_client
 
             with get_client(sync_client=True) as c:
                 while not (fr := c.read_flow_run(run.id)).state.is_final():
                     time.sleep(0.2)
-            done = time.time()
+                done = time.time()
+                parts = _parts(c, run.id, start, first, state)
         if not fr.state.is_completed():
             raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
     finally:
         _stack(d, "down")
-    return {"first": first - start, "run": done - start}, up_s
+    return {"first": first - start, "run": done - start, **parts}, up_s
+
+
+def _parts(c, flow_run_id, start: float, first: float, state: Path) -> dict[str, float]:
+    """Where trigger -> first smoke step went, from the flow run's state history and its task runs (server
+    clock, the same machine): each part ends where the next begins, so they add up to the whole."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    states = {s.type.value: s.timestamp.timestamp() for s in c.read_flow_run_states(flow_run_id)}
+    trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), limit=200)
+    trs = sorted(trs, key=lambda t: t.start_time)
+    snap = next(t for t in trs if t.name.startswith("data-snapshot"))
+    unit = next(t for t in trs if t.name == "unit")
+    smoke = next(t for t in trs if t.name == "smoke")
+    marks = [
+        ("worker pick-up (Scheduled -> Pending)", states["PENDING"]),
+        ("flow-run process start (Pending -> Running: python, imports, the flow's module)", states["RUNNING"]),
+        (
+            "flow start to data snapshot (settings, secret blocks, spec check, preflight, entitlement, stale sweep)",
+            snap.start_time.timestamp(),
+        ),
+        ("data snapshot (task)", snap.end_time.timestamp()),
+        ("MLflow runs opened, spec written (to the unit task's start)", unit.start_time.timestamp()),
+        ("unit stage (pytest run, task)", unit.end_time.timestamp()),
+        ("gate, recording submitted, smoke's MLflow run (to the smoke task's start)", smoke.start_time.timestamp()),
+        ("smoke: admission, torchrun and ranks start, to the first step", first),
+    ]
+    out, t = {}, start
+    for label, end in marks:
+        out[label] = end - t
+        t = end
+    junit = next((state / "runs").glob("*/unit/junit.xml"))
+    suite = next(ET.parse(junit).getroot().iter("testsuite"))
+    out["of the unit stage: pytest's own time, collection to report (junit)"] = float(suite.get("time", "nan"))
+    return out
 
 
 def _traingate_run(tmp: Path) -> dict[str, float]:
@@ -88,8 +142,13 @@ def _traingate_run(tmp: Path) -> dict[str, float]:
     env.update(TRAINGATE_STATE_DIR=str(state), PREFECT_HOME=str(tmp / "prefect-home"))
     start = time.time()
     with open(tmp / "run.log", "wb") as log:
-        p = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(SPEC), "--until", "smoke"], cwd=ROOT, env=env,
-                             stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            [PYTHON, "-m", "flows.cli", "run", str(SPEC), "--until", "smoke"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         first = _first_step(state, time.monotonic() + TIMEOUT_S)
         if p.wait(timeout=TIMEOUT_S) != 0:
             raise RuntimeError(f"traingate run failed: {(tmp / 'run.log').read_text()[-2000:]}")
@@ -102,8 +161,18 @@ def main() -> str:
         local = _traingate_run(tmp)
         stack, up_s = _on_stack(tmp)
     rows = [("trigger -> first smoke step (s)", "first"), ("trigger -> run Completed, unit + smoke (s)", "run")]
-    out = ["| measure | ladder deployment on the running stack | `traingate run` (temporary server) | ratio |",
-           "|---|---:|---:|---:|"]
+    out = [
+        "| measure | ladder deployment on the running stack | `traingate run` (temporary server) | ratio |",
+        "|---|---:|---:|---:|",
+    ]
     out += [f"| {label} | {stack[k]:.1f} | {local[k]:.1f} | {stack[k] / local[k]:.2f}x |" for label, k in rows]
+    out += [
+        "",
+        "Where the stack's trigger -> first smoke step went (each part ends where the next begins):",
+        "",
+        "| part | s |",
+        "|---|---:|",
+    ]
+    out += [f"| {k} | {v:.1f} |" for k, v in stack.items() if k not in ("first", "run")]
     out.append(f"\n(stack up, once, before the clock: {up_s:.1f} s)")
     return "\n".join(out)

@@ -16,6 +16,7 @@ default_permission = ${MLFLOW_DEFAULT_PERMISSION:-READ}
 database_uri = ${MLFLOW_AUTH_DATABASE_URI}
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${MLFLOW_AUTH_CACHE_TTL_SECONDS:-0}
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$conf"
 exec mlflow server --app-name basic-auth "$@"
