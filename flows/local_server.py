@@ -9,7 +9,12 @@ kept server costs a later command a health check. Which one a command uses:
   started and stopped with the command, as CI wants (no process outlives the job, no state is shared).
 - otherwise (``kept``): this module's server.
 
-The server authenticates its clients as the production stack's does (``PREFECT_SERVER_API_AUTH_STRING``
+Every one of them authenticates its clients. A temporary server is started by Prefect in this process's
+environment, so :func:`authenticate_temporary` puts a generated auth string there first, for the server
+(``PREFECT_SERVER_API_AUTH_STRING``) and for the clients of this process and its children
+(``PREFECT_API_AUTH_STRING``); it is never printed or written.
+
+The kept server authenticates its clients as the production stack's does (``PREFECT_SERVER_API_AUTH_STRING``
 on the server, ``PREFECT_API_AUTH_STRING`` on each client, CSRF protection on, Secret blocks encrypted with
 a key of its own) and listens on loopback on a free port. Its files, under ``<state dir>/prefect-server/``
 (mode 0700, every file 0600): ``server.json`` (the record: pid, process group, port; no secret),
@@ -33,7 +38,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -50,6 +55,7 @@ SECRETS = "secrets.env"
 LOG = "server.log"
 LOCK = "lock"
 AUTH_VAR = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_VAR = "PREFECT_API_AUTH_STRING"
 KEY_VAR = "PREFECT_SERVER_ENCRYPTION_KEY"
 # A loaded 2-core machine takes 5-20 s to bring a Prefect server up; 180 s leaves room for a much busier one.
 START_TIMEOUT_S = 180.0
@@ -104,6 +110,31 @@ def mode(env: Mapping[str, str] | None = None) -> Mode:
         ) from None
 
 
+def authenticate_temporary(env: MutableMapping[str, str] | None = None) -> None:
+    """Make the temporary server Prefect may start for this process demand an auth string, and its clients
+    send it: with no ``PREFECT_API_URL``, ``PREFECT_SERVER_API_AUTH_STRING`` (the environment's, else one
+    generated now) and ``PREFECT_API_AUTH_STRING`` set to it. Call it before anything imports Prefect.
+
+    Prefect starts its temporary server with this process's environment; children inherit the client's
+    variable, and the redactor masks both wherever a log would show them (their names say ``AUTH``).
+
+    >>> env = {}
+    >>> authenticate_temporary(env)
+    >>> env[AUTH_VAR] == env[CLIENT_AUTH_VAR] and env[AUTH_VAR].startswith("traingate:")
+    True
+    >>> env = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
+    >>> authenticate_temporary(env); env  # another server: its own auth string is the user's to give
+    {'PREFECT_API_URL': 'http://127.0.0.1:4200/api'}
+    """
+    env = os.environ if env is None else env
+    if env.get("PREFECT_API_URL"):
+        return
+    auth = env.get(AUTH_VAR) or f"traingate:{secrets.token_hex(16)}"
+    env[AUTH_VAR] = auth
+    env[CLIENT_AUTH_VAR] = auth
+    env.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
+
+
 def server_dir(state_dir: Path) -> Path:
     return state_dir / DIR_NAME
 
@@ -119,7 +150,8 @@ def connect(state_dir: Path) -> Record | None:
     assert "prefect" not in sys.modules, "connect() after Prefect was imported: its client keeps its old settings"
     record, started = ensure(state_dir)
     os.environ["PREFECT_API_URL"] = record.api_url
-    os.environ["PREFECT_API_AUTH_STRING"] = _secrets(server_dir(state_dir))[AUTH_VAR]
+    os.environ[CLIENT_AUTH_VAR] = _secrets(server_dir(state_dir))[AUTH_VAR]
+    os.environ.pop(AUTH_VAR, None)  # a temporary server's (authenticate_temporary): no server of this process
     os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
     if started:
         print(
@@ -309,9 +341,8 @@ def _server_env(d: Path, port: int, values: Mapping[str, str]) -> dict[str, str]
         PREFECT_SERVER_CSRF_PROTECTION_ENABLED="true",
         PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",  # else the UI calls :4200
         PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_API_AUTH_STRING=values[AUTH_VAR],
         PREFECT_LOGGING_LEVEL="WARNING",
-        **{AUTH_VAR: values[AUTH_VAR], KEY_VAR: values[KEY_VAR]},
+        **{AUTH_VAR: values[AUTH_VAR], CLIENT_AUTH_VAR: values[AUTH_VAR], KEY_VAR: values[KEY_VAR]},
     )
     return env
 

@@ -6,6 +6,7 @@ session's Prefect home, MLflow store and checkpoints all live in one temp dir.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 import textwrap
 from pathlib import Path
@@ -22,6 +23,11 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # A CLI without PREFECT_API_URL uses a temporary Prefect server, as in CI: a kept one would outlive the test
 # (tests/flows/test_local_server.py starts kept servers on purpose and stops them).
 os.environ["TRAINGATE_PREFECT_SERVER"] = "temporary"
+# Every Prefect server the suite starts from this environment (the session's, a test's `prefect server start`,
+# a CLI's temporary one) demands this auth string, and every client here and in subprocesses sends it.
+os.environ["PREFECT_SERVER_API_AUTH_STRING"] = os.environ["PREFECT_API_AUTH_STRING"] = (
+    f"tests:{secrets.token_hex(16)}")
+os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
 for var in ("TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_ARTIFACT_URI",
             "TRAINGATE_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
     os.environ.pop(var, None)
@@ -49,13 +55,14 @@ def prefect_harness():
 def prefect_api(prefect_harness) -> dict[str, str]:
     """The environment a CLI subprocess needs to record its flow runs on the session's Prefect server.
 
+    PREFECT_API_AUTH_STRING is the session's auth string: every server the suite starts demands it.
     Without PREFECT_API_URL `traingate run` (resume, sweep, ci) starts a temporary server of its own,
     ~15 s per call on 2 shared cores. Tests whose subject is that temporary server (its start, its
     shield against a terminal's Ctrl-C) do not take this fixture.
     """
     from prefect.settings import PREFECT_API_URL
 
-    return {"PREFECT_API_URL": PREFECT_API_URL.value()}
+    return {"PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_API_AUTH_STRING": os.environ["PREFECT_API_AUTH_STRING"]}
 
 
 

@@ -51,12 +51,14 @@ PREFECT_AT_IMPORT = ("resume", "retrain")
 
 
 def _embedded_defaults(settings: Settings) -> None:
-    """Keep Prefect's home inside the state dir and its telemetry off (set before importing prefect)."""
+    """Keep Prefect's home inside the state dir, its telemetry off and its temporary server authenticated
+    (set before importing prefect)."""
     os.environ.setdefault("PREFECT_HOME", str(settings.state_dir / "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     # The temporary server's 20 s default is too tight on a busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    local_server.authenticate_temporary()  # a temporary server, when one starts, demands an auth string
 
 
 def _parser() -> argparse.ArgumentParser:
