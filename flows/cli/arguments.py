@@ -167,7 +167,9 @@ def queue(p: argparse.ArgumentParser) -> None:
 
 
 def simulate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool,est_duration_s]")
+    p.add_argument(
+        "trace", help="CSV: job_id,submit_s,duration_s,gpus[,team,priority,pool|pools|gpu_types,est_duration_s]"
+    )
     p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
     p.add_argument(
         "--policies",
@@ -190,6 +192,17 @@ def simulate(p: argparse.ArgumentParser) -> None:
         help="offered GPU time / the pools' GPU time: a generated trace is drawn at it (default 0.8), a trace "
         "read from a file has its arrivals compressed or stretched to it (default: as recorded)",
     )
+    f = p.add_argument_group("instead of the replay: the fill experiment (shared GPUs, placement policies)")
+    f.add_argument(
+        "--fill",
+        action="store_true",
+        help="jobs sampled from the trace (gpus may be a fraction of one GPU) arrive and stay until their demand "
+        "reaches each pool's capacity; report the unallocated and fragmented GPU share at each fill level",
+    )
+    f.add_argument(
+        "--placements", default="bestfit,fgd", help="comma-separated: bestfit, fgd (default: both, compared)"
+    )
+    f.add_argument("--fill-runs", type=int, default=5, help="samples per placement, seeds --seed.. (default 5)")
 
 
 def ci(p: argparse.ArgumentParser) -> None:

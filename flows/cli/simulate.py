@@ -8,10 +8,19 @@ import sys
 from pathlib import Path
 
 from traingate.capacity.figures import figures, timeseries
+from traingate.capacity.fill import fill, fill_table, parse_placements, write_fill
 from traingate.capacity.load import LOAD_RANGE, at_load, offered_load
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import CapacityConfig, CapacityError, load_config
-from traingate.capacity.report import COMPARED, plots, report, write_figures, write_schedule, write_timeseries
+from traingate.capacity.report import (
+    COMPARED,
+    plot_fill,
+    plots,
+    report,
+    write_figures,
+    write_schedule,
+    write_timeseries,
+)
 from traingate.capacity.simulate import simulate
 from traingate.capacity.slurm_mode import planner_for
 from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
@@ -37,6 +46,8 @@ def _run(args: argparse.Namespace) -> int:
     trace_path = Path(args.trace)
     if args.generate is not None:
         _generate(args, config, trace_path)
+    if args.fill:
+        return _fill(args, config, trace_path)
     trace = read_trace(trace_path, config, args.pool)
     recorded = offered_load(trace, config) if len({tj.job.submit_s for tj in trace}) > 1 else None
     if args.load is not None and args.generate is None:
@@ -44,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
     out.mkdir(parents=True, exist_ok=True)
     results = [simulate(trace, config, p, args.half_life_h, planner_for(p, config)) for p in policies]
-    pools = sorted({tj.job.pool for tj in trace})
+    pools = sorted({p for tj in trace for p in tj.accepts})
     figs = [figures(r) for r in results]
     series = [timeseries(r) for r in results]
     text = report(
@@ -65,6 +76,37 @@ def _run(args: argparse.Namespace) -> int:
         f"written: {out / 'table.md'}, {', '.join(p.name for p in written)}, schedule-<policy>.csv, "
         f"timeseries-<policy>.csv in {out}"
     )
+    return 0
+
+
+def _fill(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) -> int:
+    """The fill experiment on every pool the trace's jobs accept, per placement policy."""
+    for flag, value in (("--policies", args.policies), ("--half-life-h", args.half_life_h)):
+        if value is not None:
+            raise CapacityError(f"{flag} does nothing with --fill (it compares placements, not policies); drop it")
+    if args.load is not None and args.generate is None:
+        raise CapacityError("--load does nothing with --fill (jobs arrive until the pool is full); drop it")
+    placements = parse_placements(args.placements)
+    if args.fill_runs < 1:
+        raise CapacityError(f"--fill-runs = {args.fill_runs}: must be at least 1")
+    trace = read_trace(trace_path, config, args.pool, shared_gpus=True)
+    out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
+    out.mkdir(parents=True, exist_ok=True)
+    curves = []
+    for name in sorted({p for tj in trace for p in tj.accepts}):
+        pool = config.pools[name]
+        asks = [tj.job.slots if tj.gpus is None else tj.gpus for tj in trace if name in tj.accepts]
+        curves += [fill(name, pool.nodes, pool.gpus_per_node, asks, p, args.fill_runs, args.seed) for p in placements]
+    text = (
+        f"Fill experiment: jobs sampled from {trace_path.name} ({len(trace)} jobs) arrive and stay until their "
+        f"demand reaches each pool's capacity; {args.fill_runs} runs per placement, seeds {args.seed}.. "
+        f"Shares of the pool's GPUs at each arrived demand (a share of its capacity):\n\n" + fill_table(curves)
+    )
+    (out / "fill.md").write_text(text)
+    write_fill(curves, out / "fill.csv")
+    plot_fill(curves, out / "fill.png")
+    print(text)
+    print(f"written: {out / 'fill.md'}, fill.csv, fill.png in {out}")
     return 0
 
 

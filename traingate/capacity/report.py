@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from traingate.capacity.figures import BSLD_BOUND_S, SIZE_BUCKETS, Figures, Interval, Waits, figures, timeseries
+from traingate.capacity.fill import FillCurve
 from traingate.capacity.policy import Policy
 from traingate.capacity.simulate import SimResult, summarize
 
@@ -409,3 +410,28 @@ def plots(results: Sequence[SimResult], out: Path, series: Sequence[Sequence[Int
         paths.append(out / name)
         fig.savefig(paths[-1], dpi=110)
     return paths
+
+
+def plot_fill(curves: Sequence[FillCurve], path: Path) -> Path:
+    """The fill experiment: unallocated (solid) and fragmented (dashed) share of GPUs against the
+    arrived demand, a line per placement policy, a panel per pool."""
+    Figure = _matplotlib().figure.Figure
+
+    pools = list(dict.fromkeys(c.pool for c in curves))
+    placements = list(dict.fromkeys(c.placement for c in curves))
+    colours = dict(zip(placements, _colours(len(placements))))
+    fig = Figure(figsize=(5.5 * len(pools), 4.2))
+    axes = fig.subplots(1, len(pools), squeeze=False)[0]
+    for ax, pool in zip(axes, pools):
+        for c in curves:
+            if c.pool == pool:
+                ax.plot(100 * c.levels, 100 * c.unallocated, "-", color=colours[c.placement], label=f"{c.placement}")
+                ax.plot(100 * c.levels, 100 * c.fragmented, "--", color=colours[c.placement])
+        ax.plot([0, 100], [100, 0], ":", color="grey", linewidth=0.8, label="every job placed")
+        ax.set_xlabel("arrived demand (% of the pool's GPUs)")
+        ax.set_ylabel("GPUs unallocated (solid) / fragmented (dashed), %")
+        ax.set_title(f"{pool}: fill experiment", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
