@@ -36,11 +36,11 @@ from traingate.capacity.slurm_cli import Unreachable
 from traingate.cost import charged as charged_file
 from traingate.cost import ledger, slurm_cost
 from traingate.job import files
+from traingate.job.catalog import CheckpointCatalog
 from traingate.job.result import StageResult
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
 from traingate.ladder import outcomes
-from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings
 from traingate.supervision.slurm_result import after_end, supervision_of
 from traingate.supervision.supervisor import canary_p99, read_state
@@ -181,7 +181,7 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
     assert pool.slurm is not None
     done = 0
     if resume:
-        steps = Checkpointer(job.checkpoint_uri, async_save=False).list_steps()
+        steps = CheckpointCatalog(job.checkpoint_uri).list_steps()
         done = steps[-1] if steps else 0
     partition = pool.slurm.partition
     max_time = _retrying(lambda: slurm_cli.partition_max_time(partition), log)

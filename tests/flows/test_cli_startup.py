@@ -61,3 +61,12 @@ def test_validating_the_demo_spec_imports_neither_prefect_mlflow_torch_nor_optun
     assert p.returncode == 0, p.stderr
     assert "# spec ok: hash" in p.stderr
     assert json.loads(p.stderr.strip().splitlines()[-1]) == [], p.stderr
+
+
+def test_the_ladder_flows_module_imports_no_torch():
+    # A worker's flow run loads it before anything starts, and a script recipe's run needs no torch in the
+    # flow's process at all (a built-in recipe's imports it at its data snapshot).
+    code = "import json, sys, flows.pipeline; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "torch" not in json.loads(p.stdout)

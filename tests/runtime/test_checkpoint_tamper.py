@@ -353,7 +353,7 @@ def test_a_training_process_resuming_past_a_truncated_checkpoint_raises_an_alert
 
 
 def test_promotion_refuses_to_register_weights_changed_after_training(tmp_path):
-    from traingate.promotion.register import _final_model
+    from traingate.promotion.torch_model import final_model
     from traingate.recipes import get_recipe
     from traingate.settings import Settings, checkpoint_key
 
@@ -361,11 +361,11 @@ def test_promotion_refuses_to_register_weights_changed_after_training(tmp_path):
     model = get_recipe(SPEC).build_model()
     Checkpointer(uri, async_save=False, key=checkpoint_key(Settings.from_env()), **MINE).save(
         4, {"model": model.state_dict()})
-    assert _final_model(SPEC, uri)[0] is not None  # signed by this deployment: registered
+    assert final_model(SPEC, uri)[0] is not None  # signed by this deployment: registered
     zeroed = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     buf = io.BytesIO()
     torch.save(zeroed, buf)
     Storage(uri).write_bytes(f"{step_dir(4)}/model.pt", buf.getvalue())
     _rewrite_manifest(uri, 4, lambda m: m["files"].update({"model.pt": _entry(buf.getvalue())}))
     with pytest.raises(CheckpointRefused, match="signature does not match this deployment's checkpoint key"):
-        _final_model(SPEC, uri)
+        final_model(SPEC, uri)

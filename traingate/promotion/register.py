@@ -18,35 +18,16 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import mlflow
-import mlflow.pytorch
-import torch
 from mlflow.entities import LoggedModelStatus
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.promotion.aliases import CANDIDATE, model_name, take_alias_if_better
-from traingate.recipes import get_recipe, script
+from traingate.recipes import script
 from traingate.redact import redact
-from traingate.runtime.checkpoint import Checkpointer
-from traingate.settings import Settings, checkpoint_key
 from traingate.spec import RunSpec
 from traingate.tracking.runs import can_promote
-
-
-def _final_model(spec: RunSpec, checkpoint_uri: str) -> tuple[Any, Any]:
-    """The model of the newest checkpoint, and two validation inputs as an example for its signature."""
-
-    # With the deployment's key: weights changed after training (checksum recomputed) are refused, not promoted.
-    ckpt = Checkpointer(checkpoint_uri, async_save=False, key=checkpoint_key(Settings.from_env()))
-    step = ckpt.find_latest()
-    if step is None:
-        raise ValueError(f"no valid checkpoint under {checkpoint_uri}; the full stage left no model to register")
-    recipe = get_recipe(spec)
-    model = recipe.build_model()
-    model.load_state_dict(ckpt.load(step)["model"])
-    _, val = recipe.load_data()
-    return model.eval(), val.batch(range(min(2, len(val))))[0].numpy()
 
 
 def registered_version(c: MlflowClient, name: str, run_id: str) -> ModelVersion | None:
@@ -171,15 +152,7 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
 
 
 def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str) -> str:
-    model, example = _final_model(spec, checkpoint_uri)
-    mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global; model logging needs it
-    with mlflow.start_run(run_id=stage_run_id):
-        # pickle, not pt2: export tracing does not hold for every recipe's model (e.g. variable-length input)
-        info = mlflow.pytorch.log_model(
-            model,
-            name="model",
-            serialization_format="pickle",
-            input_example=example,
-            pip_requirements=[f"torch=={torch.__version__}"],
-        )
-    return info.model_uri
+    # lazy: torch and MLflow's PyTorch flavour take seconds; the ladder flow imports this module as it starts
+    from traingate.promotion.torch_model import log_final_model
+
+    return log_final_model(c, spec, stage_run_id, checkpoint_uri)
