@@ -5,8 +5,11 @@ injected with TRAINGATE_INJECT. Time to recovery runs from the fault (the inject
 timestamp) to the first training step the restarted group completes. It is broken down
 with the restarted rank 0's own timeline: fault -> new process (detection, backoff, launch;
 for torchrun's in-place restarts: its detection and respawn), imports, rendezvous, model
-build + checkpoint load, first step. Goodput = useful steps / steps executed; the time ratio
-is the undisturbed run's wall time over the disturbed one's.
+build + checkpoint load, first step. For a preemption (``term``: SIGTERM to torchrun's agent and every
+worker, the supervisor untouched) it also reports the time from the emergency checkpoint written (its
+manifest) to the first resumed step. Goodput = useful steps / steps executed; the time ratio
+is the undisturbed run's wall time over the disturbed one's, and each fault of the goodput run is
+charged what it cost: its time to recovery plus the steps it lost at the undisturbed step time.
 
 Everything is measured twice in one invocation: cold starts (each worker a fresh interpreter) and
 warm restarts (``supervision.warm_restarts``: workers forked from a pre-imported zygote, see
@@ -45,6 +48,7 @@ PHASES = ("to new process", "imports", "rendezvous", "build + load", "first step
 def _spec(max_steps: int, warm: bool):
     return load_spec(ROOT / "examples" / "digits.yaml", [
         f"stages.full.max_steps={max_steps}", f"checkpoint.every_steps={CHECKPOINT_EVERY}",
+        "checkpoint.keep_last=100",  # every emergency checkpoint's manifest stays to be timed
         "tracking.enabled=false", f"supervision.hang_timeout_s={HANG_TIMEOUT_S}",
         "supervision.backoff_base_s=0.5", "supervision.max_restarts=10",
         f"supervision.warm_restarts={str(warm).lower()}"])
@@ -75,9 +79,23 @@ def _phases(sup: Supervision, fired: list[dict]) -> list[list[float]]:
     return out
 
 
-def main() -> str:
+def _checkpoint_to_step(sup: Supervision, fired: list[dict], stage_dir: Path) -> list[float]:
+    """Per recovered preemption: seconds from its emergency checkpoint's manifest to the first resumed step."""
+    out = []
+    for m in fired:
+        ended = next((a for a in sup.attempts if a.ended_at and a.ended_at >= m["time"]), None)
+        nxt = next((a for a in sup.attempts if ended is not None and a.number == ended.number + 1), None)
+        if ended is None or nxt is None or not nxt.first_step_time or ended.end_step is None:
+            continue
+        manifest = stage_dir / "checkpoints" / f"step_{ended.end_step:08d}" / "manifest.json"
+        if manifest.exists():
+            out.append(nxt.first_step_time - manifest.stat().st_mtime)
+    return out
+
+
+def main(modes: tuple[bool, ...] = (False, True)) -> str:
     work = Settings.from_env().ensure().state_dir / "bench" / "recovery" / time.strftime("%Y%m%d-%H%M%S")
-    return "\n\n".join(_tables(work, warm) for warm in (False, True))
+    return "\n\n".join(_tables(work, warm) for warm in modes)
 
 
 def _tables(work: Path, warm: bool) -> str:
@@ -85,6 +103,7 @@ def _tables(work: Path, warm: bool) -> str:
     rows = [f"### Warm restarts {'on (workers forked from a zygote)' if warm else 'off (cold interpreter per worker)'}",
             "", "| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost | "
             + " | ".join(f"{p} (s)" for p in PHASES) + " |", "|---" * (6 + len(PHASES)) + "|"]
+    after_ckpt = "not measured"
     for kind, faults in MTTR_FAULTS.items():
         sup, _, fired = _run(work, f"{mode}-mttr-{kind}", 60, faults, warm)
         recs = [r for r in records(sup, fired) if r.recovery_s is not None]
@@ -96,13 +115,25 @@ def _tables(work: Path, warm: bool) -> str:
         rows.append(f"| {kind} | {', '.join(causes)} | {len(recs)} | {statistics.mean(mttr):.1f} | "
                     f"{min(mttr):.1f}-{max(mttr):.1f} | {statistics.mean(lost):.1f} | "
                     + " | ".join(f"{x:.2f}" for x in split) + " |")
+        if kind == "term":
+            c2s = _checkpoint_to_step(sup, list({m["fault"]: m for m in fired}.values()), work / f"{mode}-mttr-{kind}")
+            after_ckpt = ", ".join(f"{x:.2f}" for x in c2s) or "none recovered"
+    rows += ["", f"Preemption (term): emergency checkpoint written -> first resumed step: {after_ckpt} s"]
 
     kinds = ["kill", "term", "stop"]
     plan = [f"{kinds[i % 3]}@{s}" + (":1" if kinds[i % 3] in ("kill", "stop") else "")
             for i, s in enumerate(range(GOODPUT_EVERY, GOODPUT_STEPS - 1, GOODPUT_EVERY))]
     _, ref_s, _ = _run(work, f"{mode}-goodput-reference", GOODPUT_STEPS, "", warm)
-    sup, drill_s, _ = _run(work, f"{mode}-goodput-drill", GOODPUT_STEPS, ",".join(plan), warm)
+    sup, drill_s, fired = _run(work, f"{mode}-goodput-drill", GOODPUT_STEPS, ",".join(plan), warm)
     executed = steps_executed(sup)
+    step_s = ref_s / GOODPUT_STEPS
+    costs = []
+    for r in records(sup, fired):
+        lost_s = (r.steps_lost or 0) * step_s
+        costs.append(f"| {r.fault} | {r.classified_as or '-'} | "
+                     + (f"{r.recovery_s:.2f}" if r.recovery_s is not None else "-")
+                     + f" | {r.steps_lost if r.steps_lost is not None else '-'} | {lost_s:.2f} | "
+                     + (f"{(r.recovery_s or 0) + lost_s:.2f}" if r.recovery_s is not None else "-") + " |")
     inplace = sum(a.inplace for a in sup.attempts)
     rows += ["", f"Goodput, {GOODPUT_STEPS} steps with a fault every {GOODPUT_EVERY} steps "
                  f"({', '.join(plan)}), checkpoint every {CHECKPOINT_EVERY} steps:", "",
@@ -111,6 +142,10 @@ def _tables(work: Path, warm: bool) -> str:
              f"| undisturbed | 0 | {GOODPUT_STEPS} | 100.0% | {ref_s:.1f} | 1.00 |",
              f"| fault every {GOODPUT_EVERY} steps | {sup.restarts} ({inplace}) | {executed} | "
              f"{GOODPUT_STEPS / executed:.1%} | {drill_s:.1f} | {ref_s / drill_s:.2f} |",
+             "", f"What each fault of that run cost (steps lost at the undisturbed {step_s * 1000:.0f} ms/step; "
+                 f"the rest of the {drill_s - ref_s:.1f} s difference is launch and exit overhead):", "",
+             "| fault | classified as | time to recovery (s) | steps lost | their time (s) | cost (s) |",
+             "|---|---|---|---|---|---|", *costs,
              "", f"(hang timeout {HANG_TIMEOUT_S:.0f} s; digits-cnn channels 16, 2 ranks, torchrun + gloo on CPU; "
                  f"warm restarts {'on' if warm else 'off'})"]
     return "\n".join(rows)
