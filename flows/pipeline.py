@@ -11,13 +11,14 @@ import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
-from uuid import UUID
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple, cast
+from uuid import UUID, uuid4
 
 from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.blocks.system import Secret
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.futures import PrefectFuture
 from prefect.input import RunInput
@@ -43,6 +44,7 @@ from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_cl
 from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
+from traingate.job.result import StageResult
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
 from traingate.ladder.gates import decide
@@ -54,7 +56,7 @@ from traingate.redact import redact, register_secret
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
-from traingate.specbase import form_positions
+from traingate.specbase import MAX_SECONDS, form_positions
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
@@ -153,6 +155,33 @@ class Approval(RunInput):
     reason: str = ""
 
 
+class Resume(RunInput):
+    """The Resume form the Prefect UI shows on a ladder paused mid-stage (an alert, a budget, a full disk)."""
+
+    model_config = ConfigDict(json_schema_extra=form_positions)
+
+    resume: bool = Field(
+        default=True,
+        description="continue the paused stage from its latest checkpoint; false: stop (`traingate resume` "
+        "can still continue it)",
+    )
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="spec changes for the rest of the run, e.g. budget.max_run_usd=20 after a budget pause",
+    )
+    reviewer: str = ""
+    reason: str = ""
+
+
+class UiResume(NamedTuple):
+    """What came of a pause in place: the spec to continue with, or why the run stops (``elsewhere``: another
+    orchestrator, `traingate resume`, took the run over while it waited)."""
+
+    spec: RunSpec | None
+    why: str = ""
+    elsewhere: bool = False
+
+
 class ResumeFrom(BaseModel):
     """Continue an earlier run: its interrupted stage from the latest checkpoint, then the rest."""
 
@@ -169,8 +198,18 @@ class ResumeFrom(BaseModel):
 
 
 @flow(name="ladder", log_prints=True)
-def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: ResumeFrom | None = None) -> State:
-    """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run."""
+def ladder(
+    spec: RunSpec | None = None,
+    until: Stage = "full",
+    resume_from: ResumeFrom | None = None,
+    pause_wait_s: Annotated[int, Field(ge=0, le=int(MAX_SECONDS))] = 0,
+) -> State:
+    """Run ``spec`` up the ladder to ``until``; or, with ``resume_from``, continue that run.
+
+    ``pause_wait_s``: how long a stage paused by an alert or a budget waits, paused in Prefect, for its
+    Resume form (:class:`Resume`) before the run stops resumable; 0 (the CLI): it stops at once, and
+    `traingate resume` continues it.
+    """
     log = get_run_logger()
     try:
         settings = flow_settings()
@@ -236,6 +275,7 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
     pending: list[PrefectFuture] = []
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
+        in_place: UiResume | None = None  # the stage's pause in place, if it paused
         stage_run = (point.mlflow_run_ids.get(stage) if point is not None and resuming else None) or open_stage_run(
             run_id, stage
         )
@@ -246,6 +286,13 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         else:
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
             result = run_stage_job(job, resume=resuming)
+            while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
+                in_place = _wait_for_resume(stage, result, spec, run_dir, pause_wait_s)
+                if in_place.spec is None:
+                    break
+                spec = in_place.spec
+                job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
+                result = run_stage_job(job, resume=True)
         gate = spec.gate(stage)
         decision = decide(
             result,
@@ -270,8 +317,12 @@ def ladder(spec: RunSpec | None = None, until: Stage = "full", resume_from: Resu
         summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
         if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
             _settle(pending)
+            if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
+                return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
+            not_resumed = in_place.why if in_place is not None else ""
             close_pipeline_run(run_id, False, stage, result.error or "preempted")
-            return stopped(Cancelled(message=resumable_stop(stage, result, run_id)), summary)
+            message = resumable_stop(stage, result, run_id) + (f" ({not_resumed})" if not_resumed else "")
+            return stopped(Cancelled(message=message), summary)
         if not decision.passed:
             _settle(pending)
             close_pipeline_run(run_id, False, stage, decision.summary())
@@ -402,8 +453,50 @@ def _close_stale_runs(settings: Settings) -> None:
                 s.cause,
             )
         for flow_run_id, cause in {s.flow_run_id: s.cause for s in closed if s.flow_run_id}.items():
-            if state_of(flow_run_id) in stale.LIVE_FLOW_STATES:
+            # A Retry of a crashed flow run runs as that same flow run: its dead orchestrator is not this one.
+            if flow_run_id != str(flow_run.id) and state_of(flow_run_id) in stale.LIVE_FLOW_STATES:
                 client.set_flow_run_state(flow_run_id, Crashed(message=f"orchestrator lost: {cause}"), force=True)
+
+
+def _paused(result: StageResult) -> bool:
+    """A stage an alert, a budget or a full disk paused at a checkpoint (not one preempted or cancelled)."""
+    return result.status == Status.PREEMPTED and bool(result.details.get("supervision", {}).get("paused_by"))
+
+
+def _wait_for_resume(stage: str, result: StageResult, spec: RunSpec, run_dir: Path, wait_s: int) -> UiResume:
+    """Pause this flow run with a :class:`Resume` form (the Prefect UI's Resume button) for up to ``wait_s``.
+
+    Resumed with ``resume: true``: the spec with its ``overrides`` (kept in the run's spec.yaml, as `traingate
+    resume --set` keeps them); overrides that do not make a valid spec are refused in one line and the run
+    pauses again. Declined, timed out, or taken over by `traingate resume` meanwhile: why it stops.
+    """
+    log = get_run_logger()
+    while True:
+        log.warning(
+            "%s; or resume flow run %s from the Prefect UI (Resume: overrides, reviewer, reason) within %d s",
+            resumable_stop(stage, result, run_dir.name),
+            flow_run.id,
+            wait_s,
+        )
+        try:
+            answer = pause_flow_run(wait_for_input=Resume, timeout=wait_s, key=f"resume-{stage}-{uuid4().hex[:8]}")
+        except FlowPauseTimeout:
+            return UiResume(None, f"not resumed within pause_wait_s={wait_s} s")
+        owner = stale.read_orchestrator(run_dir)
+        if owner is not None and owner.flow_run_id != str(flow_run.id):
+            return UiResume(None, f"continued by flow run {owner.flow_run_id} (traingate resume)", elsewhere=True)
+        who = answer.reviewer or "reviewer"
+        if not answer.resume:
+            return UiResume(None, f"not resumed by {who}" + (f": {answer.reason}" if answer.reason else ""))
+        try:
+            changed = parse_spec(apply_overrides(spec.to_dict(), answer.overrides))
+        except SpecError as e:
+            log.error("Resume of %s refused: overrides: %s; the run stays paused", stage, e)
+            continue
+        write_resolved(changed, run_dir / "spec.yaml")  # a later `traingate resume` keeps them
+        changes = "".join(f"; {o}" for o in answer.overrides)
+        log.info("%s resumed by %s from its latest checkpoint%s", stage, who, changes)
+        return UiResume(changed)
 
 
 def _settle(pending: list[PrefectFuture]) -> None:
@@ -443,6 +536,7 @@ def same_end(state: State) -> State:
 
 __all__ = [
     "Approval",
+    "Resume",
     "RunStopped",
     "ResumeFrom",
     "ResumePoint",
