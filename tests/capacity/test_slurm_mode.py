@@ -78,3 +78,29 @@ def test_slurm_mode_replays_every_attempt_as_the_straightforward_schedule_does(n
     fast = simulate(trace, cfg, policy, planner=SlurmModePlanner(cfg.simulator.slurm_priority))
     slow = simulate(trace, cfg, policy, planner=SlurmModePlanner(cfg.simulator.slurm_priority, straightforward_pass))
     assert _schedule_of(fast) == _schedule_of(slow)
+
+
+def test_slurm_mode_backfills_a_job_only_if_it_ends_a_backfill_resolution_before_the_heads_reservation():
+    # Two GPUs. a holds one until 100 s (its estimate, and true). At 1 s the head h needs both: reserved
+    # at 100 s. w (1 GPU, behind h in submission order) says 99 s: it would end at 100 s, exactly at the reservation. The simulator's
+    # own backfill lets it in; Slurm, planning on a 60 s grid (bf_resolution), counts it as overlapping.
+    cfg = parse_config(
+        {"pools": {"p": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}}}
+    )
+    trace = [
+        TraceJob(Job("a", "t", "research", "p", 1, 0.0, est_duration_s=100.0), 100.0),
+        TraceJob(Job("h", "t", "research", "p", 2, 1.0, est_duration_s=10.0), 10.0),
+        TraceJob(Job("w", "t", "research", "p", 1, 1.0, est_duration_s=99.0), 5.0),
+    ]
+    own = simulate(trace, cfg, Policy.parse("fairshare+backfill"))
+    assert {r.job_id: r.first_start_s for r in own.records} == {"a": 0.0, "h": 100.0, "w": 1.0}
+    policy = Policy.parse("multifactor+backfill")
+    slurm = simulate(trace, cfg, policy, planner=planner_for(policy, cfg))
+    assert {r.job_id: r.first_start_s for r in slurm.records} == {"a": 0.0, "h": 100.0, "w": 110.0}
+    no_grid = cfg.model_copy(
+        update={
+            "simulator": cfg.simulator.model_copy(update={"slurm_priority": SlurmPriorityConfig(bf_resolution_s=0)})
+        }
+    )
+    loose = simulate(trace, no_grid, policy, planner=planner_for(policy, no_grid))
+    assert {r.job_id: r.first_start_s for r in loose.records}["w"] == 1.0

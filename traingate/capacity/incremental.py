@@ -387,7 +387,7 @@ def plan_pass(
                 how = How.IN_ORDER
             elif shadow is not None:
                 rem = predicted_remaining(job, predict)
-                if rem is not None and now + job.overhead_s + rem <= shadow:
+                if rem is not None and now + job.overhead_s + rem + rules.backfill_margin_s <= shadow:
                     nodes = free.place(job.slots)
                     how = How.BACKFILL
             if nodes is None and can_preempt:

@@ -92,6 +92,8 @@ class Rules:
     quotas: Mapping[str, int]  # team -> max slots held on this pool; absent: uncapped
     restart_cost_s: float = 0.0  # what a victim pays to resume; part of the work a preemption loses
     slurm_priority: SlurmPriorityConfig = SlurmPriorityConfig()  # the multifactor order's weights
+    # A backfilled job must end this long before the head's reservation (Slurm mode: its bf_resolution).
+    backfill_margin_s: float = 0.0
 
 
 class How(str, enum.Enum):  # noqa: UP042 - str(How.X) stays 'How.X'
@@ -375,7 +377,7 @@ def schedule(
                 continue
         elif shadow is not None:
             rem = predicted_remaining(job, predict)
-            if rem is not None and now + job.overhead_s + rem <= shadow:
+            if rem is not None and now + job.overhead_s + rem + rules.backfill_margin_s <= shadow:
                 nodes = place(job.slots, free, gpn)
                 if nodes is not None:
                     start(job, nodes, How.BACKFILL)

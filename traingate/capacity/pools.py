@@ -191,6 +191,9 @@ class SlurmPriorityConfig(_Section):
     calc_period_s: float = Field(
         default=60.0, ge=0, description="PriorityCalcPeriod: fair-share usage is refreshed this often (0: always)"
     )
+    bf_resolution_s: float = Field(
+        default=60.0, ge=0, description="bf_resolution: a backfilled job must end this long before the head's start"
+    )
 
 
 class SimulatorConfig(_Section):

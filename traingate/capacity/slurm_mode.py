@@ -6,7 +6,10 @@ priority number from the weights of ``simulator.slurm_priority`` in the pools co
 recomputes fair-share usage and job priorities every ``PriorityCalcPeriod``, not at every event;
 :class:`SlurmModePlanner` hands each pass the usage as it stood at the last such recomputation
 (``calc_period_s``; 0: the usage of the moment). Backfill is the simulator's EASY backfill on
-predictions, which a Slurm job's ``--time`` gives (as a trace's ``est_duration_s``).
+predictions, which a Slurm job's ``--time`` gives (as a trace's ``est_duration_s``), with Slurm's
+caution: Slurm plans backfill on a grid of ``bf_resolution`` seconds (60 by default), so a job that
+would end at the head's reserved start, or just before it, counts as overlapping it; here a backfilled
+job must end ``bf_resolution_s`` before the head's reservation (``Rules.backfill_margin_s``).
 
 >>> from traingate.capacity.pools import parse_config
 >>> cfg = parse_config({"pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0,
@@ -59,7 +62,8 @@ class SlurmModePlanner:
                     nxt += period
                 self._seen[run] = (nxt, dict(usage))
             seen = self._seen[run][1]
-        return self.inner(now, pool, run, queue, dataclasses.replace(rules, slurm_priority=self.weights), seen, predict)
+        rules = dataclasses.replace(rules, slurm_priority=self.weights, backfill_margin_s=self.weights.bf_resolution_s)
+        return self.inner(now, pool, run, queue, rules, seen, predict)
 
 
 def planner_for(policy: Policy, config: CapacityConfig, inner: Planner = plan_pass) -> Planner | None:
