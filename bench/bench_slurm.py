@@ -78,18 +78,30 @@ def _tree(nodes: int = 1, steps: int = 16, priority: str = "research") -> dict[s
     return tree
 
 
-def _job(state: Path, run_id: str, tree: dict[str, Any], faults: str | None = None) -> Any:
+def _job(state: Path, run_id: str, tree: dict[str, Any], faults: str | None = None, tracked: bool = True) -> Any:
+    """The stage's StageJob; ``tracked``: tracked in an MLflow run of its own in the state dir's store, as a
+    ladder's stage is (its supervisor delivers the rank's journal to it)."""
     from traingate.job.stagejob import derive
     from traingate.settings import Settings
     from traingate.spec import parse_spec
+    from traingate.tracking import runs
 
-    tree = {**tree, "tracking": {"enabled": False}}
+    settings = Settings.from_env({"TRAINGATE_STATE_DIR": str(state)})
+    mlflow_run_id = None
+    if tracked:
+        client = runs.client(settings.tracking_uri)
+        exp = client.get_experiment_by_name("bench-slurm")
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment("bench-slurm")
+        mlflow_run_id = client.create_run(exp_id, run_name=run_id).info.run_id
+    else:
+        tree = {**tree, "tracking": {"enabled": False}}
     return derive(
         parse_spec(tree),
         "full",
         run_id=run_id,
         run_dir=state / "runs" / run_id,
-        settings=Settings.from_env({"TRAINGATE_STATE_DIR": str(state)}),
+        settings=settings,
+        mlflow_run_id=mlflow_run_id,
         faults=faults,
     )
 
@@ -193,7 +205,20 @@ def _idle(state: Path) -> dict[str, float]:
     t, box = _start(job, stop)
     t.join(400)
     assert box["result"].status == "completed", box["result"].error
+    _delivered(job)
     return _times(job, _record(job)["jobs"][-1])
+
+
+def _delivered(job: Any) -> None:
+    """A tracked stage's metrics reached its MLflow run (the supervisor delivered the rank's journal)."""
+    from traingate.settings import Settings
+    from traingate.tracking import runs
+
+    if job.mlflow_run_id is None:
+        return
+    client = runs.client(Settings.from_env({"TRAINGATE_STATE_DIR": str(Path(job.run_dir).parents[1])}).tracking_uri)
+    metrics = client.get_run(job.mlflow_run_id).data.metrics
+    assert "train_loss" in metrics, f"stage {job.run_id}: no train_loss in its MLflow run ({sorted(metrics)})"
 
 
 def _bare(state: Path, steps: int = 16) -> dict[str, float]:
@@ -250,7 +275,7 @@ def _bare(state: Path, steps: int = 16) -> dict[str, float]:
 def _urgent(state: Path) -> dict[str, float]:
     """An urgent stage submitted while a victim holds all GPUs: its timeline, and the victim's step when
     preempted."""
-    victim = _job(state, f"victim-{time.monotonic_ns()}", _tree(nodes=2, steps=200), "slow@0")
+    victim = _job(state, f"victim-{time.monotonic_ns()}", _tree(nodes=2, steps=200), "slow@0", tracked=False)
     stop = threading.Event()
     tv, _ = _start(victim, stop)
     _wait(lambda: _step(victim) >= 5, "the victim training on both nodes")
@@ -260,7 +285,18 @@ def _urgent(state: Path) -> dict[str, float]:
     stop.set()  # the victim's requeued job is stopped at a checkpoint: it is not measured
     tv.join(400)
     assert bu["result"].status == "completed", bu["result"].error
-    return {**_times(urgent, _record(urgent)["jobs"][0]), "victim_step": float(_step(victim))}
+    _delivered(urgent)
+    times = {**_times(urgent, _record(urgent)["jobs"][0]), "victim_step": float(_step(victim))}
+    out = "".join(p.read_text() for p in Path(victim.stage_dir).glob("slurm-*.out"))
+    m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+), requeued job \S+ at ([0-9.]+)", out)
+    if m:
+        sub = _record(urgent)["jobs"][0]["submitted"]
+        times.update(
+            victim_signalled=float(m.group(1)) - sub,
+            victim_stopped=float(m.group(2)) - sub,
+            victim_requeued=float(m.group(3)) - sub,
+        )
+    return times
 
 
 def _segment_rows(t: dict[str, float]) -> list[tuple[str, float]]:
@@ -380,6 +416,16 @@ def main() -> str:
                 "|---|---|",
                 f"| grace: urgent submit -> its Slurm start (victim at step {u['victim_step']:.0f} signalled, "
                 f"emergency checkpoint, requeue, exit) | {u['slurm_start']:.2f} |",
+                *(
+                    f"| {what} | {u[key] - u[prev] if prev else u[key]:.2f} |"
+                    for key, prev, what in (
+                        ("victim_signalled", None, "of which urgent submit -> the victim's batch step signalled"),
+                        ("victim_stopped", "victim_signalled", "-> its supervision ended (emergency checkpoint, exit)"),
+                        ("victim_requeued", "victim_stopped", "-> `scontrol requeue` done"),
+                        ("slurm_start", "victim_requeued", "-> the urgent job started (victim's exit, epilog, Slurm)"),
+                    )
+                    if key in u and (prev is None or prev in u)
+                ),
                 *(f"| {what} | {v:.2f} |" for what, v in _segment_rows(u)),
                 f"| **urgent submit -> urgent first step** | **{u['first_step']:.2f}** |",
                 f"| **the rest (first step - grace; goal <= 5 s)** | **{u['first_step'] - u['slurm_start']:.2f}** |",

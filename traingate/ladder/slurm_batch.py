@@ -38,17 +38,22 @@ from traingate.settings import NODES_VAR
 from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, request_stop, stop_request
 
-_signalled: list[int] = []
+_signalled: list[tuple[int, float]] = []  # (signal, when): the first one counts
 
 
 def _say(text: str) -> None:
-    print(f"[slurm_batch] {text}", flush=True)
+    # Timed to the hundredth: the output file is appended by every allocation, and preemption is a matter of seconds.
+    now = time.time()
+    print(
+        f"[slurm_batch] {time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 100) % 100:02d} {text}", flush=True
+    )
 
 
 def allocated(job: StageJob, nodelist: str) -> StageJob:
     """The job placed on this allocation: for several nodes, TRAINGATE_NODES names them and the
     rendezvous moves to the first node's address (the spec's endpoint keeps only its port)."""
-    names = slurm_cli.hostnames(nodelist)
+    # One node's list is its name: no scontrol process on the way to the launch.
+    names = [nodelist] if nodelist and not any(c in nodelist for c in "[,") else slurm_cli.hostnames(nodelist)
     if len(names) != job.nodes:
         raise SlurmError(f"allocation {nodelist!r} has {len(names)} nodes, the stage needs {job.nodes}")
     if job.nodes == 1:
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{SIGNALLED} ({signal.Signals(sig).name}, job {os.environ.get('SLURM_JOB_ID')}): "
                 "preempted, or cancelled"
             )
-        _signalled.append(sig)
+        _signalled.append((sig, time.time()))
 
     signal.signal(signal.SIGTERM, on_term)
     job = StageJob.read(args.job)
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     hooks = Hooks(on_line=print, info=_say, stop_requested=stop_request)
     before: list[Supervision] = []
     sup = stage_run.train(job, hooks, previous, _say, before)
+    stopped = time.time()
     if before:
         # Smoke's first half ran in this allocation: its attempts go into supervisor.json ahead of the second
         # half's, which is what the orchestrator reads back (the stage's attempt records and restarts).
@@ -110,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if slurm_cli.preempted(job_id):
                 slurm_cli.requeue(job_id)
-                _say(f"preempted: requeued job {job_id}, the next allocation resumes from the checkpoint")
+                _say(
+                    f"preempted: signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f}, requeued job "
+                    f"{job_id} at {time.time():.2f} (epoch s); the next allocation resumes from the checkpoint"
+                )
             else:
                 _say(f"signalled, not preempted (scancel or the time limit): job {job_id} not requeued")
         except SlurmError as e:

@@ -92,7 +92,7 @@ class BuiltinDriver(RecipeDriver):
             return None
         path = journal_path(Path(job.stage_dir))
         path.parent.mkdir(parents=True, exist_ok=True)
-        return Delivery(resolve(job.tracking_uri, field="tracking URI"), job.mlflow_run_id, path)
+        return Delivery(resolve(job.tracking_uri, field="tracking URI"), job.mlflow_run_id, path, until_records=True)
 
     def monitor(self, job: StageJob, started: float) -> StageMonitor | None:
         if not job.spec.alerts.enabled:

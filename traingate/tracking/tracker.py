@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from traingate.job import envvars
 from traingate.job.vocab import Status
 from traingate.redact import redact
@@ -107,7 +105,8 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     # lazy: SQLAlchemy takes 0.5 s to import; MLflow loads it anyway (its SQL stores), after _mlflow()
     import sqlalchemy.exc
 
-    return _mlflow().exceptions.MlflowException, requests.RequestException, OSError, sqlalchemy.exc.SQLAlchemyError
+    # requests' errors (the REST store's) are OSErrors: importing requests would cost every rank ~0.1 s of CPU.
+    return _mlflow().exceptions.MlflowException, OSError, sqlalchemy.exc.SQLAlchemyError
 
 
 class MlflowTracker(NullTracker):
@@ -263,8 +262,10 @@ class Delivery:
         journal: Journal | Path,
         flush_every_s: float = 1.0,
         drain_timeout_s: float | None = None,
+        until_records: bool = False,
     ):
         _fail_fast_http()
+        self.until_records = until_records
         self.tracking_uri, self.run_id = tracking_uri, run_id
         self.journal = journal if isinstance(journal, Journal) else Journal(Path(journal))
         self.flush_every_s = flush_every_s
@@ -281,8 +282,9 @@ class Delivery:
 
     @property
     def client(self) -> Any:
-        """The MLflow client, built on first use. The thread builds it as soon as it starts: importing
-        MLflow and opening its store (engine, schema check) then overlaps with everything else."""
+        """The MLflow client, built on first use. The thread builds it as soon as it starts (``until_records``:
+        once there is something to deliver): importing MLflow and opening its store (engine, schema check) then
+        overlaps with everything else."""
         with self._client_lock:
             if self._client is None:
                 self._transient = _transient_errors()
@@ -292,6 +294,14 @@ class Delivery:
     def _run(self) -> None:
         backoff = 0.0
         try:
+            # ``until_records``: a supervisor delivering for the ranks it starts. MLflow's import and its store's
+            # set-up take seconds of CPU on the node that trains, where the ranks are importing torch and joining
+            # their group; the ranks' first records come with the first training step.
+            while self.until_records and not self._stop.is_set() and self.journal.pending_bytes() == 0:
+                self._wake.wait(self.flush_every_s)
+                self._wake.clear()
+            if self.until_records and self.journal.pending_bytes() == 0:
+                return  # closed with nothing to deliver
             try:
                 self.client  # noqa: B018 - build it now, off the caller's thread
             except self._transient as e:
