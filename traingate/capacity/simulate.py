@@ -307,8 +307,11 @@ def _replay_pools(
             estimator.observe(job, true[jid])
         while i < n and arrivals[i].job.submit_s <= t:
             tj = arrivals[i]
-            for name in tj.accepts:
-                states[name].waiting.add(tj.job if name == tj.job.pool else dataclasses.replace(tj.job, pool=name))
+            if tj.pools:
+                for name in tj.pools:
+                    states[name].waiting.add(tj.job if name == tj.job.pool else dataclasses.replace(tj.job, pool=name))
+            else:
+                states[tj.job.pool].waiting.add(tj.job)
             i += 1
         heads: list[tuple[_PoolState, str | None]] = []
         for st in order:
