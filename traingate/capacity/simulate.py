@@ -8,8 +8,10 @@ when they resume; a preemptor pays the victims' ``preempt_grace_s``. The true du
 here; the policy sees predictions only (:mod:`traingate.capacity.estimate`), a running job's fixed
 when it starts. A backfilled attempt is held to its predicted end, as Slurm holds a job to its time
 limit: unfinished there, it is stopped like a victim (a limit stop) and not predicted again, so it
-cannot delay the head it jumped. Pools are independent, so each is replayed on its own and fair
-share counts usage per pool. Each pass is :func:`traingate.capacity.incremental.plan_pass`, the
+cannot delay the head it jumped. A job may accept several pools (``TraceJob.pools``): it waits in
+each and starts in the first whose pass can start it (pools in name order at each event), then
+belongs to that pool. Pools no such job links are replayed on their own, linked pools together;
+fair share counts usage per pool. Each pass is :func:`traingate.capacity.incremental.plan_pass`, the
 decisions of ``schedule`` over state kept from pass to pass.
 
 >>> from traingate.capacity.pools import parse_config
