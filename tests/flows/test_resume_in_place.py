@@ -1,0 +1,99 @@
+"""A ladder paused mid-stage (here by its budget) waits, paused in Prefect, for the Resume form the Prefect UI shows
+on the paused flow run; what the form submits (the API call the UI makes) continues the same traingate run.
+
+Real everything: the session's Prefect server, MLflow on SQLite, torchrun."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from traingate.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+# $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 40 steps take 4 s of training
+# with the injected slowness (as tests/monitor/test_budget_cli.py). The smoke gate's default rule, resumed from a
+# checkpoint, holds only when the pause comes after the first checkpoint, which a loaded machine may not reach.
+BUDGET = ["stages.smoke.max_steps=40", "resources.procs_per_node=1", "pools.cpu-local.price_per_gpu_hour=100",
+          "budget.max_run_usd=0.15", "gates.smoke.rules=[{metric: nonfinite_steps, op: '==', value: 0}]"]
+
+
+class _Kept(logging.Handler):
+    def __init__(self, into: list[str]):
+        super().__init__(logging.INFO)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+def _paused(client, besides: set) -> tuple:
+    """The flow run that paused for input, and the keyset of that pause, once it pauses (not one in ``besides``)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for fr in client.read_flow_runs(limit=20):
+            keyset = fr.state.state_details.run_input_keyset if fr.state is not None else None
+            if fr.state is not None and fr.state.is_paused() and keyset and keyset["response"] not in besides:
+                return fr, keyset
+        time.sleep(1)
+    raise AssertionError("no flow run paused for its Resume form")
+
+
+def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_override_keeps_it_paused(
+        prefect_api, state_dir, tiny_spec, monkeypatch):
+    from prefect import get_client
+
+    from flows.pipeline import ladder
+    from traingate.spec import load_spec
+
+    monkeypatch.setenv("TRAINGATE_INJECT", "slow@0:0")
+    spec = load_spec(tiny_spec(), BUDGET)
+    said: list[str] = []
+    handler = _Kept(said)  # Prefect's run loggers do not propagate to pytest's caplog
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(state=ladder(spec, "smoke", pause_wait_s=300, return_state=True)))
+    t.start()
+    try:
+        with get_client(sync_client=True) as c:
+            fr, keyset = _paused(c, set())
+            run_id = fr.name  # the ladder names its flow run after the traingate run
+            # the form the UI draws on the paused run: the Resume input's schema, fields in declared order
+            schema = json.loads(c.read_flow_run_input(fr.id, keyset["schema"]))
+            assert sorted(schema["properties"], key=lambda k: schema["properties"][k]["position"]) == \
+                ["resume", "overrides", "reviewer", "reason"]
+            # the server checks what the form submits against that schema
+            wrong = c.resume_flow_run(fr.id, run_input={"resume": "maybe"})
+            assert wrong.status.value == "REJECT" and "resume" in wrong.details.reason, wrong
+            # a value the schema accepts but that makes no valid spec: refused in one line, paused again
+            once = c.resume_flow_run(fr.id, run_input={"overrides": ["budget.max_run_usd=-1"], "reviewer": "ana"})
+            assert once.status.value == "ACCEPT", once
+            again, _ = _paused(c, {keyset["response"]})
+            assert again.id == fr.id
+            ok = c.resume_flow_run(fr.id, run_input={"resume": True, "overrides": ["budget.max_run_usd=100"],
+                                                      "reviewer": "ana", "reason": "the sweep found it worth it"})
+            assert ok.status.value == "ACCEPT", ok
+        t.join(timeout=600)
+    finally:
+        logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    state = box["state"]
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["run_id"] == run_id and summary["flow_run_id"] == str(fr.id)
+    assert summary["stages"]["smoke"]["status"] == "completed"
+    assert "max_run_usd: 100" in (state_dir / "runs" / run_id / "spec.yaml").read_text()  # as `traingate resume`
+    pause = [m for m in said if "paused by alert budget-exhausted" in m]
+    assert len(pause) == 2 and f"or resume flow run {fr.id} from the Prefect UI" in pause[0], said
+    refused = [m for m in said if m.startswith("Resume of smoke refused")]
+    assert len(refused) == 1 and "budget.max_run_usd" in refused[0] and "-1" in refused[0], said
+    # one logical run: the same MLflow parent, one smoke stage run, finished
+    client = MlflowClient(Settings.from_env().tracking_uri)
+    parent = client.get_run(run_id)
+    stages = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    assert sorted(r.data.tags["traingate.stage"] for r in stages) == ["smoke", "unit"]
+    assert parent.info.status == "FINISHED"
