@@ -4,7 +4,7 @@ through the real `traingate run`, then read EVERY byte that was written and find
 Planted, one of each class the redactor knows: secret environment variables (AWS_*, *_TOKEN, and
 DB_PASS, named only tersely), the value of a variable TRAINGATE_SECRET_BLOCKS names (what a Prefect
 Secret block fills in, whatever the variable is called), the MLflow tracking URI's user:password (a
-real `mlflow server` on loopback), values after secret flags in the spec file (`--api-token VALUE`,
+real `mlflow server` on loopback), the temporary Prefect server's auth string, values after secret flags in the spec file (`--api-token VALUE`,
 `--wandb-key VALUE`), `--set` values, a presigned-style data URI query string (served on loopback), a
 literal webhook URL (`.../hooks/TOKEN`) in the spec, and a script that prints all of them on its stdout. Scanned: the whole test directory (state dir with Prefect's and
 MLflow's SQLite databases read raw, MLflow artifacts, stage files and logs, TMPDIR of the run,
@@ -37,7 +37,7 @@ def _plant(kind: str) -> str:
 
 PLANTED = {name: _plant(name) for name in (
     "AwsSecret", "ServiceToken", "TrackingPw", "ScriptToken", "SetPassword", "SetPurpose", "DataSig", "DataCred",
-    "WandbKey", "DbPass", "BlockValue", "HookToken")}
+    "WandbKey", "DbPass", "BlockValue", "HookToken", "PrefectAuth")}
 # The environment a worker would have: a tersely named password and a Secret block's variable.
 PLANTED_ENV = {"DB_PASS": PLANTED["DbPass"], "DATABASE_DSN": PLANTED["BlockValue"],
                "TRAINGATE_SECRET_BLOCKS": "DATABASE_DSN=traingate-database-dsn"}
@@ -61,7 +61,7 @@ def take(flag):
 token, password, wandb = take("--api-token"), take("--password"), take("--wandb-key")
 print(f"canary: --api-token {token} --password {password} --wandb-key {wandb}", flush=True)
 for var in ("AWS_SECRET_ACCESS_KEY", "MY_SERVICE_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD",
-            "DB_PASS", "DATABASE_DSN"):
+            "DB_PASS", "DATABASE_DSN", "PREFECT_API_AUTH_STRING"):
     print(f"canary: {var}={os.environ.get(var)}", flush=True)
 if hashlib.sha256((token or "").encode()).hexdigest() != EXPECTED_TOKEN_SHA256:
     print("canary: --api-token did not arrive resolved", flush=True)
@@ -141,6 +141,8 @@ def _traingate_run(scanned_dir: Path, tracking_uri: str, args: list[str], name: 
         "TRAINGATE_TRACKING_URI": tracking_uri,
         "TRAINGATE_PREFECT_SERVER": "temporary",  # its database under state/prefect is scanned with the rest
         "AWS_SECRET_ACCESS_KEY": PLANTED["AwsSecret"], "MY_SERVICE_TOKEN": PLANTED["ServiceToken"],
+        # The temporary server's auth string, as an operator would give it (else the CLI generates one).
+        "PREFECT_SERVER_API_AUTH_STRING": f"traingate:{PLANTED['PrefectAuth']}",
         **(extra_env or {}),
     })
     proc = subprocess.run([PYTHON, "-m", "flows.cli", "run", *args], cwd=ROOT, env=env, capture_output=True,
@@ -217,5 +219,6 @@ def test_a_script_ladder_writes_no_byte_of_the_secrets_in_its_arguments_data_uri
     assert "canary: --api-token *** --password *** --wandb-key ***" in full
     assert "canary: AWS_SECRET_ACCESS_KEY=***" in full and "canary: MY_SERVICE_TOKEN=***" in full
     assert "canary: DB_PASS=***" in full and "canary: DATABASE_DSN=***" in full
+    assert "canary: PREFECT_API_AUTH_STRING=***" in full  # the client's copy of the server's auth string
     assert "/hooks/${env:TRAINGATE_SECRET_" in next((scanned / "state").glob("runs/*/spec.yaml")).read_text()
     _assert_nothing_leaked(scanned, server_home)
