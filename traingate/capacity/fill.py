@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 from bisect import insort
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,9 @@ class Workload:
 
     @classmethod
     def of(cls, requests: Sequence[float]) -> Workload:
-        milli = [to_milli(g) for g in requests]
-        sizes = sorted(set(milli))
-        return cls(tuple(sizes), tuple(milli.count(s) / len(milli) for s in sizes))
+        counts = Counter(to_milli(g) for g in requests)
+        sizes = sorted(counts)
+        return cls(tuple(sizes), tuple(counts[s] / len(requests) for s in sizes))
 
 
 State = tuple[int, ...]  # a node's free thousandths per GPU, ascending (its GPUs are interchangeable)
