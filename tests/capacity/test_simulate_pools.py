@@ -4,6 +4,7 @@ and the incremental pass still makes the decisions of ``policy.schedule``."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,10 @@ from traingate.capacity.figures import ALL, figures
 from traingate.capacity.incremental import straightforward_pass
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import Policy
-from traingate.capacity.pools import CapacityError, parse_config
-from traingate.capacity.report import COMPARED
+from traingate.capacity.pools import CapacityError, load_config, parse_config
+from traingate.capacity.report import COMPARED, report
 from traingate.capacity.simulate import TraceJob, simulate
-from traingate.capacity.trace import TraceParams, generate
+from traingate.capacity.trace import TraceParams, generate, read_trace
 
 POOL = {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}
 AB = parse_config({"pools": {"a": POOL, "b": POOL, "c": POOL}, "simulator": {"checkpoint_every_s": 600}})
@@ -79,3 +80,23 @@ def test_with_jobs_that_accept_several_pools_the_incremental_pass_replays_every_
     assert [(p.busy_gpu_s, p.team_gpu_s) for p in fast.pools] == [(p.busy_gpu_s, p.team_gpu_s) for p in slow.pools]
     ran = {r.pool for r in fast.records if r.job_id in {tj.job.job_id for tj in trace if len(tj.pools) > 1}}
     assert ran == {"a", "b"}  # jobs that accept both ran on both
+
+
+def test_a_gpu_types_trace_is_tabled_per_pool_where_each_job_ran_and_in_total(tmp_path):
+    # examples/pools.yaml: gpu-a100 (8 x 8 A100-80GB), gpu-h100 (4 x 8 H100-80GB). Under fifo the
+    # 64-GPU d heads gpu-a100's queue from 3 s (a and b hold 16 of its GPUs until 100 s), so e, which
+    # takes either GPU, starts on gpu-h100 at once; b starts on gpu-a100, the first pool by name.
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "job_id,submit_s,duration_s,gpus,gpu_types\n"
+        "a,0,100,8,A100-80GB\nb,1,50,8,A100-80GB|H100-80GB\nc,2,10,16,H100-80GB\n"
+        "d,3,10,64,A100-80GB\ne,4,10,4,A100-80GB|H100-80GB\n"
+    )
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "pools.yaml")
+    res = simulate(read_trace(path, cfg), cfg, Policy.parse("fifo"))
+    ran = {r.job_id: (r.pool, r.first_start_s) for r in res.records}
+    assert ran == {"a": ("gpu-a100", 0.0), "b": ("gpu-a100", 1.0), "c": ("gpu-h100", 2.0),
+                   "d": ("gpu-a100", 100.0), "e": ("gpu-h100", 4.0)}
+    table = report([res], "t", None, [figures(res)])
+    assert "| fifo | gpu-a100 | 3 | 64 |" in table and "| fifo | gpu-h100 | 2 | 32 |" in table
+    assert "| fifo | all | 5 | 96 |" in table
