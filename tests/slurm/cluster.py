@@ -32,9 +32,13 @@ The cluster, as tests see it:
   `--signal=B:SIG@N` is sent too (preempt_send_user_signal) but a SIG other than TERM does not
   always arrive (seen 1 in 4: slurmd handled the kill first). Then it is requeued, even when it
   exited 0 on the SIGTERM (PreemptMode=REQUEUE; `set_preempt_mode` switches to CANCEL), and pends
-  with reason BeginTime and restart_cnt 1 until it may start again cred_expire (30) + 1 s later.
+  with reason BeginTime and restart_cnt 1 until it may start again cred_expire (10) + 1 s later.
   With a QOS GraceTime (`cluster.sacctmgr("modify", "qos", ...)`), 22.05 signals a batch-only job
   only when the grace ends.
+- Timers are short so the tests wait little on Slurm itself: cred_expire 10 s (Slurm's minimum is 5; a
+  launch must reach slurmd within it, which 10 s leaves room for on a loaded machine), SlurmdTimeout
+  10 s (a killed slurmd's node is DOWN ~10 s later and its jobs requeued), MessageTimeout 10 s
+  (Slurm's default: how long a client such as squeue waits for a stopped controller).
 - `--time` over the partition's MaxTime is refused at submit (EnforcePartLimits=ALL).
 - Every task runs with TMPDIR=BASE/jobtmp/JOBID, removed by the epilog when the job ends.
 - accounts vision and language; root may use both and every QOS; tgalice: vision with
@@ -546,7 +550,7 @@ SlurmdPort=6818
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={self.munge_socket},cred_expire=30
+AuthInfo=socket={self.munge_socket},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={b}/state/ctld
 SlurmdSpoolDir={b}/state/%n
@@ -564,8 +568,8 @@ MpiDefault=none
 MailProg=/bin/true
 FirstJobId={self.first_job_id}
 ReturnToService=2
-SlurmdTimeout=20
-MessageTimeout=20
+SlurmdTimeout=10
+MessageTimeout=10
 KillWait=5
 InactiveLimit=0
 EnforcePartLimits=ALL
