@@ -22,6 +22,8 @@ PG_BIN := /usr/lib/postgresql/15/bin
 # The Slurm fixture (tests/slurm/cluster.py) runs Debian's Slurm 22.05 daemons, munge and MariaDB by hand;
 # apt's policy-rc.d may start the services on install: they are stopped, the fixture starts its own.
 SLURM_PKGS := slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+# The stack test's browser check drives Debian's Chromium headless through its chromedriver (Selenium).
+BROWSER_PKGS := chromium chromium-driver
 test-deps:
 	test -x $(PG_BIN)/initdb || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15)
 	missing=$$(for p in $(SLURM_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -29,6 +31,11 @@ test-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || \
 	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
 	  for s in slurmctld slurmd slurmdbd munge mariadb; do service $$s stop >/dev/null 2>&1 || true; done; \
+	fi
+	missing=$$(for p in $(BROWSER_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
 	fi
 
 # Two pytest-xdist workers; a test file stays on one worker, so a module's shared ladder or server

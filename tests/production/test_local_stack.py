@@ -4,17 +4,22 @@ endpoint, on free loopback ports with its state under a tmp dir. The ladder depl
 stack's worker; the pools bootstrap waits for a server that starts late; compose and script agree. Every
 service authenticates its clients (an anonymous walk over both servers' route tables), MLflow keeps teams
 apart and lets only the platform identity move @champion, and every service has least-privilege
-credentials."""
+credentials. A headless Chromium logs in to the stack's Prefect UI with its auth string, finds a flow run on the
+runs page and the ladder deployment's run form with its fields in declared order from the PostgreSQL-backed
+server."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,9 +105,12 @@ def _secrets(d: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stack") / "stack"
-    _searchable_for_postgres(d.parent)
+def stack():
+    # Not under pytest's temp root: a pytest session that starts while the stack runs resets that root to 0700,
+    # and PostgreSQL (the postgres user when we are root) must still enter the stack dir to stop.
+    base = Path(tempfile.mkdtemp(prefix="traingate-stack-"))
+    d = base / "stack"
+    _searchable_for_postgres(base)
     t0 = time.monotonic()
     up = _stack(d, "up")
     up_s = time.monotonic() - t0
@@ -121,6 +129,7 @@ def stack(tmp_path_factory):
         down = _stack(d, "down", timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
         _assert_gone(procs, d)
+        shutil.rmtree(base)
 
 
 @contextlib.contextmanager
@@ -424,6 +433,88 @@ def test_the_stack_gives_each_service_least_privilege_and_keeps_its_secret_files
         bucket = settings["TRAINGATE_BUCKET"]
         assert resources == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"}
     assert creds["AWS_ACCESS_KEY_ID"] == sec["S3_WORKER_ACCESS_KEY"] != sec["S3_ACCESS_KEY"]
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@contextlib.contextmanager
+def _browser():
+    """Headless Chromium driven by Selenium, Debian's chromium and chromium-driver (make test-deps)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    # no sandbox: root in CI; no /dev/shm: small in containers
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# The labels of every list of fields on a Prefect UI form, each list in the order the page shows it.
+_FORM_FIELDS = """return [...document.querySelectorAll('.schema-form-properties')].map(list =>
+    [...list.querySelectorAll(':scope > .schema-form-property')].map(p =>
+        p.querySelector('.schema-form-property__label').textContent.trim()));"""
+
+
+def _field_name(label: str) -> str:
+    """'Run Name (Optional)' -> 'run_name': the UI shows a field's JSON-schema title (pydantic's, from its name)."""
+    return label.removesuffix("(Optional)").strip().lower().replace(" ", "_")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="chromium and chromium-driver are not installed: "
+                    "make test-deps installs them (apt-get install chromium chromium-driver)")
+def test_the_prefect_ui_logs_in_with_the_auth_string_lists_flow_runs_and_shows_the_ladder_form_in_declared_order(
+        stack):
+    import httpx
+    from prefect import get_client
+    from prefect.states import Cancelled
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from flows.pipeline import ladder
+    from traingate.spec import Identity, RunSpec
+
+    api = stack["creds"]["PREFECT_API_URL"]
+    ui = api.removesuffix("/api")
+    auth = stack["creds"]["PREFECT_API_AUTH_STRING"]
+    name = f"ui-check-{secrets.token_hex(3)}"  # the test also runs against a stack that lives on
+    with _as_client(stack), get_client(sync_client=True) as c:
+        deployment = c.read_deployment_by_name("ladder/ladder-cpu")
+        # a flow run of the ladder deployment that no worker picks up, for the runs page to list
+        c.create_flow_run_from_deployment(deployment.id, name=name, state=Cancelled(message="listed by the UI test"))
+    # what the PostgreSQL-backed server returns: JSONB's key order, not the declared one
+    stored = httpx.get(f"{api}/deployments/{deployment.id}", auth=tuple(auth.split(":", 1)), timeout=60).json()
+    assert list(stored["parameter_openapi_schema"]["definitions"]["RunSpec"]["properties"]) != \
+        list(RunSpec.model_fields)
+
+    t0 = time.monotonic()
+    with _browser() as browser:
+        wait = WebDriverWait(browser, 60)
+        browser.get(f"{ui}/runs")  # anonymous: the UI asks for the auth string, as it does a person
+        wait.until(lambda b: "/login" in b.current_url)
+        field = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "input[type=password]"))
+        field.send_keys(auth, Keys.ENTER)
+        wait.until(lambda b: b.current_url.endswith("/runs") and name in b.find_element(By.TAG_NAME, "body").text)
+
+        browser.get(f"{ui}/deployments/deployment/{deployment.id}/run")
+        lists = wait.until(lambda b: (found := b.execute_script(_FORM_FIELDS)) and len(found) > 2 and found)
+        assert "Authentication failed" not in browser.find_element(By.TAG_NAME, "body").text
+    shown = [[_field_name(label) for label in fields] for fields in lists]
+    print(f"\nbrowser: login, runs page, ladder-cpu run form {time.monotonic() - t0:.1f} s")
+    assert shown[0] == list(inspect.signature(ladder.fn).parameters)  # spec, until, resume_from
+    assert shown[1] == list(RunSpec.model_fields)  # the spec's sections: identity, recipe, data, ...
+    assert shown[2] == list(Identity.model_fields)
 
 
 def _late_server(port: int, tmp: Path):
