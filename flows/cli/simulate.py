@@ -22,7 +22,6 @@ from traingate.capacity.report import (
     write_timeseries,
 )
 from traingate.capacity.simulate import simulate
-from traingate.capacity.slurm_mode import planner_for
 from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
 from traingate.settings import Settings
 
@@ -54,7 +53,7 @@ def _run(args: argparse.Namespace) -> int:
         trace = at_load(trace, config, args.load)
     out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
     out.mkdir(parents=True, exist_ok=True)
-    results = [simulate(trace, config, p, args.half_life_h, planner_for(p, config)) for p in policies]
+    results = [simulate(trace, config, p, args.half_life_h) for p in policies]
     pools = sorted({p for tj in trace for p in tj.accepts})
     figs = [figures(r) for r in results]
     series = [timeseries(r) for r in results]

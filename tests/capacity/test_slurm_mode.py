@@ -65,7 +65,7 @@ def test_slurm_mode_orders_by_the_fair_share_usage_of_the_last_priority_recomput
         TraceJob(job("a1", "a", "research", 10.0), 10.0),
     ]
     cfg = _cfg(period)
-    res = simulate(trace, cfg, Policy.parse("multifactor"), planner=planner_for(Policy.parse("multifactor"), cfg))
+    res = simulate(trace, cfg, Policy.parse("multifactor"))  # Slurm mode with the config's weights by default
     starts = {r.job_id: r.first_start_s for r in res.records}
     assert starts[first] == 50.0 and sorted(starts.values()) == [0.0, 50.0, 60.0]
 
@@ -82,8 +82,9 @@ def test_slurm_mode_replays_every_attempt_as_the_straightforward_schedule_does(n
 
 def test_slurm_mode_backfills_a_job_only_if_it_ends_a_backfill_resolution_before_the_heads_reservation():
     # Two GPUs. a holds one until 100 s (its estimate, and true). At 1 s the head h needs both: reserved
-    # at 100 s. w (1 GPU, behind h in submission order) says 99 s: it would end at 100 s, exactly at the reservation. The simulator's
-    # own backfill lets it in; Slurm, planning on a 60 s grid (bf_resolution), counts it as overlapping.
+    # at 100 s. w (1 GPU, behind h in submission order) says 99 s: it would end at 100 s, exactly at the
+    # reservation. The simulator's own backfill lets it in; Slurm, planning on a 60 s grid
+    # (bf_resolution), counts it as overlapping.
     cfg = parse_config(
         {"pools": {"p": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}}}
     )

@@ -42,6 +42,7 @@ from traingate.capacity.incremental import Queue, Running, plan_pass
 from traingate.capacity.jobs import Job, requeued
 from traingate.capacity.policy import How, Plan, Policy, Rules, never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
+from traingate.capacity.slurm_mode import planner_for
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,8 @@ def simulate(
     planner: Planner | None = None,
 ) -> SimResult:
     """Replay ``trace`` under ``policy``. ``half_life_h`` overrides the config's fair-share half-life;
-    ``planner`` one pass (``incremental.plan_pass``'s signature; tests pass one over ``policy.schedule``)."""
+    ``planner`` one pass (``incremental.plan_pass``'s signature; tests pass one over ``policy.schedule``;
+    default: ``plan_pass``, in Slurm mode for the ``multifactor`` order, see ``slurm_mode.planner_for``)."""
     for tj in trace:
         why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
         for name in tj.pools[1:]:
@@ -151,7 +153,7 @@ def simulate(
                 for n in names
             },
             h * 3600.0,
-            planner or plan_pass,
+            planner or planner_for(policy, config) or plan_pass,
         )
         records += rec
         totals += tots

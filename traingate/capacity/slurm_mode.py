@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from traingate.capacity.estimate import Predictor
 from traingate.capacity.incremental import Queue, Running, plan_pass
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import Order, Plan, Policy, Rules
 from traingate.capacity.pools import CapacityConfig, PoolConfig, SlurmPriorityConfig
-from traingate.capacity.simulate import Planner
+
+Planner = Callable[..., tuple[Plan, list[Job]]]  # plan_pass's signature
 
 
 class SlurmModePlanner:
