@@ -286,17 +286,32 @@ def _urgent(state: Path) -> dict[str, float]:
     tv.join(400)
     assert bu["result"].status == "completed", bu["result"].error
     _delivered(urgent)
-    times = {**_times(urgent, _record(urgent)["jobs"][0]), "victim_step": float(_step(victim))}
+    times = _times(urgent, _record(urgent)["jobs"][0])
     out = "".join(p.read_text() for p in Path(victim.stage_dir).glob("slurm-*.out"))
-    m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+), requeued job \S+ at ([0-9.]+)", out)
+    m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+)(?:, requeued job \S+ at ([0-9.]+))?", out)
+    assert m, f"the victim {victim.run_id} was not preempted (did it end before the urgent job came?): {out[-2000:]}"
     if m:
         sub = _record(urgent)["jobs"][0]["submitted"]
-        times.update(
-            victim_signalled=float(m.group(1)) - sub,
-            victim_stopped=float(m.group(2)) - sub,
-            victim_requeued=float(m.group(3)) - sub,
-        )
+        times.update(victim_signalled=float(m.group(1)) - sub, victim_stopped=float(m.group(2)) - sub)
+        if m.group(3):
+            times["victim_requeued"] = float(m.group(3)) - sub
     return times
+
+
+def _victim_rows(u: dict[str, float]) -> list[str]:
+    """The grace, mark by mark, as the victim's batch step printed them."""
+    marks = [
+        ("victim_signalled", "of which urgent submit -> the victim's batch step signalled (Slurm's preemption)"),
+        ("victim_stopped", "-> its supervision ended (emergency checkpoint, every process of the tree gone)"),
+        ("victim_requeued", "-> `scontrol requeue` done (Slurm's REQUEUE mode had not requeued it itself)"),
+        ("slurm_start", "-> the urgent job started (the batch step's exit, the job's end, Slurm)"),
+    ]
+    rows, prev = [], 0.0
+    for key, what in marks:
+        if key in u and "victim_signalled" in u:
+            rows.append(f"| {what} | {u[key] - prev:.2f} |")
+            prev = u[key]
+    return rows
 
 
 def _segment_rows(t: dict[str, float]) -> list[tuple[str, float]]:
@@ -414,18 +429,9 @@ def main() -> str:
             rows += [
                 "| (b) urgent stage while a research victim holds all 4 GPUs | s |",
                 "|---|---|",
-                f"| grace: urgent submit -> its Slurm start (victim at step {u['victim_step']:.0f} signalled, "
+                f"| grace: urgent submit -> its Slurm start (the victim signalled, "
                 f"emergency checkpoint, requeue, exit) | {u['slurm_start']:.2f} |",
-                *(
-                    f"| {what} | {u[key] - u[prev] if prev else u[key]:.2f} |"
-                    for key, prev, what in (
-                        ("victim_signalled", None, "of which urgent submit -> the victim's batch step signalled"),
-                        ("victim_stopped", "victim_signalled", "-> its supervision ended (emergency checkpoint, exit)"),
-                        ("victim_requeued", "victim_stopped", "-> `scontrol requeue` done"),
-                        ("slurm_start", "victim_requeued", "-> the urgent job started (victim's exit, epilog, Slurm)"),
-                    )
-                    if key in u and (prev is None or prev in u)
-                ),
+                *_victim_rows(u),
                 *(f"| {what} | {v:.2f} |" for what, v in _segment_rows(u)),
                 f"| **urgent submit -> urgent first step** | **{u['first_step']:.2f}** |",
                 f"| **the rest (first step - grace; goal <= 5 s)** | **{u['first_step'] - u['slurm_start']:.2f}** |",

@@ -98,8 +98,9 @@ def cancel(job_id: str, batch_signal: str | None = None) -> None:
     run(["scancel", *([f"--signal={batch_signal}", "--batch"] if batch_signal else []), str(job_id)])
 
 
-def preempted(job_id: str) -> bool:
-    return slurm.preempted(run(["scontrol", "show", "job", "-o", str(job_id)]))
+def show_job(job_id: str) -> str:
+    """``scontrol show job -o ID``: read with :func:`slurm.preempted` and :func:`slurm.requeued`."""
+    return run(["scontrol", "show", "job", "-o", str(job_id)])
 
 
 def requeue(job_id: str) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from traingate.capacity import slurm_cli
+from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.slurm import SIGNALLED, STOP_FILE, SlurmError
 from traingate.job import files
 from traingate.job.stagejob import StageJob
@@ -114,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         # Preempted by Slurm: the emergency checkpoint is written; come back in a new allocation. An admin's
         # scancel signals the same way and Slurm would requeue that job too: only a preemption is requeued.
         try:
-            if slurm_cli.preempted(job_id):
+            show = slurm_cli.show_job(job_id)
+            timed = f"preempted: signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f}"
+            if slurm.requeued(show):
+                _say(f"{timed}; Slurm requeued job {job_id} itself; the next allocation resumes from the checkpoint")
+            elif slurm.preempted(show):
                 slurm_cli.requeue(job_id)
                 _say(
-                    f"preempted: signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f}, requeued job "
-                    f"{job_id} at {time.time():.2f} (epoch s); the next allocation resumes from the checkpoint"
+                    f"{timed}, requeued job {job_id} at {time.time():.2f} (epoch s); the next allocation resumes "
+                    "from the checkpoint"
                 )
             else:
                 _say(f"signalled, not preempted (scancel or the time limit): job {job_id} not requeued")
