@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import os
 import platform
 import socket
@@ -182,23 +184,56 @@ def hash_file_uri(uri: str) -> str:
 
 
 def environment_snapshot() -> dict[str, Any]:
-    # lazy: torch takes seconds to import; the run records (traingate show, cost) read identity without it
-    import torch
+    """The run's environment: interpreter, machine, torch build, installed packages, GPUs.
 
+    Read without importing torch (seconds): the ladder's flow records it as the run opens, and a script
+    recipe's flow never loads torch at all.
+    """
+    packages = {d.metadata["Name"]: d.version for d in metadata.distributions() if d.metadata["Name"]}
+    build = torch_build()
+    cuda = build.get("cuda")
     snap: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "none",
-        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
-        "packages": sorted(
-            f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
-        ),
+        "torch": build.get("__version__", "none"),
+        "cuda": cuda or "none",
+        "cudnn": _cudnn(cuda, packages),
+        "packages": sorted(f"{name}=={v}" for name, v in packages.items()),
     }
     snap["gpus"] = gpu_inventory()
     return snap
+
+
+def torch_build() -> dict[str, Any]:
+    """The constants of the installed torch's ``torch/version.py`` (``__version__``, ``cuda``, ``git_version``),
+    read from the file without importing torch; empty when torch is not installed."""
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return {}
+    tree = ast.parse(Path(next(iter(found.submodule_search_locations)), "version.py").read_text())
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            try:
+                out[target.id] = ast.literal_eval(value)
+            except ValueError:  # not a constant (the file is generated with constants; this one is not recorded)
+                continue
+    return out
+
+
+def _cudnn(cuda: str | None, packages: dict[str, str]) -> str:
+    """The cuDNN a CUDA build of torch loads: the version of its ``nvidia-cudnn-cu<major>`` wheel."""
+    if not cuda:
+        return "none"
+    return packages.get(f"nvidia-cudnn-cu{cuda.split('.')[0]}", "not from a wheel (a system library)")
 
 
 def gpu_inventory() -> list[dict[str, Any]]:
