@@ -517,8 +517,14 @@ def test_the_prefect_ui_logs_in_with_the_auth_string_lists_flow_runs_and_shows_t
     assert shown[2] == list(Identity.model_fields)
 
 
+# The auth string of the late server and its bootstrap, as the stack's: the session's (tests/conftest.py), which
+# this process's Prefect client sends.
+LATE_AUTH = os.environ["PREFECT_API_AUTH_STRING"]
+
+
 def _late_server(port: int, tmp: Path):
     env = {**os.environ, "PREFECT_HOME": str(tmp / "server-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_API_AUTH_STRING": LATE_AUTH,
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}"}
     log = tmp / "server.log"
     with log.open("wb") as out:
@@ -530,6 +536,7 @@ def _bootstrap(tmp: Path, port: int, **extra: str) -> tuple[subprocess.Popen, Pa
     settings = local_stack.read_env_file(local_stack.SETTINGS)
     env = {**_bare_env(), "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "PREFECT_HOME": str(tmp / "boot-home"),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_AUTH_STRING": LATE_AUTH,
            "TRAINGATE_CODE_DIR": str(ROOT), "TRAINGATE_POOLS_CONFIG": settings["TRAINGATE_POOLS_CONFIG"],
            "TRAINGATE_STATE_DIR": str(tmp / "state"), "TRAINGATE_IMAGE": settings["TRAINGATE_IMAGE"], **extra}
     log = tmp / "bootstrap.log"
