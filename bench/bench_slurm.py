@@ -288,7 +288,7 @@ def _urgent(state: Path) -> dict[str, float]:
     _delivered(urgent)
     times = _times(urgent, _record(urgent)["jobs"][0])
     out = "".join(p.read_text() for p in Path(victim.stage_dir).glob("slurm-*.out"))
-    m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+)(?:, requeued job \S+ at ([0-9.]+))?", out)
+    m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+).*\n(?:.*requeued job \S+ at ([0-9.]+))?", out)
     assert m, f"the victim {victim.run_id} was not preempted (did it end before the urgent job came?): {out[-2000:]}"
     if m:
         sub = _record(urgent)["jobs"][0]["submitted"]

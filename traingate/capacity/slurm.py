@@ -547,17 +547,6 @@ def preempted(show_job: str) -> bool:
     return m is not None and m.group(1) not in ("None", "Unknown", "(null)")
 
 
-def requeued(show_job: str) -> bool:
-    """Whether ``scontrol show job -o ID`` shows the job back in the queue: Slurm requeued it itself
-    (``PreemptMode=REQUEUE`` requeues a preempted job as its processes end, and clears its PreemptTime).
-
-    >>> requeued("JobId=7 JobState=PENDING Reason=BeginTime PreemptTime=None"), requeued("JobId=7 JobState=COMPLETING")
-    (True, False)
-    """
-    m = re.search(r"\bJobState=(\S+)", show_job)
-    return m is not None and m.group(1) in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
-
-
 def describe_pending(j: QueuedJob, now: float) -> str:
     """Why a pending job waits, in Slurm's words, and Slurm's start estimate."""
     when = ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import sys
 import time
@@ -115,16 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         # scancel signals the same way and Slurm would requeue that job too: only a preemption is requeued.
         try:
             show = slurm_cli.show_job(job_id)
-            timed = f"preempted: signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f}"
-            if slurm.requeued(show):
-                _say(f"{timed}; Slurm requeued job {job_id} itself; the next allocation resumes from the checkpoint")
-            elif slurm.preempted(show):
+            state = re.search(r"\bJobState=(\S+)", show)
+            _say(
+                f"signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f} (epoch s); Slurm shows job "
+                f"{job_id} {state.group(1) if state else 'without a state'}"
+            )
+            if slurm.preempted(show):
                 slurm_cli.requeue(job_id)
                 _say(
-                    f"{timed}, requeued job {job_id} at {time.time():.2f} (epoch s); the next allocation resumes "
+                    f"preempted: requeued job {job_id} at {time.time():.2f} (epoch s); the next allocation resumes "
                     "from the checkpoint"
                 )
             else:
+                # No PreemptTime: an admin's scancel, the time limit, or a preemption without GraceTime, which
+                # Slurm requeues itself under PreemptMode=REQUEUE (the state above tells them apart afterwards).
                 _say(f"signalled, not preempted (scancel or the time limit): job {job_id} not requeued")
         except SlurmError as e:
             _say(f"not requeued: {e}")
