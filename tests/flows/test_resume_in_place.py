@@ -97,3 +97,31 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
     stages = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     assert sorted(r.data.tags["traingate.stage"] for r in stages) == ["smoke", "unit"]
     assert parent.info.status == "FINISHED"
+
+
+def test_traingate_resume_of_a_run_waiting_for_the_ui_takes_it_over_and_the_paused_flow_run_leaves_it_alone(
+        prefect_api, state_dir, tiny_spec, monkeypatch):
+    from prefect import get_client
+
+    from flows.pipeline import ResumeFrom, ladder
+    from traingate.spec import load_spec
+
+    monkeypatch.setenv("TRAINGATE_INJECT", "slow@0:0")
+    spec = load_spec(tiny_spec(), BUDGET)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(state=ladder(spec, "smoke", pause_wait_s=300, return_state=True)))
+    t.start()
+    with get_client(sync_client=True) as c:
+        fr, _ = _paused(c, set())
+    run_id = fr.name
+    # what `traingate resume RUN_ID --set budget.max_run_usd=100` runs, while the first flow run waits paused
+    resumed = ladder(None, "smoke", ResumeFrom(run_id=run_id, overrides=["budget.max_run_usd=100"]), return_state=True)
+    assert resumed.is_completed(), resumed.message
+    with get_client(sync_client=True) as c:
+        assert c.resume_flow_run(fr.id, run_input={"resume": True}).status.value == "ACCEPT"
+    t.join(timeout=300)
+    waited = box["state"]
+    assert waited.is_cancelled(), waited.message
+    assert waited.message == f"smoke: continued by flow run {resumed.result()['flow_run_id']} (traingate resume)"
+    parent = MlflowClient(Settings.from_env().tracking_uri).get_run(run_id)
+    assert parent.info.status == "FINISHED"  # closed by the resume, not reopened or failed by the waiting run
