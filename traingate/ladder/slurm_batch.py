@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         # scancel signals the same way and Slurm would requeue that job too: only a preemption is requeued.
         try:
             show = slurm_cli.show_job(job_id)
-            state = re.search(r"\bJobState=(\S+)", show)
+            job_state = re.search(r"\bJobState=(\S+)", show)
             _say(
                 f"signalled at {_signalled[0][1]:.2f}, tree stopped at {stopped:.2f} (epoch s); Slurm shows job "
-                f"{job_id} {state.group(1) if state else 'without a state'}"
+                f"{job_id} {job_state.group(1) if job_state else 'without a state'}"
             )
             if slurm.preempted(show):
                 slurm_cli.requeue(job_id)
