@@ -616,7 +616,15 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         trainer.close()
-        if outcome.status == Status.PREEMPTED and not trainer.stop.orphaned and "TORCHELASTIC_RUN_ID" in os.environ:
+        orphan = trainer.stop.reason if trainer.stop.orphaned else None
+        if outcome.status == Status.PREEMPTED and orphan is None:
+            # A SIGTERM that came before this rank's watch saw its supervisor die (the CLI's guardian stops
+            # the tree of a killed CLI) is that loss, not a preemption.
+            orphan = StopFlag.orphaned_now(envvars.supervisor_pid())
+        if outcome.status == Status.PREEMPTED and orphan is not None:
+            _stop_agent()  # torchrun would restart the group in place: nobody is left to want that
+            return _last_words(out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(orphan), exitcodes.PREEMPTED)
+        if outcome.status == Status.PREEMPTED and "TORCHELASTIC_RUN_ID" in os.environ:
             # torchrun's agent may restart a preempted group in place (traingate.runtime.agent): these words
             # tell the supervisor why this incarnation ended, its checkpoint written.
             _last_words(
@@ -625,11 +633,6 @@ def main(argv: list[str] | None = None) -> int:
                 Cause.PREEMPTED,
                 RuntimeError(f"{trainer.stop.reason}: emergency checkpoint written at step {outcome.steps_done}"),
                 exitcodes.PREEMPTED,
-            )
-        if outcome.status == Status.PREEMPTED and trainer.stop.orphaned:
-            _stop_agent()  # torchrun would restart the group in place: nobody is left to want that
-            return _last_words(
-                out_dir, d, Cause.ORCHESTRATOR_LOST, RuntimeError(trainer.stop.reason), exitcodes.PREEMPTED
             )
         return outcome.exit_code
     except (SpecError, CheckpointRefused) as e:
