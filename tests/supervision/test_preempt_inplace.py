@@ -28,8 +28,11 @@ def test_a_preempted_group_restarts_in_place_from_its_emergency_checkpoint_under
     assert "traingate agent: SIGTERM: the group is preempted" in (run.stage_dir / files.STDOUT).read_text()
 
 
-def test_the_agent_restarts_in_place_only_for_a_sigterm_its_living_supervisor_did_not_send(tmp_path, monkeypatch):
+def test_the_agent_restarts_in_place_only_for_a_sigterm_its_living_supervisor_did_not_send_outside_slurm(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv(envvars.STAGE_DIR, str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv(envvars.SUPERVISOR_PID, raising=False)
     assert agent.stop_reason() == "no supervisor named"
     monkeypatch.setenv(envvars.SUPERVISOR_PID, str(os.getpid()))
@@ -38,6 +41,9 @@ def test_the_agent_restarts_in_place_only_for_a_sigterm_its_living_supervisor_di
     assert agent.stop_reason() == "the supervisor stops the launch: stopped by its supervisor"
     files.clear_launch_files(tmp_path)  # the next launch starts unmarked
     assert agent.stop_reason() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # Slurm's SIGTERM ends the allocation: no restart in it
+    assert agent.stop_reason() == "Slurm job 4242 is being stopped"
+    monkeypatch.delenv("SLURM_JOB_ID")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     monkeypatch.setenv(envvars.SUPERVISOR_PID, str(gone.pid))

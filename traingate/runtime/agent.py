@@ -12,13 +12,14 @@ The agent shuts down as torchrun would (SIGTERM to the workers, grace, exit) whe
 stop: the supervisor marked the launch stopped before signalling it (:func:`traingate.job.files.write_stop`:
 a cancel, Ctrl-C, an alert, a hang, the stage's timeout), or the supervisor is gone (a rank that lost
 its orchestrator SIGTERMs the agent, as does the CLI's guardian), or it is not this agent's to judge
-(no supervisor named). A second SIGTERM while the workers are still writing their checkpoint is one
-preemption, not two.
+(no supervisor named), or the group runs in a Slurm allocation, whose SIGTERM ends the job. A second
+SIGTERM while the workers are still writing their checkpoint is one preemption, not two.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from types import FrameType
@@ -41,6 +42,10 @@ def stop_reason() -> str | None:
         return "no supervisor named"
     if (orphan := StopFlag.orphaned_now(pid)) is not None:
         return orphan
+    if job := os.environ.get("SLURM_JOB_ID"):
+        # Slurm's SIGTERM (preemption, scancel, the time limit) ends the allocation: a group restarted in
+        # it would be killed at KillWait; the supervisor checkpoints and Slurm requeues the job instead.
+        return f"Slurm job {job} is being stopped"
     if (stop := files.read_stop(stage_dir)) is not None:
         return f"the supervisor stops the launch: {stop}"
     return None
