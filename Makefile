@@ -38,10 +38,11 @@ test-deps:
 	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
 	fi
 
-# Two pytest-xdist workers; a test file stays on one worker, so a module's shared ladder or server
+# Three pytest-xdist workers on the 2-core machine: the suite's tests wait on servers, Slurm and
+# subprocesses for about a third of their time, which a third worker fills. A test file stays on one worker, so a module's shared ladder or server
 # starts once. Files are handed out in the order tests/conftest.py sorts them (most long tests
 # first); xdist's default reorder by test count would start the one-test end-to-end files last.
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+XDIST := -n 3 --dist loadfile --no-loadscope-reorder
 
 ## make test: the whole suite, slow end-to-end tests included
 test: setup test-deps
