@@ -39,9 +39,10 @@ test-deps:
 	fi
 
 # Three pytest-xdist workers on the 2-core machine: the suite's tests wait on servers, Slurm and
-# subprocesses for about a third of their time, which a third worker fills. A test file stays on one worker, so a module's shared ladder or server
-# starts once. Files are handed out in the order tests/conftest.py sorts them (most long tests
-# first); xdist's default reorder by test count would start the one-test end-to-end files last.
+# subprocesses for about a third of their time, which a third worker fills. A test file stays on
+# one worker, so a module's shared ladder or server starts once. Files are handed out in the order
+# tests/conftest.py sorts them (most long tests first); xdist's default reorder by test count would
+# start the one-test end-to-end files last.
 XDIST := -n 3 --dist loadfile --no-loadscope-reorder
 
 ## make test: the whole suite, slow end-to-end tests included
