@@ -6,14 +6,14 @@ session's Prefect home, MLflow store and checkpoints all live in one temp dir.
 from __future__ import annotations
 
 import os
-import secrets
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
-
 from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port  # noqa: F401 - re-exported for fixtures
+
+from flows import local_server
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="traingate-tests-"))
 os.environ["TRAINGATE_STATE_DIR"] = str(_SESSION_DIR / "state")
@@ -23,14 +23,12 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # A CLI without PREFECT_API_URL uses a temporary Prefect server, as in CI: a kept one would outlive the test
 # (tests/flows/test_local_server.py starts kept servers on purpose and stops them).
 os.environ["TRAINGATE_PREFECT_SERVER"] = "temporary"
-# Every Prefect server the suite starts from this environment (the session's, a test's `prefect server start`,
-# a CLI's temporary one) demands this auth string, and every client here and in subprocesses sends it.
-os.environ["PREFECT_SERVER_API_AUTH_STRING"] = os.environ["PREFECT_API_AUTH_STRING"] = (
-    f"tests:{secrets.token_hex(16)}")
-os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
 for var in ("TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_ARTIFACT_URI",
             "TRAINGATE_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
     os.environ.pop(var, None)
+# Every Prefect server the suite starts from this environment (the session's, a test's `prefect server start`,
+# a CLI's temporary one) demands one auth string, and every client here and in subprocesses sends it.
+local_server.authenticate_temporary()
 
 
 
@@ -62,7 +60,8 @@ def prefect_api(prefect_harness) -> dict[str, str]:
     """
     from prefect.settings import PREFECT_API_URL
 
-    return {"PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_API_AUTH_STRING": os.environ["PREFECT_API_AUTH_STRING"]}
+    auth = local_server.CLIENT_AUTH_VAR
+    return {"PREFECT_API_URL": PREFECT_API_URL.value(), auth: os.environ[auth]}
 
 
 
