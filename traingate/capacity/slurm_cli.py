@@ -108,7 +108,13 @@ def requeue(job_id: str) -> None:
 
 
 def hostnames(nodelist: str) -> list[str]:
-    """``n[1-2]`` -> ["n1", "n2"]."""
+    """``n[1-2]`` -> ["n1", "n2"]; one node's list is its name, with no scontrol process on the way.
+
+    >>> hostnames("n1")
+    ['n1']
+    """
+    if nodelist and not any(c in nodelist for c in "[,"):
+        return [nodelist]
     return run(["scontrol", "show", "hostnames", nodelist]).split()
 
 

@@ -53,8 +53,7 @@ def _say(text: str) -> None:
 def allocated(job: StageJob, nodelist: str) -> StageJob:
     """The job placed on this allocation: for several nodes, TRAINGATE_NODES names them and the
     rendezvous moves to the first node's address (the spec's endpoint keeps only its port)."""
-    # One node's list is its name: no scontrol process on the way to the launch.
-    names = [nodelist] if nodelist and not any(c in nodelist for c in "[,") else slurm_cli.hostnames(nodelist)
+    names = slurm_cli.hostnames(nodelist)
     if len(names) != job.nodes:
         raise SlurmError(f"allocation {nodelist!r} has {len(names)} nodes, the stage needs {job.nodes}")
     if job.nodes == 1:
