@@ -128,6 +128,30 @@ def prefect_server(tmp_path: Path):
         stop_tree(proc, signal.SIGTERM, 30)
 
 
+@contextlib.contextmanager
+def prefect_api_at(url: str, **more):
+    """This process's Prefect clients on the server at ``url`` for the block (``more``: further settings by
+    name, e.g. ``PREFECT_API_AUTH_STRING``): ``temporary_settings`` plus what it does not do. Prefect's events
+    and log workers are per process and keep the API they were started with, so they are drained on the
+    way in and out. Without that, an event or a flow's log after the block goes to this server once it has
+    stopped, and every later in-process emitter on this xdist worker queues behind their retries."""
+    import prefect.settings
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    def rebind() -> None:
+        EventsWorker.drain_all(timeout=10)
+        APILogWorker.drain_all(timeout=10)
+
+    rebind()
+    updates = {prefect.settings.PREFECT_API_URL: url, **{getattr(prefect.settings, k): v for k, v in more.items()}}
+    with prefect.settings.temporary_settings(updates=updates):
+        try:
+            yield
+        finally:
+            rebind()  # while this server still answers: what the block emitted reaches it
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any location: only a pool gives them."""
     import os

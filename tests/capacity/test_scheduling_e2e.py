@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server, stop_tree, tail
+from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_api_at, prefect_server, stop_tree, tail
 from traingate.capacity.gang import footprint
 from traingate.job.stagejob import StageJob, derive
 from traingate.settings import Settings
@@ -112,10 +112,9 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     state = tmp_path / "worker-state"
-    with prefect_server(tmp_path) as server, temporary_settings(updates={PREFECT_API_URL: server["url"]}):
+    with prefect_server(tmp_path) as server, prefect_api_at(server["url"]):
         # The pool's locations come from the bootstrap's environment (written into its job template).
         env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT), "TRAINGATE_STATE_DIR": str(state)}
         (tmp_path / "pools.yaml").write_text(POOLS_YAML)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_server, stop_tree, tail
+from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_api_at, prefect_server, stop_tree, tail
 from traingate.settings import Settings
 from traingate.spec import RunSpec
 
@@ -36,14 +36,13 @@ def deployed(server, tmp_path):
     deployments from deployments/prefect.yaml, and one worker on the pool."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.workers.process import ProcessWorker
 
     state = tmp_path / "worker-state"
     env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT)}
     # The deploying shell has no state dir of its own: where state lives is the worker's to say.
     env.pop("TRAINGATE_STATE_DIR", None)
-    with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as c:
+    with prefect_api_at(server["url"]), get_client(sync_client=True) as c:
         c.create_work_pool(WorkPoolCreate(name="cpu-local", type="process",
                                           base_job_template=ProcessWorker.get_default_base_job_template()))
         c.upsert_global_concurrency_limit_by_name("cpu-local", 2)
@@ -59,7 +58,7 @@ def deployed(server, tmp_path):
                                   env=worker_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server["url"]}):
+        with prefect_api_at(server["url"]):
             yield {"state": state, "worker_log": log}
     finally:
         # A worker ignores its first SIGTERM; SIGINT stops it. Before the server, so it never

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tgtest import PYTHON, ROOT, free_port, prefect_server
+from tgtest import PYTHON, ROOT, free_port, prefect_api_at, prefect_server
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +48,8 @@ def test_the_shipped_automation_notifies_a_critical_alert_and_not_a_warning(tmp_
             if k.startswith("PREFECT_"):
                 monkeypatch.setenv(k, v)
         from prefect.blocks.notifications import CustomWebhookNotificationBlock
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: server["url"]}):
+        with prefect_api_at(server["url"]):
             block = CustomWebhookNotificationBlock(
                 name="tg-test", url=f"http://127.0.0.1:{hook.server_port}/notify", method="POST",
                 json_data={"subject": "{{subject}}", "body": "{{body}}"})

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import PYTHON, ROOT, TINY_DIGITS, clean_env, pool_worker, prefect_server, tail
+from tgtest import PYTHON, ROOT, TINY_DIGITS, clean_env, pool_worker, prefect_api_at, prefect_server, tail
 
 pytestmark = pytest.mark.slow
 
@@ -92,9 +92,8 @@ def _assert_code_untouched(stack) -> None:
 def test_a_deployment_run_takes_its_pools_locations_and_writes_nothing_into_its_code_directory(stack):
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+    with prefect_api_at(stack["url"]):
         with get_client(sync_client=True) as c:
             pool_env = c.read_work_pool("cpu-local").base_job_template["variables"]["properties"]["env"]["default"]
         assert pool_env == {"TRAINGATE_STATE_DIR": str(stack["pool_state"])}
@@ -113,9 +112,8 @@ def test_a_deployment_run_takes_its_pools_locations_and_writes_nothing_into_its_
 @pytest.mark.timeout(600)
 def test_a_deployment_run_without_a_state_dir_refuses_to_start_in_one_line(stack):
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+    with prefect_api_at(stack["url"]):
         # A deployment (or a trigger) that blanks the pool's state dir: the embedded default would be the code dir.
         run = run_deployment("ladder/ladder-cpu", parameters={"spec": yaml.safe_load(TINY_DIGITS), "until": "smoke"},
                              job_variables={"env": {"TRAINGATE_STATE_DIR": ""}}, timeout=RUN_TIMEOUT_S, poll_interval=2)

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port, stop_tree, tail, wait_healthy
+from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port, prefect_api_at, stop_tree, tail, wait_healthy
 
 sys.path.insert(0, str(ROOT / "infra"))
 import local_stack  # noqa: E402
@@ -136,15 +136,13 @@ def stack():
 def _as_client(stack, mlflow_user: tuple[str, str] | None = None):
     """This process as a client of the stack: Prefect's auth string and an MLflow user (default: the platform
     identity the workers use), as `eval "$(infra/local-stack.sh env)"` gives a shell."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
-
+    
     creds = stack["creds"]
     user, password = mlflow_user or (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"])
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
     os.environ.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: creds["PREFECT_API_URL"],
-                                         PREFECT_API_AUTH_STRING: creds["PREFECT_API_AUTH_STRING"]}):
+        with prefect_api_at(creds["PREFECT_API_URL"], PREFECT_API_AUTH_STRING=creds["PREFECT_API_AUTH_STRING"]):
             yield
     finally:
         for k, v in saved.items():
@@ -549,7 +547,6 @@ def _bootstrap(tmp: Path, port: int, **extra: str) -> tuple[subprocess.Popen, Pa
 @pytest.mark.timeout(900)
 def test_the_pools_bootstrap_started_before_the_prefect_server_succeeds_once_the_server_answers(tmp_path):
     from prefect import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     port = free_port()
     boot, boot_log = _bootstrap(tmp_path, port)
@@ -561,7 +558,7 @@ def test_the_pools_bootstrap_started_before_the_prefect_server_succeeds_once_the
         url = f"http://127.0.0.1:{port}/api"
         wait_healthy(f"{url}/health", server, server_log, 180, "prefect server")
         assert boot.wait(600) == 0, tail(boot_log)
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with prefect_api_at(url):
             with get_client(sync_client=True) as c:
                 pools = {name: c.read_work_pool(name) for name in ("cpu-local", "gpu-a100", "gpu-h100")}
                 deployed = {dep.name for dep in c.read_deployments()}

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tgtest import ROOT, pool_worker, prefect_server, tail
+from tgtest import ROOT, pool_worker, prefect_api_at, prefect_server, tail
 from traingate.spec import load_spec_text
 
 from retrain_data import publish, tiny_chargpt
@@ -45,11 +45,10 @@ def scheduled(stack):
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.schedules import IntervalSchedule
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     publish(stack["corpus"], "2026-11-20", seed=1)
     spec = yaml.safe_load(tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt"))
-    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}), get_client(sync_client=True) as c:
+    with prefect_api_at(stack["url"]), get_client(sync_client=True) as c:
         d = c.read_deployment_by_name(DEPLOYMENT)
         assert d.entrypoint == "flows/retrain.py:retrain"
         c.update_deployment(d.id, DeploymentUpdate(parameters={"spec": spec}))
@@ -97,7 +96,6 @@ def test_a_schedule_a_few_seconds_ahead_starts_a_retrain_on_the_worker_that_take
 @pytest.mark.timeout(900)
 def test_unchanged_data_is_skipped_a_worse_model_is_not_promoted_and_a_better_one_is(stack, scheduled, monkeypatch):
     from prefect.artifacts import Artifact
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.retrain import retrain
 
@@ -105,7 +103,7 @@ def test_unchanged_data_is_skipped_a_worse_model_is_not_promoted_and_a_better_on
     spec_text = tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt")
     c = stack["mlflow"]
     assert _champion(c) == "1"
-    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+    with prefect_api_at(stack["url"]):
         # The champion's snapshot is still the newest: skipped, Completed, no ladder and no new MLflow run.
         before = len(_runs(c))
         snapshot = c.get_model_version(MODEL, "1").tags["traingate.data_snapshot"]
@@ -150,7 +148,6 @@ def test_unchanged_data_is_skipped_a_worse_model_is_not_promoted_and_a_better_on
 
 @pytest.mark.timeout(600)
 def test_a_retrain_whose_ladder_fails_a_gate_ends_failed_and_moves_no_alias(stack, scheduled, monkeypatch):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.retrain import retrain
 
@@ -160,7 +157,7 @@ def test_a_retrain_whose_ladder_fails_a_gate_ends_failed_and_moves_no_alias(stac
     publish(stack["corpus"], "2026-11-23", seed=4)
     spec = load_spec_text(tiny_chargpt(f"{stack['corpus'].as_uri()}/{{latest}}/input.txt"),
                           ['gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'])
-    with temporary_settings(updates={PREFECT_API_URL: stack["url"]}):
+    with prefect_api_at(stack["url"]):
         state = retrain(spec, return_state=True)
     assert state.is_failed()
     assert state.message.startswith("gate after unit: FAILED: tests_passed = "), state.message
