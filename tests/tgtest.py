@@ -111,18 +111,31 @@ def prefect_server(tmp_path: Path):
     import signal
     import subprocess
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
     log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    # A free port is free only when asked: on a busy machine another process (a second suite, any outgoing
+    # connection's ephemeral port) can take it before the server binds. The server then exits: 1 when
+    # Prefect's own check sees it ("Port N is already in use"), 3 when uvicorn's bind does ("address already
+    # in use", then Prefect's stop of services that never started: "Reactive triggers not started"). That
+    # start is retried on a fresh port, as flows/local_server.py does. Any other exit fails at once.
+    for attempt in range(1, 4):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/api"
+        env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
+        with log.open("wb") as out:
+            proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            wait_healthy(f"{url}/health", proc, log, 180, "prefect server")
+            break
+        except AssertionError:
+            port_taken = proc.poll() is not None and "already in use" in log.read_text(errors="replace")
+            stop_tree(proc, signal.SIGTERM, 30)
+            if attempt == 3 or not port_taken:
+                raise
     try:
-        wait_healthy(f"{url}/health", proc, log, 180, "prefect server")
         yield {"url": url, "env": env}
     finally:
         stop_tree(proc, signal.SIGTERM, 30)
