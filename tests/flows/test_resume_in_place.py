@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -32,11 +33,24 @@ class _Kept(logging.Handler):
         self.into.append(record.getMessage())
 
 
-def _paused(client, besides: set) -> tuple:
-    """The flow run that paused for input, and the keyset of that pause, once it pauses (not one in ``besides``)."""
+def _paused(client, besides: set, since: datetime) -> tuple:
+    """The flow run started after ``since`` that paused for input, and the keyset of that pause, once it pauses
+    (not one in ``besides``). The query asks the server for paused runs: the session's server holds every flow run
+    of this xdist worker's earlier tests, and a page of them in the server's default order (random uuid4 ids)
+    need not hold this one."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
+                           start_time=FlowRunFilterStartTime(after_=since))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        for fr in client.read_flow_runs(limit=20):
+        for fr in client.read_flow_runs(flow_run_filter=paused, limit=20):
             keyset = fr.state.state_details.run_input_keyset if fr.state is not None else None
             if fr.state is not None and fr.state.is_paused() and keyset and keyset["response"] not in besides:
                 return fr, keyset
@@ -57,11 +71,12 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
     handler = _Kept(said)  # Prefect's run loggers do not propagate to pytest's caplog
     logging.getLogger("prefect.flow_runs").addHandler(handler)
     box: dict[str, object] = {}
+    since = datetime.now(UTC)
     t = threading.Thread(target=lambda: box.update(state=ladder(spec, "smoke", pause_wait_s=300, return_state=True)))
     t.start()
     try:
         with get_client(sync_client=True) as c:
-            fr, keyset = _paused(c, set())
+            fr, keyset = _paused(c, set(), since)
             run_id = fr.name  # the ladder names its flow run after the traingate run
             # the form the UI draws on the paused run: the Resume input's schema, fields in declared order
             schema = json.loads(c.read_flow_run_input(fr.id, keyset["schema"]))
@@ -73,7 +88,7 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
             # a value the schema accepts but that makes no valid spec: refused in one line, paused again
             once = c.resume_flow_run(fr.id, run_input={"overrides": ["budget.max_run_usd=-1"], "reviewer": "ana"})
             assert once.status.value == "ACCEPT", once
-            again, _ = _paused(c, {keyset["response"]})
+            again, _ = _paused(c, {keyset["response"]}, since)
             assert again.id == fr.id
             ok = c.resume_flow_run(fr.id, run_input={"resume": True, "overrides": ["budget.max_run_usd=100"],
                                                       "reviewer": "ana", "reason": "the sweep found it worth it"})
@@ -109,10 +124,11 @@ def test_traingate_resume_of_a_run_waiting_for_the_ui_takes_it_over_and_the_paus
     monkeypatch.setenv("TRAINGATE_INJECT", "slow@0:0")
     spec = load_spec(tiny_spec(), BUDGET)
     box: dict[str, object] = {}
+    since = datetime.now(UTC)
     t = threading.Thread(target=lambda: box.update(state=ladder(spec, "smoke", pause_wait_s=300, return_state=True)))
     t.start()
     with get_client(sync_client=True) as c:
-        fr, _ = _paused(c, set())
+        fr, _ = _paused(c, set(), since)
     run_id = fr.name
     # what `traingate resume RUN_ID --set budget.max_run_usd=100` runs, while the first flow run waits paused
     resumed = ladder(None, "smoke", ResumeFrom(run_id=run_id, overrides=["budget.max_run_usd=100"]), return_state=True)
