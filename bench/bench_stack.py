@@ -5,6 +5,10 @@ The stack is infra/local-stack.sh (Prefect and MLflow servers on PostgreSQL, S3 
 per pool), brought up once before the clock starts: it is the long-running service a team triggers from
 the UI. Both runs take the demo spec (examples/digits.yaml) to its smoke stage; "first step" is the time of
 the smoke stage's first line in metrics.jsonl (rank 0's clock), "run" is until the run's final state.
+
+``TRAINGATE_BENCH_STACK_BASELINE=REF`` (a git ref) adds the stack half on that commit's code: a temporary
+worktree of REF brings up its own stack, and the two checkouts alternate ``TRAINGATE_BENCH_STACK_ROUNDS``
+times (default 1) in the same invocation, each part reported side by side.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ def _first_step(state: Path, deadline: float) -> float:
     raise TimeoutError(f"no smoke step under {state} in {TIMEOUT_S} s")
 
 
-def _stack(d: Path, action: str) -> subprocess.CompletedProcess:
+def _stack(d: Path, action: str, root: Path = ROOT) -> subprocess.CompletedProcess:
     p = subprocess.run(
-        [str(ROOT / "infra" / "local-stack.sh"), action],
+        [str(root / "infra" / "local-stack.sh"), action],
         env=_bare_env(TRAINGATE_STACK_DIR=str(d)),
         cwd=d.parent,
         capture_output=True,
@@ -61,7 +65,7 @@ def _stack(d: Path, action: str) -> subprocess.CompletedProcess:
     return p
 
 
-def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
+def _on_stack(tmp: Path, root: Path = ROOT) -> tuple[dict[str, float], float]:
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
@@ -69,11 +73,12 @@ def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
     if os.geteuid() == 0:  # PostgreSQL runs as the postgres user: the temp dir must be searchable
         tmp.chmod(0o711)
     t0 = time.monotonic()
-    _stack(d, "up")
+    _stack(d, "up", root)
     up_s = time.monotonic() - t0
     # `env`: the client's settings with its credentials (the servers authenticate every client)
     client = dict(
-        shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in _stack(d, "env").stdout.splitlines()
+        shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        for line in _stack(d, "env", root).stdout.splitlines()
     )
     state = Path(client["TRAINGATE_STATE_DIR"])
     try:
@@ -98,7 +103,7 @@ def _on_stack(tmp: Path) -> tuple[dict[str, float], float]:
         if not fr.state.is_completed():
             raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
     finally:
-        _stack(d, "down")
+        _stack(d, "down", root)
     return {"first": first - start, "run": done - start, **parts}, up_s
 
 
@@ -121,7 +126,10 @@ def _parts(c, flow_run_id, start: float, first: float, state: Path) -> dict[str,
             snap.start_time.timestamp(),
         ),
         ("data snapshot (task)", snap.end_time.timestamp()),
-        ("MLflow runs opened, spec written (to the unit task's start)", unit.start_time.timestamp()),
+        (
+            "MLflow runs opened before the unit stage, spec written (to the unit task's start)",
+            unit.start_time.timestamp(),
+        ),
         ("unit stage (pytest run, task)", unit.end_time.timestamp()),
         ("gate, recording submitted, smoke's MLflow run (to the smoke task's start)", smoke.start_time.timestamp()),
         ("smoke: admission, torchrun and ranks start, to the first step", first),
@@ -155,9 +163,41 @@ def _traingate_run(tmp: Path) -> dict[str, float]:
     return {"first": first - start, "run": time.time() - start}
 
 
+def _side_by_side(tmp: Path, ref: str, rounds: int) -> str:
+    """The stack half on ``ref``'s code and on this checkout's, alternated ``rounds`` times."""
+    if os.geteuid() == 0:
+        tmp.chmod(0o711)
+    tree = tmp / "baseline-code"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), ref], cwd=ROOT, check=True, capture_output=True)
+    got: dict[str, list[dict[str, float]]] = {"ref": [], "this": []}
+    try:
+        for r in range(rounds):
+            for name, root in (("ref", tree), ("this", ROOT)):
+                (tmp / f"{name}-{r}").mkdir()
+                load = os.getloadavg()[0]
+                result, _ = _on_stack(tmp / f"{name}-{r}", root)
+                got[name].append({**result, "load average (1 min, at the trigger)": load})
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    sha = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    out = [f"| part (s) | {ref} ({sha}) | this checkout |", "|---|---:|---:|"]
+
+    def cell(rows: list[dict[str, float]], k: str) -> str:
+        values = [row[k] for row in rows]
+        each = ", ".join(f"{v:.1f}" for v in values)
+        return each if len(values) == 1 else f"{each} (mean {sum(values) / len(values):.1f})"
+
+    labels = {"first": "**trigger -> first smoke step**", "run": "trigger -> run Completed, unit + smoke"}
+    for k in got["this"][0]:
+        out.append(f"| {labels.get(k, k)} | {cell(got['ref'], k)} | {cell(got['this'], k)} |")
+    return "\n".join(out)
+
+
 def main() -> str:
     with tempfile.TemporaryDirectory(prefix="tg-bench-stack-") as t:
         tmp = Path(t)
+        if ref := os.environ.get("TRAINGATE_BENCH_STACK_BASELINE"):
+            return _side_by_side(tmp, ref, int(os.environ.get("TRAINGATE_BENCH_STACK_ROUNDS", "1")))
         local = _traingate_run(tmp)
         stack, up_s = _on_stack(tmp)
     rows = [("trigger -> first smoke step (s)", "first"), ("trigger -> run Completed, unit + smoke (s)", "run")]

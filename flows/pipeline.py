@@ -31,6 +31,8 @@ from tasks.report import publish_stage_report
 from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
     close_pipeline_run,
+    create_stage_run,
+    fill_stage_run,
     gate_passed,
     open_pipeline_run,
     open_stage_run,
@@ -38,7 +40,7 @@ from tasks.tracking import (
     register_candidate,
 )
 from tasks.train import budgets_at_gate, run_stage_job
-from tasks.unit import run_unit_tests
+from tasks.unit import run_unit_tests, start_unit_tests
 from traingate.capacity import entitlements
 from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_class
 from traingate.capacity.slurm import SlurmError
@@ -47,6 +49,7 @@ from traingate.job.files import read_result
 from traingate.job.result import StageResult
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
+from traingate.launch.warm_pytest import WarmPytest
 from traingate.ladder.gates import decide
 from traingate.ladder.outcomes import resumable_stop
 from traingate.ladder.plan import ResumePoint, record_flow_run, resume_point, run_of_flow_run, stages_until
@@ -219,6 +222,7 @@ def ladder(
         # Prefect's Retry runs this flow run again with its parameters: continue the run it started.
         log.info("flow run %s retried: continuing run %s from its last completed stage", flow_run.id, started)
         resume_from = ResumeFrom(run_id=started)
+    warm_unit: WarmPytest | None = None
     if spec is not None and resume_from is None:  # validation once, before anything is created
         spec = with_newest_data(spec)
         check_spec(spec)
@@ -227,6 +231,9 @@ def ladder(
             check_entitled(spec)
         except (SlurmError, CapacityError) as e:
             return stopped(Failed(message=str(e)), {})
+        # The unit stage's interpreter loads pytest and the tests' imports beside the data snapshot and the
+        # MLflow runs; it runs nothing before run_unit_tests hands it its arguments.
+        warm_unit = start_unit_tests(spec)
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     if resume_from is not None:
@@ -276,14 +283,19 @@ def ladder(
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
         in_place: UiResume | None = None  # the stage's pause in place, if it paused
-        stage_run = (point.mlflow_run_ids.get(stage) if point is not None and resuming else None) or open_stage_run(
-            run_id, stage
-        )
-        if stage == "unit":
+        known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
+        if stage == "unit":  # its MLflow run is opened beside its pytest run: the tests need none of it
+            opening = None if known_run else open_stage_run.submit(run_id, stage)
             result = run_unit_tests.with_options(task_run_name=stage)(
-                spec, str(run_dir / "spec.yaml"), str(run_dir / stage)
+                spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
             )
+            stage_run = known_run or cast(PrefectFuture, opening).result()
         else:
+            # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
+            # artifacts, the dataset input) is written beside it, settled with the stage's recording.
+            stage_run = known_run or create_stage_run(run_id, stage)
+            if not known_run:
+                pending.append(fill_stage_run.submit(run_id, stage_run, stage))
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
             result = run_stage_job(job, resume=resuming)
             while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here

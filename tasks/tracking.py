@@ -67,6 +67,19 @@ def open_stage_run(parent_run_id: str, stage: str) -> str:
     )
 
 
+@task(name="create-stage-run", task_run_name="create-stage-run-{stage}", **_MLFLOW)
+def create_stage_run(parent_run_id: str, stage: str) -> str:
+    """A stage's run, its id and identity tags only: :func:`fill_stage_run` writes the rest beside the stage."""
+    return runs.create_stage_run(
+        runs.client(Settings.from_env().tracking_uri), parent_run_id, stage, request_key=request_key(f"stage-{stage}")
+    )
+
+
+@task(name="fill-stage-run", task_run_name="fill-stage-run-{stage}", **_MLFLOW)
+def fill_stage_run(parent_run_id: str, stage_run_id: str, stage: str) -> None:
+    runs.fill_stage_run(runs.client(Settings.from_env().tracking_uri), parent_run_id, stage_run_id, stage)
+
+
 @task(name="record-stage", task_run_name="record-{result.stage}", **_MLFLOW)
 def record_stage(
     stage_run_id: str, result: StageResult, decision: GateDecision | None, run_id: str | None = None

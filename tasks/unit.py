@@ -15,11 +15,28 @@ from traingate.job import envvars
 from traingate.job.result import StageResult
 from traingate.ladder import outcomes
 from traingate.launch import proc
+from traingate.launch.warm_pytest import WarmPytest
 from traingate.spec import RunSpec
+
+# What a built-in recipe's contract tests import (test_recipe_contract.py's imports, not the module itself:
+# pytest imports that, rewriting its asserts).
+CONTRACT_PRELOAD = ["torch", "yaml", "traingate.recipes", "traingate.runtime.rng", "traingate.spec"]
+
+
+def start_unit_tests(spec: RunSpec) -> WarmPytest:
+    """The unit stage's interpreter, started now with pytest (and a built-in recipe's test imports) loaded; it
+    runs nothing until :func:`run_unit_tests` hands it its arguments. A script recipe's tests import what
+    they import: only pytest is loaded for them."""
+    return WarmPytest.start(sys.executable, _env(), [] if spec.recipe.name == "script" else CONTRACT_PRELOAD)
+
+
+def _env(spec_path: str | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **({envvars.UNIT_SPEC: spec_path} if spec_path else {})}
 
 
 @task(name="unit-tests", cache_policy=NONE, retries=0)
-def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str) -> StageResult:
+def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str, warm: WarmPytest | None = None) -> StageResult:
+    """``warm``: the interpreter :func:`start_unit_tests` started for this run (None: one starts here)."""
     log = get_run_logger()
     out = Path(stage_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -30,11 +47,8 @@ def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str) -> StageResult
         targets, cwd = list(s.tests), s.workdir
     else:
         targets, cwd = [str(Path(checks.__file__).with_name("test_recipe_contract.py"))], str(out)
-    env = {**os.environ, envvars.UNIT_SPEC: spec_path, "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
+    env = _env(spec_path)
+    args = [
         "-q",
         "-p",
         "no:cacheprovider",
@@ -42,9 +56,16 @@ def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str) -> StageResult
         f"--rootdir={cwd}",
         *targets,
     ]
+    t0 = time.monotonic()
     if not targets:
         log.warning("recipe.script.tests is empty: the unit stage has nothing to run")
+        if warm is not None:
+            warm.discard()
         cmd = [sys.executable, "-c", "import sys; sys.exit(5)"]
-    t0 = time.monotonic()
-    result = proc.run(cmd, env, cwd, out / "pytest.log", timeout_s=1800, on_line=log.info)
+        result = proc.run(cmd, env, cwd, out / "pytest.log", timeout_s=1800, on_line=log.info)
+    elif warm is not None:
+        result = warm.run(args, env, cwd, out / "pytest.log", timeout_s=1800, on_line=log.info)
+    else:
+        cmd = [sys.executable, "-m", "pytest", *args]
+        result = proc.run(cmd, env, cwd, out / "pytest.log", timeout_s=1800, on_line=log.info)
     return outcomes.from_pytest(result, junit, time.monotonic() - t0)

@@ -53,14 +53,10 @@ class ProcessTree:
         on_line: Callable[[str], None] | None = None,
         tail_lines: int = 50,
     ):
-        self.cmd, self.log_path = cmd, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self._on_line = on_line
-        self.started = time.monotonic()
         # ${env:NAME} references in a command (a script's --api-token) are resolved here, at the last moment,
         # from the child's environment; everything printed is redacted before it is written or passed on.
-        self.popen = subprocess.Popen(
+        popen = subprocess.Popen(
             resolve_tree(cmd, env=env, field="command"),
             env=env,
             cwd=str(cwd),
@@ -72,6 +68,37 @@ class ProcessTree:
             errors="replace",
             bufsize=1,
         )
+        self._attach(popen, cmd, log_path, on_line, tail_lines)
+
+    @classmethod
+    def adopt(
+        cls,
+        popen: subprocess.Popen,
+        cmd: list[str],
+        log_path: Path,
+        on_line: Callable[[str], None] | None = None,
+        tail_lines: int = 50,
+    ) -> ProcessTree:
+        """A tree of a process started earlier (its own session, text stdout+stderr on one pipe), from now on:
+        its output, timeout and stop as for a tree started here (a pre-started unit stage, see
+        traingate.launch.warm_pytest)."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        tree = cls.__new__(cls)
+        tree._attach(popen, cmd, log_path, on_line, tail_lines)
+        return tree
+
+    def _attach(
+        self,
+        popen: subprocess.Popen,
+        cmd: list[str],
+        log_path: Path,
+        on_line: Callable[[str], None] | None,
+        tail_lines: int,
+    ) -> None:
+        self.cmd, self.log_path, self.popen = cmd, log_path, popen
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._on_line = on_line
+        self.started = time.monotonic()
         self.stop_requested = False
         self.log_error: OSError | None = None  # writing the log failed (e.g. a full disk); output still drained
         self._seen: dict[int, psutil.Process] = {}

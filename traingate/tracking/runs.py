@@ -224,8 +224,17 @@ def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
 def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_key: str) -> str:
     """A child run for one stage, carrying the parent's identity: tags, spec params and identity artifacts.
 
-    Idempotent per ``request_key`` (see :func:`create_run_once`).
+    Idempotent per ``request_key`` (see :func:`create_run_once`): :func:`create_stage_run`, then
+    :func:`fill_stage_run` (a caller with something else to do runs the second beside it).
     """
+    rid = create_stage_run(c, parent_run_id, stage, request_key=request_key)
+    fill_stage_run(c, parent_run_id, rid, stage)
+    return rid
+
+
+def create_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_key: str) -> str:
+    """The stage's child run with the parent's identity tags (its name, kind, stage and parent with them): the
+    id a training process writes to. Idempotent per ``request_key`` (see :func:`create_run_once`)."""
     parent = c.get_run(parent_run_id)
     inherited = {
         k: v
@@ -250,6 +259,13 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
     )
     rid = run.info.run_id
     c.set_tag(rid, "mlflow.runName", run.info.run_name)
+    return rid
+
+
+def fill_stage_run(c: MlflowClient, parent_run_id: str, rid: str, stage: str) -> None:
+    """The rest of a stage run's identity, from its parent: the data snapshot as its input (the stages that
+    train), the spec params and the identity artifacts; then the identity check. Safe to repeat (same values)."""
+    parent = c.get_run(parent_run_id)
     if stage != "unit":  # the stages that train on the data snapshot take it as their input
         _log_dataset(
             c, rid, parent.data.tags.get("traingate.data_snapshot", ""), parent.data.tags.get("traingate.data_uri", "")
@@ -262,7 +278,6 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
             local = c.download_artifacts(parent_run_id, artifact, tmp)
             c.log_artifact(rid, local, artifact.rsplit("/", 1)[0])
     validate_identity(c, rid)
-    return rid
 
 
 # The standard tags a stage run shares with its pipeline run (its own name is its own).

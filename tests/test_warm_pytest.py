@@ -1,0 +1,61 @@
+"""The unit stage's warm pytest interpreter: started before its arguments exist, it runs them as
+`python -m pytest` would in the handed directory and environment."""
+
+from __future__ import annotations
+
+import os
+
+from tgtest import PYTHON
+from traingate.launch.warm_pytest import WarmPytest
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **extra}
+
+
+def test_a_warm_interpreter_runs_pytest_in_the_directory_and_environment_handed_to_it_later(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "helper.py").write_text("VALUE = 3\n")  # importable from the working directory, as with -m pytest
+    (project / "test_it.py").write_text(
+        "import os\nimport helper\n\n"
+        "def test_environment_and_directory():\n"
+        "    assert os.environ['TG_WARM_SEEN'] == 'late'\n"
+        f"    assert os.getcwd() == {str(project)!r}\n"
+        "    assert helper.VALUE == 3\n\n"
+        "def test_asserts_are_rewritten():\n"
+        "    values = [1, 2]\n"
+        "    assert values == [1, 3]\n"
+    )
+    warm = WarmPytest.start(PYTHON, _env(), ["json"])
+    lines: list[str] = []
+    junit = tmp_path / "junit.xml"
+    result = warm.run(
+        ["-q", "-p", "no:cacheprovider", f"--junitxml={junit}", f"--rootdir={project}", "test_it.py"],
+        _env(TG_WARM_SEEN="late"),
+        str(project),
+        tmp_path / "pytest.log",
+        timeout_s=300,
+        on_line=lines.append,
+    )
+    out = "\n".join(lines)
+    assert result.returncode == 1, out
+    assert "1 failed, 1 passed" in out
+    assert "At index 1 diff: 2 != 3" in out  # pytest's rewritten assert, not a bare AssertionError
+    assert junit.exists()
+    assert "1 failed, 1 passed" in (tmp_path / "pytest.log").read_text()
+
+
+def test_a_warm_interpreter_given_no_arguments_ends_quietly_when_its_input_closes():
+    warm = WarmPytest.start(PYTHON, _env(), [])
+    assert warm.popen.stdin is not None and warm.popen.stdout is not None
+    warm.popen.stdin.close()
+    assert warm.popen.wait(timeout=120) == 0
+    assert warm.popen.stdout.read() == ""
+    warm.popen.stdout.close()
+
+
+def test_a_discarded_warm_interpreter_is_gone():
+    warm = WarmPytest.start(PYTHON, _env(), [])
+    warm.discard()
+    assert warm.popen.poll() == -9  # killed: it had started nothing
