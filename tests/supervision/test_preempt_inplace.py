@@ -44,6 +44,10 @@ def test_the_agent_restarts_in_place_only_for_a_sigterm_its_living_supervisor_di
     monkeypatch.setenv("SLURM_JOB_ID", "4242")  # Slurm's SIGTERM ends the allocation: no restart in it
     assert agent.stop_reason() == "Slurm job 4242 is being stopped"
     monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setattr(agent, "_nodes", ["2"])  # a group on several nodes is relaunched, never restarted in place
+    assert agent.stop_reason() == "the group spans 2 nodes"
+    monkeypatch.setattr(agent, "_nodes", ["1"])
+    assert agent.stop_reason() is None
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     monkeypatch.setenv(envvars.SUPERVISOR_PID, str(gone.pid))

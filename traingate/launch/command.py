@@ -48,12 +48,13 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         tail = ["-m", "traingate.runtime.warm", zygote_socket, "--job", str(job.job_path)]
     if job.world_size == 1:
         return [python, *tail]
-    # On one node the agent is torchrun with an in-place restart after a preemption of the group
-    # (traingate.runtime.agent); its supervisor, which tells a preemption from a stop, runs beside it.
+    # The agent is torchrun that leaves without torch's teardown once its group is stopped, and on one node
+    # restarts the group in place after a preemption (traingate.runtime.agent); its supervisor, which tells a
+    # preemption from a stop, runs beside it.
     return [
         python,
         "-m",
-        "traingate.runtime.agent" if job.nodes == 1 else "torch.distributed.run",
+        "traingate.runtime.agent",
         *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
         f"--max-restarts={job.inplace_restarts}",
         *tail,

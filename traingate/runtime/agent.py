@@ -12,8 +12,13 @@ The agent shuts down as torchrun would (SIGTERM to the workers, grace, exit) whe
 stop: the supervisor marked the launch stopped before signalling it (:func:`traingate.job.files.write_stop`:
 a cancel, Ctrl-C, an alert, a hang, the stage's timeout), or the supervisor is gone (a rank that lost
 its orchestrator SIGTERMs the agent, as does the CLI's guardian), or it is not this agent's to judge
-(no supervisor named), or the group runs in a Slurm allocation, whose SIGTERM ends the job. A second
-SIGTERM while the workers are still writing their checkpoint is one preemption, not two.
+(no supervisor named), or the group runs in a Slurm allocation, whose SIGTERM ends the job, or it spans
+several nodes (the in-place restart is a one-node group's). A second SIGTERM while the workers are still
+writing their checkpoint is one preemption, not two.
+
+An agent that shut its group down on a SIGTERM leaves as soon as torchrun has stopped every worker,
+without the interpreter's teardown of torch (2-3 s on a loaded node): a preempted Slurm job's GPUs go to
+the job that preempted it that much sooner. Its exit code is torchrun's for that case, 1.
 """
 
 from __future__ import annotations
@@ -32,10 +37,13 @@ from traingate.job import envvars, files
 from traingate.runtime.watchdog import StopFlag
 
 _torch_handler = elastic_api._terminate_process_handler
+_nodes: list[str] = []  # the group's --nnodes, as main() parsed it
 
 
 def stop_reason() -> str | None:
     """Why a SIGTERM to this agent must stop the group (None: a preemption, restart it in place)."""
+    if _nodes and _nodes[0] not in ("1", "1:1"):
+        return f"the group spans {_nodes[0]} nodes"
     pid = envvars.supervisor_pid()
     stage_dir = envvars.stage_dir()
     if pid is None or stage_dir is None:
@@ -70,7 +78,15 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     # torchrun registers its handler by this module-level name each time it starts a group.
     elastic_api._terminate_process_handler = _on_signal
-    torchrun.main(argv)
+    _nodes[:] = [torchrun.parse_args(argv).nnodes]
+    try:
+        torchrun.main(argv)
+    except elastic_api.SignalException as e:
+        # torchrun has stopped every worker (each wrote what it owes and left); nothing of the agent is left to
+        # write, so it skips the traceback and the interpreter's teardown of torch.
+        print(f"traingate agent: {e}: the group is stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":
