@@ -88,6 +88,7 @@ BINARIES = ("munged", "mariadbd", "mariadb", "slurmdbd", "slurmctld", "slurmd", 
             "squeue", "sinfo", "sacct", "scontrol", "scancel", "nsenter", "ip", "setpriv", "useradd", "userdel")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REGISTRY = Path("/run/traingate-slurm")
+NO_VAL = 4294967294                 # the uid slurmctld gives a user name it cannot resolve
 USER_MARK = "traingate slurm test user"      # GECOS of users this module creates (and only deletes)
 MYSQL_SYSTEM_TABLES = "/usr/share/mysql/mysql_system_tables.sql"
 GPU_MAJOR = 195                              # NVIDIA's character major; minors are unique per GPU
@@ -368,9 +369,11 @@ class SlurmCluster:
         self._stop_proc("slurmctld", sig=signal.SIGKILL if hard else signal.SIGTERM)
 
     def start_controller(self) -> None:
-        """Start slurmctld on its saved state and wait until it answers and knows both nodes."""
+        """Start slurmctld on its saved state and wait until it answers, knows both nodes and has each user's
+        association with its uid (it resolves them again as it starts)."""
         self._start_controller(clean=False)
         self._wait_nodes_idle(timeout=60, any_state=True)
+        self._wait_associations()
 
     def restart_controller(self, hard: bool = False) -> None:
         """stop_controller(hard) then start_controller()."""
@@ -703,11 +706,21 @@ DebugLevel=info
                          f"qos={','.join(u.qos)} defaultqos={self.default_qos}" for u in self.users.values()])
 
     def _wait_associations(self) -> None:
+        """Until slurmctld's association cache holds every QOS and each user's association with the uid the
+        tests submit as. slurmctld matches a job to an association by uid; a user it could not resolve when
+        it loaded the association (the OS user absent at that moment: users are shared by every test cluster
+        on the machine) keeps uid NO_VAL, and every job of that user is refused with "Invalid account or
+        account/partition combination specified". `scontrol reconfigure` makes slurmctld resolve such uids."""
+        unresolved = [0.0]
+
         def seen() -> bool:
             out = self.scontrol("show", "assoc_mgr", "flags=assoc,qos")
+            if any(f"UserName={u}({NO_VAL})" in out for u in self.users) and time.monotonic() > unresolved[0]:
+                self.scontrol("reconfigure")
+                unresolved[0] = time.monotonic() + 5
             return (all(f"QOS={q}(" in out for q in self.qos_names)
-                    and all(f"UserName={u}(" in out for u in self.users))
-        _wait(seen, 30, "accounts, users and QOS in slurmctld's association cache")
+                    and all(f"Account={u.account} UserName={u.name}({u.uid})" in out for u in self.users.values()))
+        _wait(seen, 60, "accounts, users (with their uids) and QOS in slurmctld's association cache", interval=0.2)
 
     def _start_controller(self, clean: bool) -> None:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"] + (["-c"] if clean else []))
