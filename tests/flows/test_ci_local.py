@@ -2,6 +2,7 @@
 (0 passed, 1 a gate refused, 2 bad input), a summary for the CI log and a markdown summary file; on a
 temporary Prefect server, or on the one PREFECT_API_URL names. The example GitHub workflow that calls it
 passes GitHub's workflow schema (SchemaStore's, bundled with check-jsonschema)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from tgtest import PYTHON, ROOT
 
 WORKFLOW = ROOT / "deployments" / "ci" / "github-actions.yml"
@@ -19,8 +19,9 @@ WORKFLOW = ROOT / "deployments" / "ci" / "github-actions.yml"
 def _ci(tmp_path: Path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**(env or os.environ), "TRAINGATE_STATE_DIR": str(tmp_path / "state")}
     env.setdefault("PREFECT_HOME", str(tmp_path / "prefect"))
-    return subprocess.run([PYTHON, "-m", "flows.cli", "ci", *argv], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=tmp_path)
+    return subprocess.run(
+        [PYTHON, "-m", "flows.cli", "ci", *argv], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
+    )
 
 
 @pytest.mark.slow
@@ -38,13 +39,23 @@ def test_ci_passes_with_exit_0_on_a_temporary_server_and_writes_the_github_step_
 
 
 @pytest.mark.slow
-def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(tiny_spec, tmp_path,
-                                                                                          prefect_api):
+def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_url_names(
+    tiny_spec, tmp_path, prefect_api
+):
     from prefect import get_client
 
     rule = 'gates.unit.rules=[{metric: tests_passed, op: ">=", value: 1000}]'
-    p = _ci(tmp_path, str(tiny_spec()), "--until", "unit", "--set", rule, "--summary", "ci.md",
-            env={**os.environ, **prefect_api})
+    p = _ci(
+        tmp_path,
+        str(tiny_spec()),
+        "--until",
+        "unit",
+        "--set",
+        rule,
+        "--summary",
+        "ci.md",
+        env={**os.environ, **prefect_api},
+    )
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert "up to unit: FAILED: gate after unit: FAILED: tests_passed = " in p.stdout
     (run_dir,) = (tmp_path / "state" / "runs").iterdir()
@@ -55,18 +66,28 @@ def test_ci_exits_1_on_a_failed_gate_naming_the_rule_on_the_server_prefect_api_u
     assert ": FAILED\n" in md.splitlines(keepends=True)[0] and "| unit | completed | **failed** |" in md
 
 
-@pytest.mark.parametrize("argv, why", [
-    (["missing.yaml"], "missing.yaml"),
-    ([], "give a spec file (traingate ci examples/digits.yaml) or --commit"),
-    (["examples/digits.yaml", "--until", "full"], "--until 'full': CI runs the cheap stages unit, smoke, canary"),
-    (["examples/digits.yaml", "--commit", "abc1234"], "give a spec file (run here) or --commit SHA"),
-    (["examples/digits.yaml", "--set", "optim.lr=fast"], "optim.lr"),
-])
-def test_ci_refuses_bad_input_with_exit_2_in_one_line_and_starts_nothing(tmp_path, argv, why):
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["missing.yaml"], "missing.yaml"),
+        ([], "give a spec file (traingate ci examples/digits.yaml) or --commit"),
+        (["examples/digits.yaml", "--until", "full"], "--until 'full': CI runs the cheap stages unit, smoke, canary"),
+        (["examples/digits.yaml", "--commit", "abc1234"], "give a spec file (run here) or --commit SHA"),
+        (["examples/digits.yaml", "--set", "optim.lr=fast"], "optim.lr"),
+    ],
+)
+def test_ci_refuses_bad_input_with_exit_2_in_one_line_and_starts_nothing(tmp_path, argv, why, monkeypatch, capsys):
+    from flows.cli import main
+
+    # In this process: a refusal comes before anything heavy is imported, so a subprocess would add only its
+    # interpreter start (tests/test_disk_full.py checks a refused `traingate run` process's exit code).
     argv = [str(ROOT / a) if a.endswith(".yaml") else a for a in argv]
-    p = _ci(tmp_path, *argv)
-    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
-    assert why in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["ci", *argv])
+    out, err = capsys.readouterr()
+    assert code == 2, out[-2000:] + err[-2000:]
+    assert why in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "state").exists()
 
 
