@@ -1,14 +1,12 @@
 """A bad spec gets one line naming the field, the value and the fix; nothing starts."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import yaml
+from tgtest import TINY_DIGITS
 
-from tgtest import PYTHON, TINY_DIGITS
-from traingate.spec import SpecError, apply_overrides, load_spec, load_spec_text
 from traingate.ladder.preflight import check_spec
+from traingate.spec import SpecError, apply_overrides, load_spec, load_spec_text
 
 # (overrides applied to the tiny digits spec, or a raw YAML text) -> a field the message must name
 MALFORMED = [
@@ -101,23 +99,30 @@ def test_valid_spec_resolves_defaults_and_hash_is_stable(tiny_spec):
     assert check_spec(a)["canary"] == a.stages.canary.max_samples or 1617
 
 
-def test_cli_rejects_bad_spec_with_exit_2_and_starts_nothing(tiny_spec, state_dir):
+def test_cli_rejects_bad_spec_with_exit_2_and_starts_nothing(tiny_spec, state_dir, capsys):
+    from flows.cli import main
+
+    # In this process: a refusal comes before anything heavy is imported (a refused `traingate` process:
+    # tests/test_hostile_specs.py).
     spec = tiny_spec()
     for args in (["validate", str(spec), "--set", "optim.lr=-1"],
                  ["run", str(spec), "--set", "recipe.name=nope"],
                  ["run", str(spec), "--set", "stages.smoke.max_samples=99999", "--dry-run"]):
-        p = subprocess.run([PYTHON, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2, p.stderr
-        lines = [line for line in p.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("traingate: invalid spec:"), p.stderr
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("traingate: invalid spec:"), err
     assert not state_dir.exists(), "a rejected spec must not create runs, databases or checkpoints"
 
 
-def test_cli_validate_prints_the_resolved_spec(tiny_spec):
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "validate", str(tiny_spec()), "--set", "optim.lr=0.5"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    resolved = yaml.safe_load(p.stdout)
+def test_cli_validate_prints_the_resolved_spec(tiny_spec, capsys):
+    from flows.cli import main
+
+    code = main(["validate", str(tiny_spec()), "--set", "optim.lr=0.5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    resolved = yaml.safe_load(out)
     assert resolved["optim"]["lr"] == 0.5 and resolved["checkpoint"]["keep_last"] == 3
 
 
