@@ -11,7 +11,9 @@ fake a100 GPUs each, started here and torn down at the end; needs root and the D
 (c) the tiny digits ladder (unit -> smoke -> canary -> full) on the Slurm pool vs the same ladder on the local
     engine, same invocation, same Prefect server.
 
-``TRAINGATE_BENCH_SLURM_PARTS`` (default ``idle,urgent,ladder``) runs a subset.
+``TRAINGATE_BENCH_SLURM_PARTS`` (default ``idle,urgent,ladder``) runs a subset. ``TRAINGATE_BENCH_SLURM_WARM=1``
+gives traingate's stages (a) and (b) ``supervision.warm_restarts: true`` (as ``examples/digits.yaml`` has it): a
+zygote imports torch beside torchrun's agent and forks the ranks.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _tree(nodes: int = 1, steps: int = 16, priority: str = "research") -> dict[s
     tree["pools"] = {POOL: {"price_per_gpu_hour": 1.0, "gpus_per_node": 2}}
     tree["stages"]["full"] = {"max_steps": steps}
     tree["checkpoint"] = {"every_steps": 10}
+    if WARM:
+        tree["supervision"] = {"warm_restarts": True}
     return tree
 
 
@@ -331,6 +335,7 @@ def _ladder(spec: Path) -> float:
 
 
 PAIRS = int(os.environ.get("TRAINGATE_BENCH_SLURM_PAIRS", "3"))
+WARM = os.environ.get("TRAINGATE_BENCH_SLURM_WARM") == "1"
 PARTS = os.environ.get("TRAINGATE_BENCH_SLURM_PARTS", "idle,urgent,ladder").split(",")
 
 # (a)'s marks, seconds since the sbatch returned; a segment runs from the mark before it.
@@ -457,7 +462,7 @@ def main() -> str:
             f"Slurm 22.05 test cluster (2 nodes x 2 fake a100, started in {cluster_s:.1f} s) on this host "
             f"({os.cpu_count()} CPUs; load average {load0[0]:.1f} before, {load1[0]:.1f} after). One stage = the "
             f"tiny digits `full` stage (16 steps, 1 node x 2 processes); {len(pairs)} pairs traingate/bare, "
-            "alternating. Seconds since the `sbatch` returned.",
+            f"alternating; traingate's warm restarts {'on' if WARM else 'off'}. Seconds since the `sbatch` returned.",
             "",
             *rows,
         ]
