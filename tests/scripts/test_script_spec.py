@@ -2,7 +2,6 @@
 code version. Plain functions on temp dirs; the one CLI test runs `traingate validate` for real."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,14 +79,17 @@ def test_an_unknown_traingate_variable_in_an_argument_is_refused_in_one_line_nam
     assert "${TRAINGATE_CHECKPOINT_DIR}" in msg
 
 
-def test_traingate_validate_exits_2_with_one_line_for_an_unknown_variable(tmp_path):
+def test_traingate_validate_exits_2_with_one_line_for_an_unknown_variable(tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(tree({"stage_args": {"canary": ["--out", "${TRAINGATE_OUTPUT}"]}})))
-    p = subprocess.run([str(Path(sys.executable).parent / "traingate"), "validate", str(path)], capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state")})
-    assert p.returncode == 2, p.stderr
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "recipe.script.stage_args.canary[1] = '${TRAINGATE_OUTPUT}'" in lines[0], p.stderr
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "recipe.script.stage_args.canary[1] = '${TRAINGATE_OUTPUT}'" in lines[0], err
 
 
 def test_needs_cuda_on_a_cpu_pool_is_refused_before_launching_in_one_line():
@@ -197,16 +199,18 @@ def test_the_resumable_script_example_is_a_valid_spec_whose_launch_names_its_che
 
 
 def test_the_plan_says_once_which_interpreter_runs_python_and_that_traingate_sets_an_unset_omp_num_threads(
-        tmp_path):
+        tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(tree({})))
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    p = subprocess.run([str(Path(sys.executable).parent / "traingate"), "run", "--dry-run", str(path)],
-                       capture_output=True, text=True, timeout=120,
-                       env={**env, "TRAINGATE_STATE_DIR": str(tmp_path / "state")})
-    assert p.returncode == 0, p.stderr
-    said = [line for line in p.stdout.splitlines() if line.startswith("traingate: ")]
-    assert len(said) == 2, p.stdout
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    code = main(["run", "--dry-run", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    said = [line for line in out.splitlines() if line.startswith("traingate: ")]
+    assert len(said) == 2, out
     assert said[0].startswith(f"traingate: `python` in recipe.script.command runs {sys.executable} "), said
     assert said[1].startswith("traingate: OMP_NUM_THREADS=1 for the stage processes (unset here)"), said
 
