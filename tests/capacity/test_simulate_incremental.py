@@ -3,6 +3,7 @@ pass that rebuilds everything from lists; and a backfilled job is held to its pr
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from traingate.capacity.incremental import straightforward_pass
@@ -70,6 +71,86 @@ def test_the_incremental_pass_replays_every_attempt_as_the_straightforward_sched
     assert [(p.busy_gpu_s, p.fragmented_gpu_s, p.team_gpu_s) for p in fast.pools] == [
         (p.busy_gpu_s, p.fragmented_gpu_s, p.team_gpu_s) for p in slow.pools
     ]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_the_straightforward_schedule_does(seed):
+    # Random pool shape, quotas, load, estimates and class mix; the backfill policies the bench
+    # times among them. Arrivals with nothing started or ended since the last pass take the pass's
+    # shortcut (the groups it gave up on are not looked at again), so bunched arrivals and bursts
+    # of urgent jobs exercise it.
+    rng = np.random.default_rng(seed)
+    gpn, nodes = int(rng.choice([2, 4, 8])), int(rng.integers(2, 7))
+    quotas = {"vision": {"p": gpn * nodes * 5 // 8}} if seed % 2 else {}
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
+            "quotas": quotas,
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+        }
+    )
+    rows = generate(
+        TraceParams(
+            n_jobs=150,
+            capacity=gpn * nodes,
+            gpus_per_node=gpn,
+            load=float(rng.uniform(0.7, 1.4)),
+            seed=seed,
+            classes=(("urgent", float(rng.uniform(0.02, 0.2))), ("production", 0.3), ("research", 0.6)),
+            small_median_s=600,
+            large_median_s=2 * 3600,
+        )
+    )
+    est = rng.uniform(0.3, 2.0, len(rows))
+    trace = [
+        TraceJob(
+            Job(
+                r["job_id"],
+                r["team"],
+                r["priority"],
+                "p",
+                r["gpus"],
+                round(r["submit_s"] / 300) * 300.0,  # bunched arrivals
+                est_duration_s=r["duration_s"] * est[k] if k % 4 == 0 else None,
+                checkpoint_every_s=600.0,
+            ),
+            r["duration_s"],
+        )
+        for k, r in enumerate(rows)
+    ]
+    for name in ("fifo+backfill", "fifo+backfill+preempt", "sjf+backfill", "fairshare+backfill+preempt", "priority"):
+        fast = simulate(trace, cfg, Policy.parse(name))
+        slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
+        assert _schedule_of(fast) == _schedule_of(slow), name
+
+
+def test_an_urgent_arrivals_preemption_lets_a_job_the_last_pass_gave_up_on_backfill_in_the_same_pass():
+    # At 6 the head h (the whole node) waits for 1005.5 and x (1 GPU, predicted 5 s from e) finds no
+    # room. At 7 u and y arrive, y behind x in its group: a pass that looks at the new arrival u, not
+    # at that group, which the last pass gave up on. u preempts r (2 GPUs, the only lower-class job)
+    # and takes 1; y, after u in order, backfills the other (x, before u, is not looked at again).
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 0},
+        }
+    )
+    trace = [
+        TraceJob(Job("e", "t", "research", "p", 1, 0.0), 5.0),
+        TraceJob(Job("r", "t", "research", "p", 2, 0.0, est_duration_s=1000.0), 1000.0),
+        TraceJob(Job("a", "t", "urgent", "p", 1, 0.0, est_duration_s=1000.0), 1000.0),
+        TraceJob(Job("b", "t", "urgent", "p", 1, 5.5, est_duration_s=1000.0), 1000.0),
+        TraceJob(Job("h", "t", "research", "p", 4, 6.0, est_duration_s=100.0), 100.0),
+        TraceJob(Job("x", "t", "research", "p", 1, 6.0), 5.0),
+        TraceJob(Job("u", "v", "urgent", "p", 1, 7.0, est_duration_s=3.0), 50.0),
+        TraceJob(Job("y", "t", "research", "p", 1, 7.0), 5.0),
+    ]
+    fast = simulate(trace, cfg, Policy.parse("fifo+backfill+preempt"))
+    res = {r.job_id: r for r in fast.records}
+    assert res["u"].attempts[0] == (7.0, (0,), "preemption") and res["r"].preempted_at[0] == 7.0
+    assert res["y"].attempts[0] == (7.0, (0,), "backfill") and res["x"].first_start_s > 7.0
+    slow = simulate(trace, cfg, Policy.parse("fifo+backfill+preempt"), planner=straightforward_pass)
+    assert _schedule_of(fast) == _schedule_of(slow)
 
 
 def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_head_starts_at_its_reservation():

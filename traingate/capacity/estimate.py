@@ -38,24 +38,52 @@ class HistoryEstimator:
         self._by_team_size: dict[tuple[str, int], list[float]] = {}  # [sum, count]
         self._by_size: dict[int, list[float]] = {}
         self._all = [0.0, 0.0]
+        # (team, slots) -> its last prediction; and which of them came from the size's or the overall
+        # mean, dropped with it when a job of that size, or any job, is observed.
+        self._memo: dict[tuple[str, int], float | None] = {}
+        self._from_size: dict[int, set[tuple[str, int]]] = {}
+        self._from_all: set[tuple[str, int]] = set()
 
     def observe(self, job: Job, duration_s: float) -> None:
         """Record a finished job's whole run (its work, without queueing or restart overhead)."""
+        key = (job.team, job.slots)
         for acc in (
-            self._by_team_size.setdefault((job.team, job.slots), [0.0, 0.0]),
+            self._by_team_size.setdefault(key, [0.0, 0.0]),
             self._by_size.setdefault(job.slots, [0.0, 0.0]),
             self._all,
         ):
             acc[0] += duration_s
             acc[1] += 1
+        memo = self._memo
+        memo.pop(key, None)
+        for k in self._from_size.pop(job.slots, ()):
+            memo.pop(k, None)
+        for k in self._from_all:
+            memo.pop(k, None)
+        self._from_all.clear()
 
     def predict(self, job: Job) -> float | None:
         if job.est_duration_s is not None:
             return job.est_duration_s
-        for acc in (self._by_team_size.get((job.team, job.slots)), self._by_size.get(job.slots), self._all):
+        key = (job.team, job.slots)
+        memo = self._memo
+        if key in memo:
+            return memo[key]
+        p: float | None = None
+        acc = self._by_team_size.get(key)
+        if acc and acc[1]:
+            p = acc[0] / acc[1]
+        else:
+            acc = self._by_size.get(job.slots)
             if acc and acc[1]:
-                return acc[0] / acc[1]
-        return None
+                p = acc[0] / acc[1]
+                self._from_size.setdefault(job.slots, set()).add(key)
+            else:
+                acc = self._all
+                p = acc[0] / acc[1] if acc[1] else None
+                self._from_all.add(key)
+        memo[key] = p
+        return p
 
 
 def predicted_remaining(job: Job, predict: Predictor) -> float | None:

@@ -233,6 +233,13 @@ class _Group:
         self.off = 0
 
 
+# A pass's record, kept on its queue: the running set's version after it (``Running._n``), the order
+# signature (``_order_signature``), its head's group or (a single job) id, and the head's reservation.
+# When the next pass finds the same running set and order, every group that waited then, but those of
+# a class that may preempt, waits on (``plan_pass`` says why).
+Settled = tuple[int, Any, "_Group | None", "str | None", "float | None"]
+
+
 class Queue:
     """The waiting jobs of one pool. Grouped by (class, team, slots): first attempts without an
     estimate of their own (each predicted from the same history), and apart from them the jobs
@@ -243,6 +250,11 @@ class Queue:
         self._groups: dict[tuple[str, str, int, bool], _Group] = {}
         self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
+        self._by_class: dict[str, list[_Group]] = {}
+        # Groups that had no waiting job and have one since the last pass, and that pass's record:
+        # see ``Settled``.
+        self._fresh: list[_Group] = []
+        self._settled: Settled | None = None
 
     def __len__(self) -> int:
         return len(self.byid)
@@ -254,7 +266,13 @@ class Queue:
         if not (plain or discredited):
             self._singles[job.job_id] = job
             return
-        g = self._groups.setdefault((job.priority, job.team, job.slots, discredited), _Group())
+        k = (job.priority, job.team, job.slots, discredited)
+        g = self._groups.get(k)
+        if g is None:
+            g = self._groups[k] = _Group()
+            self._by_class.setdefault(job.priority, []).append(g)
+        if g.off == len(g.jobs):
+            self._fresh.append(g)
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
@@ -310,6 +328,18 @@ def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now
     return lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0))
 
 
+def _order_signature(rules: Rules, usage: Mapping[str, float]) -> tuple | None:
+    """What the waiting jobs' order depends on besides the jobs and their predictions: nothing under
+    fifo, priority and sjf; the teams' fair-share ranking; None under multifactor (ages move it)."""
+    order = rules.policy.order
+    if order is Order.MULTIFACTOR:
+        return None
+    if order is not Order.FAIRSHARE:
+        return ()
+    rank = {v: i for i, v in enumerate(sorted({0.0, *usage.values()}))}
+    return (rank[0.0], *sorted((t, rank[v]) for t, v in usage.items()))
+
+
 def plan_pass(
     now: float,
     pool: PoolConfig,
@@ -325,99 +355,201 @@ def plan_pass(
     pass looked at (a group's first, not every job behind it; behind the head, only those that could
     preempt or had room to backfill)."""
     gpn = pool.gpus_per_node
+    classes = rules.classes
+    prefix = _key_maker(rules, usage, predict, now, queue)
+    sig = _order_signature(rules, usage)
+    settled = queue._settled
+    # Nothing has started or ended since the last pass (so the free GPUs, the quotas held and every
+    # waiting job's prediction are as they were), and the waiting jobs keep their order: then the
+    # groups that pass gave up on would be given up on again (see ``Settled``), and this pass looks
+    # only at the others, the groups of classes that may preempt, and the last head's group.
+    skip = settled is not None and sig is not None and settled[0] == run._n and settled[1] == sig
+    while True:
+        heap: list[tuple[tuple, Any, int]] = []
+        looked: set[int] = set()
+        if settled is not None and skip:
+            preempting = [
+                g for p, gs in queue._by_class.items() if rules.policy.preempt and classes[p].preempts for g in gs
+            ]
+            for h in (*queue._fresh, *preempting, settled[2]):
+                if h is not None and id(h) not in looked and h.off < len(h.jobs):
+                    looked.add(id(h))
+                    j = h.jobs[h.off]
+                    heap.append(((*prefix(j), j.submit_s, j.job_id), h, h.off))
+        else:
+            for g in queue._groups.values():
+                if g.off < len(g.jobs):
+                    j = g.jobs[g.off]
+                    heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
+        for j in queue._singles.values():
+            heap.append(((*prefix(j), j.submit_s, j.job_id), None, 0))
+        plan = _pass(
+            now, gpn, run, queue, rules, predict, prefix, heap, (settled, looked) if settled and skip else None
+        )
+        if plan is not None:
+            break
+        skip = False  # the head or its reservation is not the last pass's: every group is looked at
+    queue._fresh.clear()
+    queue._settled = (run._n, sig, plan[2], plan[3], plan[0].reserved_s)
+    return plan[0], plan[1]
+
+
+class _Retry(Exception):
+    """A pass over the unsettled groups found a head or a reservation other than the last pass's."""
+
+
+def _pass(
+    now: float,
+    gpn: int,
+    run: Running,
+    queue: Queue,
+    rules: Rules,
+    predict: Predictor,
+    prefix: Any,
+    heap: list[tuple[tuple, Any, int]],
+    skipping: tuple[Settled, set[int]] | None,
+) -> tuple[Plan, list[Job], _Group | None, str | None] | None:
+    """:func:`plan_pass`'s loop over ``heap``, the waiting groups' first jobs and the single jobs.
+    With ``skipping`` (the last pass's record, the ids of the groups in the heap) the heap holds only
+    the groups that pass must look at; then None (nothing changed yet) when the head or its
+    reservation differs from the last pass's. Also the head's group, or its id when it is single."""
     policy = rules.policy
     classes = rules.classes
     free = run.free
-    prefix = _key_maker(rules, usage, predict, now, queue)
-    heap: list[tuple[tuple, Any, int]] = []
-    for g in queue._groups.values():
-        if g.off < len(g.jobs):
-            j = g.jobs[g.off]
-            heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
-    for j in queue._singles.values():
-        heap.append(((*prefix(j), j.submit_s, j.job_id), None, 0))
     heapq.heapify(heap)
+    # No job asks fewer slots; once even that many do not fit behind the head, only a preemption can start.
+    smallest = (
+        min((g.jobs[pos].slots if g is not None else queue._singles[k[-1]].slots) for k, g, pos in heap) if heap else 0
+    )
     starts: list[Start] = []
     victims_out: list[Job] = []
     quota_held: list[str] = []
     dead: list[_Group] = []
     head: Job | None = None
+    head_group: _Group | None = None
     shadow: float | None = None
+    # A head to find again: before it nothing may start (the last pass found nothing to start there).
+    settled, looked = skipping if skipping is not None else (None, set())
+    guard = settled is not None and (settled[2] is not None or settled[3] is not None)
 
     def evict(victims: tuple[Job, ...], key: tuple) -> None:
+        nonlocal settled, smallest
+        if guard and head is None:
+            raise _Retry
         for v in victims:
             victims_out.append(run.remove(v.job_id))
+        if settled is not None:  # the groups left out are given up on, as the last pass gave up on them
+            dead.extend(g for g in queue._groups.values() if g.off < len(g.jobs) and id(g) not in looked)
+            settled = None
         # Freed slots and quota: groups given up on may start again from the next job after this one
         # (a group's keys never fall along it; under multifactor its jobs' ages differ).
         for g in dead:
             p = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (*prefix(j), j.submit_s, j.job_id))
             if p < len(g.jobs):
                 j = g.jobs[p]
+                smallest = min(smallest, j.slots)
                 heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, p))
         dead.clear()
 
-    while heap:
-        key, g, pos = heapq.heappop(heap)
-        job = g.jobs[pos] if g is not None else queue._singles[key[-1]]
-        can_preempt = policy.preempt and classes[job.priority].preempts
-        if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots)):
-            if g is not None:  # behind the head only a backfill could start it, and there is no room
-                dead.append(g)
-            continue
-        nodes: tuple[int, ...] | None = None
-        how: How | None = None
-        stop = False
-        need = footprint(job.slots, gpn)
-        cap = rules.quotas.get(job.team)
-        over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
-        if over:
-            vs = (
-                choose_victims(job, now, free.free, list(run.jobs.values()), gpn, classes, over, rules.restart_cost_s)
-                if can_preempt
-                else None
-            )
-            if vs is None:
-                quota_held.append(job.job_id)
+    def nothing_backfills() -> bool:
+        """Whether no job behind the head may start but by preempting; then, without preemption, the
+        pass is over, and with it the groups whose class cannot preempt are given up on at once (as
+        each would be when reached: a preemption brings them back from ``dead``)."""
+        if shadow is not None and free.fits(smallest):
+            return False
+        if not policy.preempt:
+            return True
+        keep = []
+        for e in heap:
+            g = e[1]
+            if g is None or classes[g.jobs[e[2]].priority].preempts:
+                keep.append(e)
             else:
-                evict(vs, key)
-                nodes, how = free.place(job.slots), How.PREEMPTION
-        else:
-            if head is None:
-                nodes = free.place(job.slots)
-                how = How.IN_ORDER
-            elif shadow is not None:
-                rem = predicted_remaining(job, predict)
-                if rem is not None and now + job.overhead_s + rem + rules.backfill_margin_s <= shadow:
-                    nodes = free.place(job.slots)
-                    how = How.BACKFILL
-            if nodes is None and can_preempt:
-                vs = choose_victims(job, now, free.free, list(run.jobs.values()), gpn, classes, 0, rules.restart_cost_s)
-                if vs is not None:
+                dead.append(g)
+        heapq.heapify(keep)
+        heap[:] = keep
+        return False
+
+    try:
+        while heap:
+            key, g, pos = heapq.heappop(heap)
+            job = g.jobs[pos] if g is not None else queue._singles[key[-1]]
+            can_preempt = policy.preempt and classes[job.priority].preempts
+            if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots)):
+                if g is not None:  # behind the head only a backfill could start it, and there is no room
+                    dead.append(g)
+                continue
+            nodes: tuple[int, ...] | None = None
+            how: How | None = None
+            stop = False
+            need = footprint(job.slots, gpn)
+            cap = rules.quotas.get(job.team)
+            over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
+            if over:
+                vs = (
+                    choose_victims(
+                        job, now, free.free, list(run.jobs.values()), gpn, classes, over, rules.restart_cost_s
+                    )
+                    if can_preempt
+                    else None
+                )
+                if vs is None:
+                    quota_held.append(job.job_id)
+                else:
                     evict(vs, key)
                     nodes, how = free.place(job.slots), How.PREEMPTION
-            if nodes is None and head is None:
-                head = job
-                if policy.backfill:
-                    shadow = run.reserve(job, now)
-                elif not policy.preempt:
-                    stop = True  # strict order: nothing behind the head may start
-        if nodes is not None:
-            assert how is not None
-            nxt = queue._take(job, g, pos)
-            # Counted as running from now for later reservations and victim choices in this pass.
-            run.add(started(job, now, nodes), predict(job))
-            starts.append(Start(job.job_id, nodes, how))
-            if g is not None and nxt < len(g.jobs):
-                j = g.jobs[nxt]
-                heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, nxt))
-        elif g is not None:
-            dead.append(g)
-        if stop:
-            break
+            else:
+                if head is None:
+                    nodes = free.place(job.slots)
+                    how = How.IN_ORDER
+                    if nodes is not None and guard:
+                        raise _Retry
+                elif shadow is not None:
+                    rem = predicted_remaining(job, predict)
+                    if rem is not None and now + job.overhead_s + rem + rules.backfill_margin_s <= shadow:
+                        nodes = free.place(job.slots)
+                        how = How.BACKFILL
+                if nodes is None and can_preempt:
+                    vs = choose_victims(
+                        job, now, free.free, list(run.jobs.values()), gpn, classes, 0, rules.restart_cost_s
+                    )
+                    if vs is not None:
+                        evict(vs, key)
+                        nodes, how = free.place(job.slots), How.PREEMPTION
+                if nodes is None and head is None:
+                    head, head_group = job, g
+                    if policy.backfill:
+                        shadow = run.reserve(job, now)
+                    elif not policy.preempt:
+                        stop = True  # strict order: nothing behind the head may start
+                    if guard:
+                        assert settled is not None
+                        if (g, None if g is not None else job.job_id) != settled[2:4] or shadow != settled[4]:
+                            raise _Retry
+                    stop = stop or nothing_backfills()
+            if nodes is not None:
+                assert how is not None
+                nxt = queue._take(job, g, pos)
+                # Counted as running from now for later reservations and victim choices in this pass.
+                run.add(started(job, now, nodes), predict(job))
+                starts.append(Start(job.job_id, nodes, how))
+                if g is not None and nxt < len(g.jobs):
+                    j = g.jobs[nxt]
+                    heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, nxt))
+                if head is not None and nothing_backfills():
+                    break
+            elif g is not None:
+                dead.append(g)
+            if stop:
+                break
+    except _Retry:
+        return None
+    if guard and head is None:
+        return None  # the last pass's head has gone (started in another pool)
     plan = Plan(
         tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
     )
-    return plan, victims_out
+    return plan, victims_out, head_group, None if head is None or head_group is not None else head.job_id
 
 
 def straightforward_pass(
