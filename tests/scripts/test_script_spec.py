@@ -1,5 +1,6 @@
 """What a script job is before and around its launch: its arguments, the refusals, its checkpoint set, its
-code version. Plain functions on temp dirs; the one CLI test runs `traingate validate` for real."""
+code version. Plain functions on temp dirs; the CLI tests run `traingate validate` and `run --dry-run`
+through flows.cli.main in this process."""
 from __future__ import annotations
 
 import subprocess
