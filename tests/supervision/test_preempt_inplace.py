@@ -5,8 +5,10 @@ marked, or a SIGTERM after the supervisor is gone, still shuts the group down.""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,3 +54,36 @@ def test_the_agent_restarts_in_place_only_for_a_sigterm_its_living_supervisor_di
     gone.wait()
     monkeypatch.setenv(envvars.SUPERVISOR_PID, str(gone.pid))
     assert agent.stop_reason() == f"supervisor (pid {gone.pid}) is gone"
+
+
+def test_an_agent_that_stops_its_group_on_sigterm_leaves_with_one_line_and_no_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in (envvars.SUPERVISOR_PID, "SLURM_JOB_ID")}
+    env["TMPDIR"] = str(tmp_path)
+    agent_proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "traingate.runtime.agent",
+            "--standalone",
+            "--nproc_per_node=1",
+            "--no-python",
+            "sh",
+            "-c",
+            f"touch {tmp_path}/started; exec sleep 60",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert agent_proc.poll() is None and time.monotonic() < deadline, agent_proc.stderr.read()
+            time.sleep(0.1)
+        agent_proc.send_signal(signal.SIGTERM)
+        _, err = agent_proc.communicate(timeout=60)
+    finally:
+        agent_proc.kill()
+    assert agent_proc.returncode == 1, err
+    assert f"traingate agent: Process {agent_proc.pid} got signal: 15: the group is stopped" in err
+    assert "Traceback" not in err
