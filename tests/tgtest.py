@@ -141,6 +141,24 @@ def prefect_server(tmp_path: Path):
         stop_tree(proc, signal.SIGTERM, 30)
 
 
+def paused_flow_runs(client, since) -> list:
+    """The flow runs started after ``since`` (an aware datetime) that are paused now, from ``client`` (sync).
+    Asked of the server by state and start time: a session's server holds every flow run of the xdist
+    worker's earlier tests, and a page of them in the server's default order (random uuid4 ids) need not
+    hold the one a test waits for."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
+                           start_time=FlowRunFilterStartTime(after_=since))
+    return [fr for fr in client.read_flow_runs(flow_run_filter=paused) if fr.state is not None and fr.state.is_paused()]
+
+
 @contextlib.contextmanager
 def prefect_api_at(url: str, **more):
     """This process's Prefect clients on the server at ``url`` for the block (``more``: further settings by

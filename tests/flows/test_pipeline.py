@@ -8,11 +8,12 @@ import shutil
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tgtest import PYTHON, ROOT, paused_flow_runs
 
-from tgtest import PYTHON, ROOT
 from traingate.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -60,15 +61,14 @@ def test_script_recipe_climbs_the_ladder_with_metrics_read_from_its_output(prefe
     assert len(client.get_metric_history(full.info.run_id, "script_loss")) == 6
 
 
-def _wait_for_paused_run(timeout_s: float = 180):
+def _wait_for_paused_run(since: datetime, timeout_s: float = 180):
     from prefect import get_client
 
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as c:
         while time.monotonic() < deadline:
-            for fr in c.read_flow_runs(limit=20):
-                if fr.state is not None and fr.state.is_paused():
-                    return fr.id
+            for fr in paused_flow_runs(c, since):
+                return fr.id
             time.sleep(1)
     raise AssertionError("no flow run paused for approval")
 
@@ -96,9 +96,10 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
     gate = ["gates.unit.require_approval=true", "gates.unit.approval_timeout_s=300",
             "gates.unit.rules=[{metric: tests_failed, op: '==', value: 0}]"]
     box: dict[str, object] = {}
+    since = datetime.now(UTC)
     t = threading.Thread(target=lambda: box.update(state=pipeline(str(spec), gate, "smoke", return_state=True)))
     t.start()
-    run_id = _wait_for_paused_run()
+    run_id = _wait_for_paused_run(since)
     logging.getLogger("prefect.flow_runs").removeHandler(handler)
     said = [r.getMessage() for r in records if "paused for approval" in r.getMessage()]
     assert said == [f"paused for approval: unit passed its gate (gates.unit.require_approval); smoke starts when a "

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tgtest import paused_flow_runs
 
 from traingate.settings import Settings
 
@@ -35,22 +36,10 @@ class _Kept(logging.Handler):
 
 def _paused(client, besides: set, since: datetime) -> tuple:
     """The flow run started after ``since`` that paused for input, and the keyset of that pause, once it pauses
-    (not one in ``besides``). The query asks the server for paused runs: the session's server holds every flow run
-    of this xdist worker's earlier tests, and a page of them in the server's default order (random uuid4 ids)
-    need not hold this one."""
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterStartTime,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-
-    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
-                           start_time=FlowRunFilterStartTime(after_=since))
+    (not one in ``besides``)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        for fr in client.read_flow_runs(flow_run_filter=paused, limit=20):
+        for fr in paused_flow_runs(client, since):
             keyset = fr.state.state_details.run_input_keyset if fr.state is not None else None
             if fr.state is not None and fr.state.is_paused() and keyset and keyset["response"] not in besides:
                 return fr, keyset
