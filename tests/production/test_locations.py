@@ -57,18 +57,25 @@ def test_a_pools_flow_runs_get_the_bootstraps_locations_merged_with_the_deployme
 
 @pytest.mark.parametrize("state, why", [(None, "TRAINGATE_STATE_DIR is not set"), ("", "TRAINGATE_STATE_DIR is not set"),
                                         ("relative/state", "is not an absolute path")])
-def test_pools_bootstrap_refuses_a_pool_without_an_absolute_state_dir_in_one_line(tmp_path, state, why):
+def test_pools_bootstrap_refuses_a_pool_without_an_absolute_state_dir_in_one_line(tmp_path, state, why, monkeypatch,
+                                                                                  capsys):
+    from flows.cli import main
+
     (tmp_path / "pools.yaml").write_text("pools:\n  cpu-local: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 0, "
                                          "worker: process}\n")
-    env = _env_without_locations(PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",  # nothing listens: never asked
-                                 PREFECT_HOME=str(tmp_path / "ph"))
+    # In this process, with this environment's locations removed as in a fresh shell.
+    for k in list(os.environ):
+        if k not in _env_without_locations():
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{free_port()}/api")  # nothing listens: never asked
     if state is not None:
-        env["TRAINGATE_STATE_DIR"] = state
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "pools", "bootstrap", str(tmp_path / "pools.yaml")], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2, p.stdout + p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("traingate pools: pool cpu-local: TRAINGATE_STATE_DIR"), p.stderr
+        monkeypatch.setenv("TRAINGATE_STATE_DIR", state)
+    monkeypatch.chdir(tmp_path)
+    code = main(["pools", "bootstrap", str(tmp_path / "pools.yaml")])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("traingate pools: pool cpu-local: TRAINGATE_STATE_DIR"), err
     assert why in lines[0]
 
 
@@ -82,24 +89,32 @@ def test_a_flow_run_from_a_deployment_refuses_state_in_its_code_directory(tmp_pa
 
 
 @pytest.mark.parametrize("command", [["runs"], ["show", "0" * 32]], ids=["runs", "show"])
-def test_read_only_commands_name_their_store_and_refuse_to_create_an_empty_one(tmp_path, command):
+def test_read_only_commands_name_their_store_and_refuse_to_create_an_empty_one(tmp_path, command, monkeypatch,
+                                                                               capsys):
+    from flows.cli import main
+
+    # In this process, with this environment's locations removed as in a fresh shell.
+    for k in list(os.environ):
+        if k not in _env_without_locations():
+            monkeypatch.delenv(k)
     state = tmp_path / "somewhere-else"
-    env = _env_without_locations(TRAINGATE_STATE_DIR=str(state), PREFECT_HOME=str(tmp_path / "ph"))
-    p = subprocess.run([PYTHON, "-m", "flows.cli", *command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(state))
+    monkeypatch.chdir(tmp_path)
+    code = main(list(command))
+    out, err = capsys.readouterr()
     db = state / "mlflow.db"
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert p.stderr.splitlines() == [
+    assert code == 2, out + err
+    assert err.splitlines() == [
         f"traingate {command[0]}: reading sqlite:///{db} (TRAINGATE_STATE_DIR={state})",
         f"traingate {command[0]}: no tracking store at {db}: {command[0]} reads the store your runs wrote; set "
         "TRAINGATE_STATE_DIR to their state directory (a pool's is in its job template: prefect work-pool inspect "
         "POOL) or TRAINGATE_TRACKING_URI to their tracking server"]
     assert not state.exists(), "a read-only command created a store"
     # The same command with no state dir set says it reads ./.traingate of the current directory.
-    env.pop("TRAINGATE_STATE_DIR")
-    p = subprocess.run([PYTHON, "-m", "flows.cli", *command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 2 and f"(TRAINGATE_STATE_DIR unset: ./.traingate in {tmp_path})" in p.stderr.splitlines()[0]
+    monkeypatch.delenv("TRAINGATE_STATE_DIR")
+    code = main(list(command))
+    err = capsys.readouterr().err
+    assert code == 2 and f"(TRAINGATE_STATE_DIR unset: ./.traingate in {tmp_path})" in err.splitlines()[0], err
     assert not (tmp_path / ".traingate" / "mlflow.db").exists()
 
 
