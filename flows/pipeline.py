@@ -7,10 +7,11 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, cast
 from uuid import UUID, uuid4
@@ -23,8 +24,8 @@ from prefect.flow_runs import pause_flow_run
 from prefect.futures import PrefectFuture
 from prefect.input import RunInput
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Completed, Crashed, Failed, State
-from pydantic import BaseModel, ConfigDict, Field
+from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
@@ -46,20 +47,22 @@ from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_cl
 from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
-from traingate.job.result import StageResult
+from traingate.job.result import GateDecision, StageResult
 from traingate.job.stagejob import derive
 from traingate.job.vocab import Status
-from traingate.launch.warm_pytest import WarmPytest
-from traingate.ladder.gates import decide
-from traingate.ladder.outcomes import resumable_stop
+from traingate.ladder.gates import decide, over_budget_only
+from traingate.ladder.outcomes import reestimated, resumable_stop
 from traingate.ladder.plan import ResumePoint, record_flow_run, resume_point, run_of_flow_run, stages_until
 from traingate.ladder.preflight import check_spec, preflight
+from traingate.launch.warm_pytest import WarmPytest
 from traingate.promotion.refusal import refusal
 from traingate.redact import redact, register_secret
+from traingate.runtime.warm import Zygote
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.specbase import MAX_SECONDS, form_positions
+from traingate.supervision.supervisor import start_zygote
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
@@ -175,6 +178,50 @@ class Resume(RunInput):
     reviewer: str = ""
     reason: str = ""
 
+    def changes(self) -> list[str]:
+        """The spec changes this answer asks for, as ``--set`` overrides."""
+        return list(self.overrides)
+
+
+class BudgetResume(RunInput):
+    """The Resume form the Prefect UI shows on a ladder whose gate refused the next stage on its budget alone:
+    a budget the stage's estimate fits in starts it. Its description names the estimate and the budgets."""
+
+    model_config = ConfigDict(json_schema_extra=form_positions)
+
+    resume: bool = Field(
+        default=True,
+        description="start the next stage once its estimate fits the budget; false: stop (`traingate resume` "
+        "can still start it)",
+    )
+    max_run_usd: float | None = Field(default=None, gt=0, description="budget.max_run_usd: the run's budget, $")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, description="budget.max_cost_usd: the most one stage may be estimated to cost, $"
+    )
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="other spec changes for the rest of the run, e.g. stages.full.max_steps=5000",
+    )
+    reviewer: str = ""
+    reason: str = ""
+
+    @classmethod
+    def starting_at(cls, description: str, **budgets: float | None) -> type[BudgetResume]:
+        """The form with ``description`` (markdown above it) and ``budgets`` (the run's own) as its fields' defaults.
+        RunInput.with_initial_data would drop the fields' descriptions and bounds from the schema the UI draws."""
+        fields: dict[str, Any] = {}
+        for name, value in budgets.items():
+            field = copy.copy(cls.model_fields[name])
+            field.default = value
+            fields[name] = (field.annotation, field)
+        form = create_model(cls.__name__, __base__=cls, **fields)
+        return form.with_initial_data(description=description)
+
+    def changes(self) -> list[str]:
+        """The budgets given (the form starts at the run's own) and the other spec changes, as ``--set`` overrides."""
+        given = {"budget.max_run_usd": self.max_run_usd, "budget.max_cost_usd": self.max_cost_usd}
+        return [f"{k}={v!r}" for k, v in given.items() if v is not None] + list(self.overrides)
+
 
 class UiResume(NamedTuple):
     """What came of a pause in place: the spec to continue with, or why the run stops (``elsewhere``: another
@@ -280,12 +327,17 @@ def ladder(
             )
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     pending: list[PrefectFuture] = []
+    early_zygote: Zygote | None = None
     for i, stage in enumerate(stages):
         resuming = point is not None and stage == point.stage
         in_place: UiResume | None = None  # the stage's pause in place, if it paused
         known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
         if stage == "unit":  # its MLflow run is opened beside its pytest run: the tests need none of it
             opening = None if known_run else open_stage_run.submit(run_id, stage)
+            if "smoke" in stages[i + 1 :]:
+                # The smoke stage's zygote imports the training stack beside the unit stage; it forks no worker
+                # before the smoke stage starts, after a passed unit gate (unused, it ends with this flow).
+                early_zygote = start_zygote(derive(spec, "smoke", run_id=run_id, run_dir=run_dir, settings=settings))
             result = run_unit_tests.with_options(task_run_name=stage)(
                 spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
             )
@@ -297,21 +349,25 @@ def ladder(
             if not known_run:
                 pending.append(fill_stage_run.submit(run_id, stage_run, stage))
             job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-            result = run_stage_job(job, resume=resuming)
+            result = run_stage_job(job, resume=resuming, zygote=early_zygote if stage == "smoke" else None)
             while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
-                in_place = _wait_for_resume(stage, result, spec, run_dir, pause_wait_s)
+                in_place = _wait_for_resume(
+                    stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
+                )
                 if in_place.spec is None:
                     break
                 spec = in_place.spec
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
                 result = run_stage_job(job, resume=True)
         gate = spec.gate(stage)
-        decision = decide(
-            result,
-            gate,
-            spec.budget.max_cost_usd,
-            budgets=budgets_at_gate(spec, run_id, run_dir, result, functools.partial(_settle, pending)),
-        )
+        decision = _decide(spec, result, run_id, run_dir, pending)
+        refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
+        if pause_wait_s > 0 and refused_on_budget:  # the Prefect UI's Resume form gives the next stage a budget
+            in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, pending)
+            if in_place.spec is not None:
+                spec = in_place.spec
+                result = reestimated(result, spec)
+                decision = _decide(spec, result, run_id, run_dir, pending)
         # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
         pending += [
             record_stage.submit(stage_run, result, decision, run_id=run_id),
@@ -337,8 +393,13 @@ def ladder(
             return stopped(Cancelled(message=message), summary)
         if not decision.passed:
             _settle(pending)
-            close_pipeline_run(run_id, False, stage, decision.summary())
-            return stopped(Failed(message=decision.summary()), summary)
+            if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
+                return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
+            message = decision.summary()
+            if in_place is not None and refused_on_budget:  # not resumed from the form: the terminal's way on
+                message += f" ({in_place.why}; {_resume_hint(spec, run_id, stages[i + 1])})"
+            close_pipeline_run(run_id, False, stage, message)
+            return stopped(Failed(message=message), summary)
         log.info(decision.summary())
         if gate.require_approval and i + 1 < len(stages):
             # WARNING: a person must act, and the terminal shows traingate's records from WARNING up.
@@ -475,24 +536,41 @@ def _paused(result: StageResult) -> bool:
     return result.status == Status.PREEMPTED and bool(result.details.get("supervision", {}).get("paused_by"))
 
 
-def _wait_for_resume(stage: str, result: StageResult, spec: RunSpec, run_dir: Path, wait_s: int) -> UiResume:
-    """Pause this flow run with a :class:`Resume` form (the Prefect UI's Resume button) for up to ``wait_s``.
+def _wait_for_resume(
+    stage: str,
+    spec: RunSpec,
+    run_dir: Path,
+    wait_s: int,
+    form: type[Resume] | type[BudgetResume],
+    stopped_line: str,
+    verdict: Callable[[RunSpec], str] | None = None,
+    action: str = "from its latest checkpoint",
+) -> UiResume:
+    """Pause this flow run with ``form`` (the Prefect UI's Resume button) for up to ``wait_s``.
 
-    Resumed with ``resume: true``: the spec with its ``overrides`` (kept in the run's spec.yaml, as `traingate
-    resume --set` keeps them); overrides that do not make a valid spec are refused in one line and the run
-    pauses again. Declined, timed out, or taken over by `traingate resume` meanwhile: why it stops.
+    Resumed with ``resume: true``: the spec with the answer's changes (kept in the run's spec.yaml, as `traingate
+    resume --set` keeps them); changes that do not make a valid spec, or that ``verdict`` refuses (it returns
+    why, or ""), are refused in one line and the run pauses again. Declined, timed out, or taken over by
+    `traingate resume` meanwhile: why it stops. ``stopped_line`` says why it paused and how the CLI continues it.
     """
     log = get_run_logger()
     while True:
         log.warning(
-            "%s; or resume flow run %s from the Prefect UI (Resume: overrides, reviewer, reason) within %d s",
-            resumable_stop(stage, result, run_dir.name),
+            "%s; or resume flow run %s from the Prefect UI (Resume: %s) within %d s",
+            stopped_line,
             flow_run.id,
+            ", ".join(f for f in form.model_fields if f != "resume"),
             wait_s,
         )
         try:
-            answer = pause_flow_run(wait_for_input=Resume, timeout=wait_s, key=f"resume-{stage}-{uuid4().hex[:8]}")
+            answer = pause_flow_run(wait_for_input=form, timeout=wait_s, key=f"resume-{stage}-{uuid4().hex[:8]}")
         except FlowPauseTimeout:
+            # The server keeps a timed-out pause Paused and turns any state the run proposes into "Failed: never
+            # resumed"; forced back to Running, the run ends with its own state and summary.
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(
+                    flow_run.id, Running(message=f"not resumed within pause_wait_s={wait_s} s"), force=True
+                )
             return UiResume(None, f"not resumed within pause_wait_s={wait_s} s")
         owner = stale.read_orchestrator(run_dir)
         if owner is not None and owner.flow_run_id != str(flow_run.id):
@@ -500,15 +578,77 @@ def _wait_for_resume(stage: str, result: StageResult, spec: RunSpec, run_dir: Pa
         who = answer.reviewer or "reviewer"
         if not answer.resume:
             return UiResume(None, f"not resumed by {who}" + (f": {answer.reason}" if answer.reason else ""))
+        asked = answer.changes()
         try:
-            changed = parse_spec(apply_overrides(spec.to_dict(), answer.overrides))
+            changed = parse_spec(apply_overrides(spec.to_dict(), asked))
         except SpecError as e:
             log.error("Resume of %s refused: overrides: %s; the run stays paused", stage, e)
             continue
+        refused = verdict(changed) if verdict is not None else ""
+        if refused:
+            log.error("Resume of %s refused: asked %s: %s; the run stays paused", stage, ", ".join(asked), refused)
+            continue
         write_resolved(changed, run_dir / "spec.yaml")  # a later `traingate resume` keeps them
-        changes = "".join(f"; {o}" for o in answer.overrides)
-        log.info("%s resumed by %s from its latest checkpoint%s", stage, who, changes)
+        changes = "".join(f"; {o}" for o in asked)
+        log.info("%s resumed by %s %s%s", stage, who, action, changes)
         return UiResume(changed)
+
+
+def _decide(
+    spec: RunSpec, result: StageResult, run_id: str, run_dir: Path, pending: list[PrefectFuture]
+) -> GateDecision:
+    """The gate after ``result``'s stage under ``spec``: its rules, and the next stage's estimate against
+    ``budget.max_cost_usd`` and what is left of the run's and the team's budgets."""
+    return decide(
+        result,
+        spec.gate(result.stage),
+        spec.budget.max_cost_usd,
+        budgets=budgets_at_gate(spec, run_id, run_dir, result, functools.partial(_settle, pending)),
+    )
+
+
+def _wait_for_budget(
+    nxt: str,
+    result: StageResult,
+    decision: GateDecision,
+    spec: RunSpec,
+    run_dir: Path,
+    wait_s: int,
+    pending: list[PrefectFuture],
+) -> UiResume:
+    """Pause this flow run, its gate having refused ``nxt`` on its budget alone, with a :class:`BudgetResume` form
+    that starts at the run's budgets and names the estimate; a resume whose budget the estimate still exceeds
+    keeps it paused (see :func:`_wait_for_resume`)."""
+    run_id = run_dir.name
+    est = result.estimate.get("next_stage_cost_usd")
+    form = BudgetResume.starting_at(
+        f"**The gate after {result.stage} refused {nxt} on its budget.** The estimate of {nxt} is "
+        f"${est or 0.0:.6g}; the run's budget.max_run_usd is {_or_unset(spec.budget.max_run_usd)}, its "
+        f"budget.max_cost_usd {_or_unset(spec.budget.max_cost_usd)}.\n\n"
+        + "".join(f"- {r}\n" for r in decision.reasons)
+        + f"\nGive a budget the estimate fits in (or lower stages.{nxt}.max_steps in overrides) and Resume: "
+        f"run {run_id} continues with {nxt}. A budget still too low keeps it paused.",
+        max_run_usd=spec.budget.max_run_usd,
+        max_cost_usd=spec.budget.max_cost_usd,
+    )
+
+    def verdict(changed: RunSpec) -> str:
+        again = _decide(changed, reestimated(result, changed), run_id, run_dir, pending)
+        return "; ".join(again.reasons)
+
+    return _wait_for_resume(
+        nxt, spec, run_dir, wait_s, form, decision.summary(), verdict, action=f"after {result.stage}'s gate"
+    )
+
+
+def _or_unset(v: float | None) -> str:
+    return f"${v:.6g}" if v is not None else "unset"  # as the gate's lines print dollars
+
+
+def _resume_hint(spec: RunSpec, run_id: str, nxt: str) -> str:
+    """How the terminal starts ``nxt`` of a run its gate refused on budget (resume runs no gate before it)."""
+    knob = "budget.max_run_usd" if spec.budget.max_run_usd is not None else "budget.max_cost_usd"
+    return f"`traingate resume {run_id} --set {knob}=...` starts {nxt}"
 
 
 def _settle(pending: list[PrefectFuture]) -> None:

@@ -72,3 +72,19 @@ def decide(
             )
         reasons += refusals(est, nxt, budgets)
     return GateDecision(result.stage, not reasons, reasons, evaluated)
+
+
+def over_budget_only(result: StageResult, gate: GateSpec, decision: GateDecision) -> bool:
+    """``decision`` refused the next stage on its cost alone: ``result``'s stage completed and holds every check and
+    rule of ``gate``, and only the estimate of the next stage exceeds a budget, which a larger budget (or a smaller
+    next stage) fixes; a run started from the Prefect UI pauses for one instead of ending.
+
+    >>> from traingate.spec import GateSpec
+    >>> r = StageResult("canary", "completed", estimate={"next_stage_cost_usd": 5.0})
+    >>> over_budget_only(r, GateSpec(), decide(r, GateSpec(), max_cost_usd=1.0))
+    True
+    >>> failed = StageResult("canary", "failed", estimate={"next_stage_cost_usd": 5.0})
+    >>> over_budget_only(failed, GateSpec(), decide(failed, GateSpec(), max_cost_usd=1.0))
+    False
+    """
+    return not decision.passed and decide(result, gate).passed

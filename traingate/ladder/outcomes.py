@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,15 @@ def _estimated_by_previous(job: StageJob) -> float | None:
     if prev is None or not profile.get("step_time_mean_s"):
         return None
     return _estimate_next(job.spec, prev, profile).get("next_stage_cost_usd")
+
+
+def reestimated(result: StageResult, spec: RunSpec) -> StageResult:
+    """``result`` with its estimate of the next stage made again for ``spec`` from the pace it measured: a
+    resume that changes the next stage's steps, width or price changes what the gate compares with a budget.
+    Unchanged when the stage estimated nothing."""
+    profile = result.details.get("profile") or {k: v for k, v in result.metrics.items() if k in _PROFILE_KEYS}
+    est = _estimate_next(spec, result.stage, profile) if result.estimate else {}
+    return replace(result, estimate=est) if est else result
 
 
 def charged_attempts(job: StageJob, sup: Supervision, before: Sequence[Supervision] = ()) -> list[Attempt]:
