@@ -186,13 +186,15 @@ def test_watch_exits_by_itself_with_a_summary_when_the_run_ends(live_run):
     assert not re.search(r"smoke +[█░]{10,}", out) and "ETA" not in out
 
 
-def test_watch_of_an_unknown_run_names_it_and_the_fix_and_exits_2(tmp_path):
-    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state")}
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "watch", "no-such-run"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert p.returncode == 2
-    assert p.stderr.strip() == (f"traingate watch: no run 'no-such-run' under {tmp_path / 'state' / 'runs'}; list runs "
-                                "with `traingate runs` (and use the same TRAINGATE_STATE_DIR)")
+def test_watch_of_an_unknown_run_names_it_and_the_fix_and_exits_2(tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    code = main(["watch", "no-such-run"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == (f"traingate watch: no run 'no-such-run' under {tmp_path / 'state' / 'runs'}; list runs "
+                           "with `traingate runs` (and use the same TRAINGATE_STATE_DIR)")
 
 
 # ---------------------------------------------------------------- a snapshot from recorded files

@@ -68,39 +68,35 @@ def test_s3_prefix_resolves_by_pointer_and_by_name_and_sees_a_snapshot_published
     assert resolve_latest(uri) == "s3://tg-test/corpus/2026-11-19/input.txt"
 
 
-def test_traingate_retrain_without_a_snapshot_exits_2_with_one_line_and_starts_nothing(tmp_path):
-    import os
-    import subprocess
-
-    from tgtest import PYTHON, ROOT
+def test_traingate_retrain_without_a_snapshot_exits_2_with_one_line_and_starts_nothing(tmp_path, monkeypatch,
+                                                                                      capsys):
+    from flows.cli import main
 
     spec = tmp_path / "spec.yaml"
     uri = f"{tmp_path.as_uri()}/corpus/{{latest}}/input.txt"
     spec.write_text(tiny_chargpt(uri))
-    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "ph")}
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "retrain", str(spec)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert (p.returncode, p.stdout) == (2, "")
-    assert p.stderr == (f"traingate: invalid spec: data.uri = {uri!r}: no snapshot under {tmp_path.as_uri()}/corpus/ "
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    code = main(["retrain", str(spec)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err == (f"traingate: invalid spec: data.uri = {uri!r}: no snapshot under {tmp_path.as_uri()}/corpus/ "
                         "(no LATEST pointer file and no version directory holding input.txt); publish one there or "
                         "name a version instead of {latest}\n")
     assert not (tmp_path / "state").exists()
 
 
-def test_traingate_validate_prints_the_spec_with_the_newest_snapshot_it_would_train_on(tmp_path):
-    import os
-    import subprocess
-
+def test_traingate_validate_prints_the_spec_with_the_newest_snapshot_it_would_train_on(tmp_path, monkeypatch,
+                                                                                      capsys):
     import yaml
 
-    from tgtest import PYTHON, ROOT
+    from flows.cli import main
 
     publish(tmp_path / "corpus", "2026-11-20", seed=0)
     publish(tmp_path / "corpus", "2026-11-21", seed=1)
     spec = tmp_path / "spec.yaml"
     spec.write_text(tiny_chargpt(f"{tmp_path.as_uri()}/corpus/{{latest}}/input.txt"))
-    env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "ph")}
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "validate", str(spec)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert yaml.safe_load(p.stdout)["data"]["uri"] == f"{tmp_path.as_uri()}/corpus/2026-11-21/input.txt"
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", str(tmp_path / "state"))
+    code = main(["validate", str(spec)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert yaml.safe_load(out)["data"]["uri"] == f"{tmp_path.as_uri()}/corpus/2026-11-21/input.txt"
