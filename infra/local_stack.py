@@ -13,8 +13,9 @@ The compose file is the source: every service's ``command``, ``entrypoint``, ``e
   the compose file, the training image's WORKDIR (infra/Dockerfile) to this checkout;
 - native equivalents for the images with no native command: ``postgres`` (initdb/pg_ctl of the
   Debian PostgreSQL 15, the init scripts of /docker-entrypoint-initdb.d) and ``minio/minio`` (moto's
-  S3 server; it keeps objects in memory, so ``down`` saves the buckets into the s3 volume and ``up``
-  puts them back); ``minio/mc`` runs its compose command with a small ``mc`` of ours on the PATH.
+  S3 server with its IAM checks on and its control routes refused, infra/moto_s3_server.py; it keeps
+  objects in memory, so ``down`` saves the buckets into the s3 volume and ``up`` puts them back);
+  ``minio/mc`` runs its compose command with a small ``mc`` of ours on the PATH.
   Their healthchecks still come from the compose file.
 - services that mount the Docker socket (the container pools' workers) are not started when there
   is no Docker engine; ``status`` says so.
@@ -62,6 +63,10 @@ SECRET_VARS = (
 # What a client of the stack sets to reach it as the platform (the workers' own credentials).
 CLIENT_CREDENTIALS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD")
+# moto checks a request's signature in its Authorization header only: it cannot check a presigned URL (the
+# signature in the query string), so the native S3 server refuses those. MLflow hands its clients presigned
+# URLs of an S3 artifact store for downloads and large uploads; these make them go through the server.
+NATIVE_S3_CLIENT_ENV = {"MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "false", "MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD": "false"}
 PG_BIN = Path(os.environ.get("TRAINGATE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 DOCKER_SOCKET = "/var/run/docker.sock"
 BIN = Path(sys.executable).parent
@@ -330,7 +335,7 @@ class Stack:
             home = self.dir / "home" / name
             env = {"PATH": path_env, "HOME": str(home), "PREFECT_HOME": str(home / "prefect"), "LANG": "C.UTF-8",
                    "PYTHONUNBUFFERED": "1", "MC_CONFIG_DIR": str(home / "mc"),
-                   **{k: loc(v) for k, v in service_environment(svc).items()}}
+                   **{k: loc(v) for k, v in service_environment(svc).items()}, **NATIVE_S3_CLIENT_ENV}
             argv = [loc(a) for a in _argv(svc.get("entrypoint")) + _argv(svc.get("command"))]
             cport, port = ports.get(name, (None, None))
             if port is not None:  # `--port 5000` of the service's own command
@@ -417,9 +422,12 @@ class Stack:
         if p.kind == "postgres":
             self._postgres_start(p)
             return
-        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p.port)] if p.kind == "s3" else p.argv
+        argv, env = p.argv, p.env
+        if p.kind == "s3":
+            argv = [sys.executable, str(INFRA / "moto_s3_server.py"), "-H", "127.0.0.1", "-p", str(p.port)]
+            env = {**p.env, "TRAINGATE_S3_SERVICE_KEYS": json.dumps(self._s3_service_keys())}
         with self._log(p.name).open("ab") as log:
-            proc = subprocess.Popen(argv, env=p.env, cwd=p.cwd, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(argv, env=env, cwd=p.cwd, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.state["procs"][p.name] = _record(proc.pid, p)
         self._save()
@@ -515,7 +523,7 @@ class Stack:
         keys += CLIENT_CREDENTIALS if credentials else ()
         out = {k: worker.env[k] for k in keys if k in worker.env}
         out["MLFLOW_S3_ENDPOINT_URL"] = by["mlflow"].env.get("MLFLOW_S3_ENDPOINT_URL", "")
-        return out
+        return {**out, **NATIVE_S3_CLIENT_ENV}
 
     # ---- native equivalents
     def _pgdata(self) -> str:
@@ -594,6 +602,13 @@ class Stack:
                     if r.returncode != 0:
                         raise StackError(f"{paths[dst]}: {r.stderr.strip()[-500:]}")
 
+    def _s3_service_keys(self) -> dict[str, str]:
+        """Each service's S3 key (``S3_<SERVICE>_ACCESS_KEY`` -> its ``S3_<SERVICE>_SECRET_KEY``), root's aside:
+        moto's IAM API makes keys of its own choosing, so the S3 server imports these at start."""
+        sec = self.secrets(False)
+        return {sec[v]: sec[v.replace("_ACCESS_KEY", "_SECRET_KEY")] for v in SECRET_VARS
+                if re.fullmatch(r"S3_\w+_ACCESS_KEY", v)}
+
     def _s3(self, p: Plan):
         import boto3
         sec = self.secrets(False)
@@ -649,24 +664,43 @@ def _mc_iam(alias: dict[str, str]):
                         aws_secret_access_key=alias["secret"], region_name="us-east-1")
 
 
+def _as_moto_checks(policy: dict[str, Any]) -> dict[str, Any]:
+    """A bucket policy with the same rights under the names moto checks: moto checks a HEAD on a bucket as
+    ``s3:HeadBucket`` (AWS and MinIO: ``s3:ListBucket``), and a batch delete (DeleteObjects) as
+    ``s3:DeleteObject`` on the bucket's ARN (AWS and MinIO: on each object's)."""
+    for st in policy["Statement"]:
+        actions = [st["Action"]] if isinstance(st.get("Action"), str) else list(st.get("Action", []))
+        resources = [st["Resource"]] if isinstance(st.get("Resource"), str) else list(st.get("Resource", []))
+        if "s3:ListBucket" in actions:
+            actions.append("s3:HeadBucket")
+        if "s3:DeleteObject" in actions:
+            resources += [r[:-2] for r in resources if r.endswith("/*") and r[:-2] not in resources]
+        st["Action"], st["Resource"] = actions, resources
+    return policy
+
+
 def mc_admin(argv: list[str], aliases: dict[str, dict[str, str]]) -> int:
-    """``mc admin policy create|attach`` and ``mc admin user add`` on moto's IAM: the policy document is
-    checked and stored, the user created and the policy attached to it. moto's S3 does not enforce them:
-    it cannot take an access key chosen by the caller, and its server lets any client switch its IAM
-    checks off (``/moto-api/reset-auth``); MinIO, the compose stack's store, enforces them."""
+    """``mc admin policy create|attach`` and ``mc admin user add`` on moto's IAM, which the S3 server
+    (infra/moto_s3_server.py) enforces on every request. moto's IAM API cannot take an access key chosen by
+    the caller: the server imports the stack's service keys at start (each a user named by its key, with
+    no rights), and ``user add`` checks that the key is one of them. A policy is stored as
+    ``_as_moto_checks`` gives it."""
     words = [a for a in argv if not a.startswith("--")]
     if len(words) < 3 or words[2] not in aliases:
         print(f"mc admin: expected `admin user|policy ... ALIAS ...` with a known alias, got {argv[:4]}", file=sys.stderr)
         return 1
     iam = _mc_iam(aliases[words[2]])
     if words[:2] == ["user", "add"] and len(words) == 5:
-        if words[3] not in {u["UserName"] for u in iam.list_users()["Users"]}:
-            iam.create_user(UserName=words[3])
+        users = {u["UserName"] for u in iam.list_users()["Users"]}
+        keys = iam.list_access_keys(UserName=words[3])["AccessKeyMetadata"] if words[3] in users else []
+        if words[3] not in {k["AccessKeyId"] for k in keys}:
+            print("mc admin user add: the S3 server was not started with this access key (moto cannot take a "
+                  "caller's key): give it in TRAINGATE_S3_SERVICE_KEYS when the server starts", file=sys.stderr)
+            return 1
         print(f"Added user `{words[3]}` successfully.")
         return 0
     if words[:2] == ["policy", "create"] and len(words) == 5:
-        doc = Path(words[4]).read_text()
-        json.loads(doc)
+        doc = json.dumps(_as_moto_checks(json.loads(Path(words[4]).read_text())))
         if words[3] not in {p["PolicyName"] for p in iam.list_policies(Scope="Local")["Policies"]}:
             iam.create_policy(PolicyName=words[3], PolicyDocument=doc)
         print(f"Created policy `{words[3]}` successfully.")

@@ -418,19 +418,60 @@ def test_the_stack_gives_each_service_least_privilege_and_keeps_its_secret_files
         token = h.get("/csrf-token", params={"client": "tg-test"}).json()["token"]
         assert h.post("/flows/filter", json={}, headers={"Prefect-Csrf-Token": token,
                                                          "Prefect-Csrf-Client": "tg-test"}).status_code == 200
-    # S3: a user per service with the bucket's policy, never the root key. moto (the native store) keeps
-    # them but cannot enforce them (it cannot take a caller's access key, and any client may switch its
-    # checks off): MinIO does, in the compose stack.
-    iam = boto3.client("iam", endpoint_url=creds["TRAINGATE_S3_ENDPOINT_URL"], region_name="us-east-1",
-                       aws_access_key_id=sec["S3_ACCESS_KEY"], aws_secret_access_key=sec["S3_SECRET_KEY"])
-    for key in (sec["S3_MLFLOW_ACCESS_KEY"], sec["S3_WORKER_ACCESS_KEY"]):
-        (policy,) = iam.list_attached_user_policies(UserName=key)["AttachedPolicies"]
-        version = iam.get_policy(PolicyArn=policy["PolicyArn"])["Policy"]["DefaultVersionId"]
-        doc = iam.get_policy_version(PolicyArn=policy["PolicyArn"], VersionId=version)["PolicyVersion"]["Document"]
-        resources = {r for s in doc["Statement"] for r in s["Resource"]}
-        bucket = settings["TRAINGATE_BUCKET"]
-        assert resources == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"}
+    # S3: one key per service, allowed the bucket only; the root key is the bucket/users setup's. The native
+    # store (moto with its IAM checks on, infra/moto_s3_server.py) refuses everything else with 403.
+    from botocore.exceptions import ClientError
+
     assert creds["AWS_ACCESS_KEY_ID"] == sec["S3_WORKER_ACCESS_KEY"] != sec["S3_ACCESS_KEY"]
+    url, bucket, other = creds["TRAINGATE_S3_ENDPOINT_URL"], settings["TRAINGATE_BUCKET"], "tg-least-privilege"
+
+    def client(service: str, key: str, secret: str):
+        return boto3.client(service, endpoint_url=url, region_name="us-east-1", aws_access_key_id=key,
+                            aws_secret_access_key=secret)
+
+    def refused(call, **kw) -> int:
+        with pytest.raises(ClientError) as e:
+            call(**kw)
+        return e.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+    root = client("s3", sec["S3_ACCESS_KEY"], sec["S3_SECRET_KEY"])
+    root.create_bucket(Bucket=other)
+    root.put_object(Bucket=other, Key="k", Body=b"other")
+    try:
+        for service in ("S3_MLFLOW", "S3_WORKER"):
+            key, secret = sec[f"{service}_ACCESS_KEY"], sec[f"{service}_SECRET_KEY"]
+            s3, iam = client("s3", key, secret), client("iam", key, secret)
+            obj = f"least-privilege/{service}"
+            s3.head_bucket(Bucket=bucket)
+            s3.put_object(Bucket=bucket, Key=obj, Body=b"mine")
+            assert s3.get_object(Bucket=bucket, Key=obj)["Body"].read() == b"mine"
+            assert _keys(s3, bucket, "least-privilege/") == [obj]
+            assert not s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": obj}]}).get("Errors")
+            assert _keys(s3, bucket, "least-privilege/") == []
+            assert refused(s3.get_object, Bucket=other, Key="k") == 403
+            assert refused(s3.put_object, Bucket=other, Key="k", Body=b"") == 403
+            assert refused(s3.list_objects_v2, Bucket=other) == 403
+            assert refused(s3.list_buckets) == 403
+            assert refused(s3.create_bucket, Bucket="tg-a-service-bucket") == 403
+            assert refused(s3.delete_bucket, Bucket=bucket) == 403
+            assert refused(iam.list_users) == 403
+            assert refused(iam.create_access_key, UserName=key) == 403
+            assert refused(iam.put_user_policy, UserName=key, PolicyName="all", PolicyDocument=(
+                '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}')) == 403
+        # an unknown key, a service's key with a wrong secret
+        assert refused(client("s3", "AKIAUNKNOWNKEY000000", "x").list_objects_v2, Bucket=bucket) == 403
+        assert refused(client("s3", sec["S3_WORKER_ACCESS_KEY"], "wrong").list_objects_v2, Bucket=bucket) == 403
+        # anonymous requests, and moto's control routes (reset-auth would switch the checks off for everyone)
+        for method, path in [("GET", "/"), ("GET", f"/{bucket}"), ("PUT", f"/{bucket}/anonymous"),
+                             ("GET", f"/{other}/k"), ("POST", "/moto-api/reset-auth"), ("POST", "/moto-api/reset"),
+                             ("GET", "/moto-api/data.json"), ("GET", "/moto-api/")]:
+            assert httpx.request(method, url + path, content=b"0", timeout=60).status_code == 403, (method, path)
+        worker = client("s3", sec["S3_WORKER_ACCESS_KEY"], sec["S3_WORKER_SECRET_KEY"])
+        assert refused(worker.get_object, Bucket=other, Key="k") == 403  # the checks are still on
+        assert root.get_object(Bucket=other, Key="k")["Body"].read() == b"other"  # and nothing was reset
+    finally:
+        root.delete_object(Bucket=other, Key="k")
+        root.delete_bucket(Bucket=other)
 
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
