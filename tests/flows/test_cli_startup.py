@@ -48,12 +48,33 @@ NEEDS = {**{cmd: ("prefect", "mlflow", "torch", "optuna") for cmd in ("validate"
          "queue": ("mlflow", "torch", "optuna"), **{cmd: ("torch",) for cmd in ("run", "show", "runs", "cost")}}
 
 
-@pytest.mark.parametrize("cmd", sorted(NEEDS))
-def test_a_commands_module_imports_no_torch(cmd):
-    code = f"import json, sys, flows.cli.{cmd}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
-    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+# A worker's flow run loads the ladder's flow module before anything starts, and a script recipe's run needs no
+# torch in the flow's process at all (a built-in recipe's imports it at its data snapshot).
+MODULES = {forbidden: [f"flows.cli.{cmd}" for cmd in sorted(NEEDS) if NEEDS[cmd] == forbidden]
+           for forbidden in set(NEEDS.values())}
+MODULES[("torch",)].append("flows.pipeline")
+# Imports the modules named in argv one after the other; prints, for each, the top-level packages it loaded first.
+PROBE = """
+import importlib, json, sys
+first = {}
+for name in sys.argv[1:]:
+    before = {m.split('.')[0] for m in sys.modules}
+    importlib.import_module(name)
+    first[name] = sorted({m.split('.')[0] for m in sys.modules} - before)
+print(json.dumps(first))
+"""
+
+
+@pytest.mark.parametrize("forbidden", sorted(MODULES), ids="-".join)
+def test_no_commands_module_imports_what_it_must_not_nor_does_the_ladders_flow_module_import_torch(forbidden):
+    # One interpreter per forbidden set: if importing all of its modules in turn loads none of the set, no one of
+    # them does alone; a failure names the module that loaded a forbidden package first.
+    p = subprocess.run([PYTHON, "-c", PROBE, *MODULES[forbidden]], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
-    assert set(json.loads(p.stdout)) & set(NEEDS[cmd]) == set()
+    first = json.loads(p.stdout.strip().splitlines()[-1])
+    assert list(first) == MODULES[forbidden], p.stdout
+    assert {m: sorted(set(new) & set(forbidden)) for m, new in first.items() if set(new) & set(forbidden)} == {}
 
 
 def test_validating_the_demo_spec_imports_neither_prefect_mlflow_torch_nor_optuna():
@@ -63,10 +84,3 @@ def test_validating_the_demo_spec_imports_neither_prefect_mlflow_torch_nor_optun
     assert json.loads(p.stderr.strip().splitlines()[-1]) == [], p.stderr
 
 
-def test_the_ladder_flows_module_imports_no_torch():
-    # A worker's flow run loads it before anything starts, and a script recipe's run needs no torch in the
-    # flow's process at all (a built-in recipe's imports it at its data snapshot).
-    code = "import json, sys, flows.pipeline; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
-    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert "torch" not in json.loads(p.stdout)
