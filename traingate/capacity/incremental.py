@@ -125,8 +125,11 @@ class Running:
         self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq) from _eoff: still ahead
         self._eoff = 0
         self._late: list[tuple[float, str, int]] = []  # (-start, id, seq): past its prediction or none
-        # The last reservation: (head's slots, running set's version), "now" it holds below, its answer.
-        self._cache: tuple[tuple[int, int, int], float, float | None] | None = None
+        # The last reservation: the head's slots, "now" it holds below, its answer. Dropped when a job
+        # ends; kept when one starts that is predicted to end (not late) by the answer: released before
+        # the answer and holding slots that were free, it moves the answer neither way, as long as "now"
+        # has not passed its end (where it would count as late).
+        self._cache: list | None = None
 
     def add(self, job: Job, predicted_s: float | None) -> None:
         """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
@@ -138,10 +141,17 @@ class Running:
         self._seq[job.job_id] = self._n
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
         end = None if rem is None else job.started_s + job.overhead_s + rem  # policy.predicted_end's sum
+        c = self._cache
         if end is None or end <= job.started_s:
             insort(self._late, (-job.started_s, job.job_id, self._n))
+            self._cache = None
         else:
             insort(self._ends, (end, job.job_id, self._n), lo=self._eoff)
+            if c is not None:
+                if c[2] is None or end <= c[2]:
+                    c[1] = min(c[1], end)
+                else:
+                    self._cache = None
         if len(self._ends) - self._eoff + len(self._late) > 2 * len(self.jobs) + 64:
             seq = self._seq
             self._ends = [e for e in self._ends[self._eoff :] if seq.get(e[1]) == e[2]]
@@ -150,6 +160,7 @@ class Running:
 
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
+        self._cache = None
         job = self.jobs.pop(job_id)
         del self._seq[job_id]
         self.free.release(job.slots, job.nodes)
@@ -160,7 +171,7 @@ class Running:
         """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now:
         the running jobs released in the order of their predicted ends until it fits."""
         c = self._cache
-        if c is not None and c[0] == (job.slots, self._n, len(self.jobs)) and now < c[1]:
+        if c is not None and c[0] == job.slots and now < c[1]:
             return c[2]
         ends, late, seq, jobs = self._ends, self._late, self._seq, self.jobs
         ne = len(ends)
@@ -180,7 +191,7 @@ class Running:
         want = job.slots
         k = nodes_needed(job.slots, gpn)
         wholes = self.free.count[gpn]
-        freed: dict[int, int] = {}
+        freed = free[:]
         # Both lists merged in order; equal ends may come in any order: the answer is an end, the same
         # whichever of them fits it. late's end is now + (now - start), policy.predicted_end's.
         nl = len(late)
@@ -208,29 +219,38 @@ class Running:
                 first_end = -inf
             r = jobs[jid]
             g = r.slots if r.slots <= gpn else gpn
-            fits = False
-            for n in r.nodes:
-                after = freed.get(n, free[n]) + g
-                freed[n] = after
-                if after >= want:
-                    fits = True
-                if after == gpn:
-                    wholes += 1
-            if (small and fits) or (not small and wholes >= k):
-                found = end
-                break
-        self._cache = ((job.slots, self._n, len(self.jobs)), first_end, found)
+            if small:  # one node with room enough
+                fits = False
+                for n in r.nodes:
+                    after = freed[n] + g
+                    freed[n] = after
+                    if after >= want:
+                        fits = True
+                if fits:
+                    found = end
+                    break
+            else:  # k whole nodes
+                for n in r.nodes:
+                    after = freed[n] + g
+                    freed[n] = after
+                    if after == gpn:
+                        wholes += 1
+                if wholes >= k:
+                    found = end
+                    break
+        self._cache = [job.slots, first_end, found]
         return found
 
 
 class _Group:
     """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait."""
 
-    __slots__ = ("jobs", "off")
+    __slots__ = ("jobs", "off", "priority")
 
-    def __init__(self) -> None:
+    def __init__(self, priority: str) -> None:
         self.jobs: list[Job] = []
         self.off = 0
+        self.priority = priority
 
 
 # A pass's record, kept on its queue: the running set's version after it (``Running._n``), the order
@@ -250,7 +270,7 @@ class Queue:
         self._groups: dict[tuple[str, str, int, bool], _Group] = {}
         self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
-        self._by_class: dict[str, list[_Group]] = {}
+        self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
         # Groups that had no waiting job and have one since the last pass, and that pass's record:
         # see ``Settled``.
         self._fresh: list[_Group] = []
@@ -269,10 +289,10 @@ class Queue:
         k = (job.priority, job.team, job.slots, discredited)
         g = self._groups.get(k)
         if g is None:
-            g = self._groups[k] = _Group()
-            self._by_class.setdefault(job.priority, []).append(g)
+            g = self._groups[k] = _Group(job.priority)
         if g.off == len(g.jobs):
             self._fresh.append(g)
+            self._live[id(g)] = g
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
@@ -299,9 +319,13 @@ class Queue:
         del self._group_of[job.job_id]
         if pos == g.off:
             g.off += 1
-            return g.off
-        del g.jobs[pos]
-        return pos
+            nxt = g.off
+        else:
+            del g.jobs[pos]
+            nxt = pos
+        if g.off == len(g.jobs):
+            del self._live[id(g)]
+        return nxt
 
 
 def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
@@ -368,19 +392,18 @@ def plan_pass(
         heap: list[tuple[tuple, Any, int]] = []
         looked: set[int] = set()
         if settled is not None and skip:
-            preempting = [
-                g for p, gs in queue._by_class.items() if rules.policy.preempt and classes[p].preempts for g in gs
-            ]
+            preempting = (
+                [g for g in queue._live.values() if classes[g.priority].preempts] if rules.policy.preempt else []
+            )
             for h in (*queue._fresh, *preempting, settled[2]):
                 if h is not None and id(h) not in looked and h.off < len(h.jobs):
                     looked.add(id(h))
                     j = h.jobs[h.off]
                     heap.append(((*prefix(j), j.submit_s, j.job_id), h, h.off))
         else:
-            for g in queue._groups.values():
-                if g.off < len(g.jobs):
-                    j = g.jobs[g.off]
-                    heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
+            for g in queue._live.values():
+                j = g.jobs[g.off]
+                heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
         for j in queue._singles.values():
             heap.append(((*prefix(j), j.submit_s, j.job_id), None, 0))
         plan = _pass(
@@ -439,7 +462,7 @@ def _pass(
         for v in victims:
             victims_out.append(run.remove(v.job_id))
         if settled is not None:  # the groups left out are given up on, as the last pass gave up on them
-            dead.extend(g for g in queue._groups.values() if g.off < len(g.jobs) and id(g) not in looked)
+            dead.extend(g for g in queue._live.values() if id(g) not in looked)
             settled = None
         # Freed slots and quota: groups given up on may start again from the next job after this one
         # (a group's keys never fall along it; under multifactor its jobs' ages differ).
