@@ -34,6 +34,7 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import outcomes, stage_run
 from traingate.redact import redact_tree
+from traingate.runtime.warm import Zygote
 from traingate.settings import Settings
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, stop_request
 from traingate.tracking import runs
@@ -49,8 +50,12 @@ class Watcher(Protocol):
 
 
 @task(name="train-stage", task_run_name="{job.stage}", cache_policy=NONE, retries=0)
-def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None = None) -> StageResult:
-    """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint.
+def run_stage_job(
+    job: StageJob, resume: bool = False, watcher: Watcher | None = None, zygote: Zygote | None = None
+) -> StageResult:
+    """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
+    stage's, started ahead of time (:func:`traingate.supervision.supervisor.start_zygote`); stopped unused on
+    a Slurm pool, whose job starts its own processes.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
@@ -64,6 +69,8 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         config = slots.read_config(client)
         pool = config.pools.get(job.pool) if config is not None else None
         if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
+            if zygote is not None:
+                zygote.stop()
             job = _with_budget(job, client, log)
             progress = ProgressArtifact(job)
             # Polled every tick of the follow loop; the progress artifact's tick never asks for a stop.
@@ -98,9 +105,12 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
         before: list[Supervision] = []  # smoke's first half: its attempts are charged too
         while True:
             if gang is not None and (why := gang.acquire(stopping)) is not None:
+                if zygote is not None:
+                    zygote.stop()
                 return _never_started(job, why, time.monotonic() - t0)
             try:
-                sup = _train(job, hooks, previous, log, before)
+                sup = _train(job, hooks, previous, log, before, zygote)
+                zygote = None  # its supervision stopped it; a requeued run starts another
             except BaseException:
                 if gang is not None:
                     gang.release()
@@ -135,8 +145,10 @@ def run_stage_job(job: StageJob, resume: bool = False, watcher: Watcher | None =
     return result
 
 
-def _train(job: StageJob, hooks: Hooks, previous: Any, log: Any, before: list[Supervision]) -> Supervision:
-    return stage_run.train(job, hooks, previous, log.info, before)
+def _train(
+    job: StageJob, hooks: Hooks, previous: Any, log: Any, before: list[Supervision], zygote: Zygote | None
+) -> Supervision:
+    return stage_run.train(job, hooks, previous, log.info, before, zygote)
 
 
 def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from tgtest import PYTHON
+
 from traingate.launch.warm_pytest import WarmPytest
 
 
@@ -42,6 +43,7 @@ def test_a_warm_interpreter_runs_pytest_in_the_directory_and_environment_handed_
     assert result.returncode == 1, out
     assert "1 failed, 1 passed" in out
     assert "At index 1 diff: 2 != 3" in out  # pytest's rewritten assert, not a bare AssertionError
+    assert "PytestAssertRewriteWarning" not in out  # nothing pytest rewrites (its plugins) was imported early
     assert junit.exists()
     assert "1 failed, 1 passed" in (tmp_path / "pytest.log").read_text()
 

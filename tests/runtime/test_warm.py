@@ -4,6 +4,7 @@ exact resume, the emergency checkpoint on SIGTERM, and nothing left behind; a de
 starts slow again."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ from traingate.settings import Settings
 from traingate.spec import load_spec
 from traingate.supervision import guardian
 from traingate.supervision.drill import _weights, compare_states, final_state
-from traingate.supervision.supervisor import Hooks, Supervision, supervise
+from traingate.supervision.supervisor import Hooks, Supervision, start_zygote, supervise
 
 pytestmark = pytest.mark.slow
 
@@ -192,3 +193,32 @@ def test_a_zygote_that_finds_threads_after_its_imports_refuses_to_serve_and_says
     why = zygote.stop()
     assert why is not None and "ended early with status 3" in why and "threads after the imports" in why
     assert not os.path.exists(zygote.dir)
+
+
+def test_a_zygote_started_ahead_of_its_stage_forks_that_stages_workers_and_ends_with_it(tiny_spec, state_dir,
+                                                                                         tmp_path):
+    # The ladder starts the smoke stage's zygote beside the unit stage; the stage's supervision takes it over.
+    spec = load_spec(tiny_spec(SPEC, name="ahead.yaml"), [WARM])
+    job = derive(spec, "full", run_id="ahead", run_dir=tmp_path / "ahead", settings=Settings.from_env())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    zygote = start_zygote(job)
+    assert zygote is not None
+    log: list[str] = []
+    sup = supervise(job, hooks=Hooks(info=log.append), seed=0, zygote=zygote)
+    run = Run(sup, Path(job.stage_dir), job.checkpoint_uri, log, before)
+    assert sup.status == Status.COMPLETED, log
+    text = (run.stage_dir / "zygote.log").read_text()
+    assert text.count("zygote: ready on") == 1  # the one started ahead served the stage; none was started again
+    assert len(run.forked()) == 2
+    _assert_nothing_left(run)
+
+
+def test_a_zygote_started_ahead_and_never_taken_over_is_stopped_when_dropped(tiny_spec, state_dir, tmp_path):
+    spec = load_spec(tiny_spec(SPEC, name="dropped.yaml"), [WARM])
+    job = derive(spec, "full", run_id="dropped", run_dir=tmp_path / "dropped", settings=Settings.from_env())
+    zygote = start_zygote(job)
+    assert zygote is not None
+    popen, directory = zygote.popen, zygote.dir
+    del zygote
+    gc.collect()
+    assert popen.poll() is not None and not os.path.exists(directory)

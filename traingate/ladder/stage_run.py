@@ -16,6 +16,7 @@ from traingate.job import files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import outcomes
+from traingate.runtime.warm import Zygote
 from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 
@@ -25,8 +26,10 @@ def train(
     previous: files.SupervisorState | None,
     info: Callable[[str], None],
     before: list[Supervision],
+    zygote: Zygote | None = None,
 ) -> Supervision:
-    """Supervise ``job`` to its end; ``previous``: an interrupted supervision of it to resume.
+    """Supervise ``job`` to its end; ``previous``: an interrupted supervision of it to resume; ``zygote``: one
+    started for it ahead of time (its first supervision takes it over).
 
     A fresh smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint,
     then resumes and finishes. The first half's supervision is appended to ``before`` (it is charged too).
@@ -34,7 +37,7 @@ def train(
     if job.stage == "smoke" and not job.is_script and previous is None:
         half = max(1, job.max_steps // 2)
         info(f"smoke: part 1 stops at step {half} with a checkpoint; part 2 resumes from it")
-        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks)
+        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks, zygote=zygote)
         if first.status != Status.COMPLETED:
             return first
         before.append(first)
@@ -44,4 +47,5 @@ def train(
         charged.record(Path(job.stage_dir), [a.to_record() for a in first_half], final=False)
         if job.budget_usd is not None:  # the second half's budget counts what the first half held
             job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + total_usd(first_half))
-    return supervise(job, hooks, resumed=previous)
+        zygote = None  # the first half's supervision stopped it
+    return supervise(job, hooks, resumed=previous, zygote=zygote)

@@ -1,7 +1,7 @@
 """A pytest run whose interpreter starts before its arguments exist: the unit stage's, started beside the
 data snapshot and the MLflow runs it waits for.
 
-``python -m traingate.launch.warm_pytest [MODULE ...]`` imports pytest, its plugins and each MODULE (for a
+``python -m traingate.launch.warm_pytest [MODULE ...]`` imports pytest and each MODULE (for a
 built-in recipe: torch and the modules its contract tests import, about 2 s of CPU), then waits for one JSON line
 on stdin, ``{args, env, cwd}``: it takes that environment and working directory and runs
 ``pytest.main(args)`` as ``python -m pytest ARGS`` would there (the working directory first on
@@ -21,7 +21,6 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from traingate.launch.proc import ProcessTree, ProcResult
@@ -29,11 +28,9 @@ from traingate.secrets import resolve_tree
 
 
 def main(argv: list[str] | None = None) -> int:
-    # pytest, its plugins (pytest imports their entry points' modules at every start) and the caller's modules
-    plugins = (
-        [] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else [e.module for e in entry_points(group="pytest11")]
-    )
-    for name in ["pytest", *plugins, *(sys.argv[1:] if argv is None else argv)]:
+    # Not pytest's plugins: pytest marks them for assert rewriting as it loads them, and warns about each
+    # one already imported.
+    for name in ["pytest", *(sys.argv[1:] if argv is None else argv)]:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a warm-up only: pytest imports it again, and reports what fails

@@ -27,8 +27,11 @@ import contextlib
 import dataclasses
 import functools
 import random
+import shutil
+import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,28 +93,54 @@ def canary_p99(stage_dir: Path) -> float | None:
     return profile.get("step_time_p99_s") or None
 
 
+def start_zygote(job: StageJob, python: str = sys.executable) -> warm.Zygote | None:
+    """``job``'s zygote (supervision.warm_restarts), None when its workers start cold. It imports the training
+    stack and forks nothing until a worker of the stage asks: the ladder starts the smoke stage's beside the
+    unit stage, whose gate still decides whether any worker starts (:func:`supervise` takes it over)."""
+    if not job.spec.supervision.warm_restarts or driver_for(job).cold_start_reason(job) is not None:
+        return None
+    Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
+    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+    weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)  # one no supervision took over
+    return zygote
+
+
+def _stop_unused(popen: subprocess.Popen, directory: str) -> None:
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def supervise(
     job: StageJob,
     hooks: Hooks | None = None,
     python: str = sys.executable,
     seed: int | None = None,
     resumed: files.SupervisorState | None = None,
+    zygote: warm.Zygote | None = None,
 ) -> Supervision:
     """Run one StageJob to its end under supervision (see the module docstring).
 
     ``resumed``: the state of an earlier, interrupted supervision of this stage; its attempts
-    count, and the first launch here is a restart after its last one.
+    count, and the first launch here is a restart after its last one. ``zygote``: one
+    :func:`start_zygote` started for it ahead of time (stopped with the stage, as one started here).
     """
     hooks = hooks or Hooks()
     driver = driver_for(job)
     # supervision.warm_restarts: one pre-imported zygote forks every worker of this stage's launches
     # (traingate.runtime.warm); it is this process's child, so it dies with the stage.
-    zygote = None
     if job.spec.supervision.warm_restarts and (why := driver.cold_start_reason(job)) is not None:
         hooks.info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
-    elif job.spec.supervision.warm_restarts:
-        Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
-        zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+        if zygote is not None:
+            zygote.stop()
+            zygote = None
+    elif zygote is None:
+        zygote = start_zygote(job, python)
     # Rank 0's tracking journal is delivered here: the training processes then only journal.
     delivery = driver.delivery(job)
     if delivery is not None:
