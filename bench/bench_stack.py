@@ -88,6 +88,7 @@ def _on_stack(tmp: Path, root: Path = ROOT) -> tuple[dict[str, float], float]:
                 PREFECT_API_AUTH_STRING: client["PREFECT_API_AUTH_STRING"],
             }
         ):
+            load = os.getloadavg()[0]
             start = time.time()
             run = run_deployment(
                 "ladder/ladder-cpu", timeout=0, parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"}
@@ -104,7 +105,7 @@ def _on_stack(tmp: Path, root: Path = ROOT) -> tuple[dict[str, float], float]:
             raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
     finally:
         _stack(d, "down", root)
-    return {"first": first - start, "run": done - start, **parts}, up_s
+    return {"first": first - start, "run": done - start, **parts, "load average (1 min) at the trigger": load}, up_s
 
 
 def _parts(c, flow_run_id, start: float, first: float, state: Path) -> dict[str, float]:
@@ -174,9 +175,8 @@ def _side_by_side(tmp: Path, ref: str, rounds: int) -> str:
         for r in range(rounds):
             for name, root in (("ref", tree), ("this", ROOT)):
                 (tmp / f"{name}-{r}").mkdir()
-                load = os.getloadavg()[0]
                 result, _ = _on_stack(tmp / f"{name}-{r}", root)
-                got[name].append({**result, "load average (1 min, at the trigger)": load})
+                got[name].append(result)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
     sha = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True, text=True).stdout.strip()
