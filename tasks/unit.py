@@ -27,10 +27,11 @@ def start_unit_tests(spec: RunSpec) -> WarmPytest:
     """The unit stage's interpreter, started now with pytest (and a built-in recipe's test imports) loaded; it
     runs nothing until :func:`run_unit_tests` hands it its arguments. A script recipe's tests import what
     they import: only pytest is loaded for them."""
-    return WarmPytest.start(sys.executable, _env(), [] if spec.recipe.name == "script" else CONTRACT_PRELOAD)
+    return WarmPytest.start(sys.executable, unit_env(), [] if spec.recipe.name == "script" else CONTRACT_PRELOAD)
 
 
-def _env(spec_path: str | None = None) -> dict[str, str]:
+def unit_env(spec_path: str | None = None) -> dict[str, str]:
+    """The unit stage's environment: this process's, no bytecode written, and the resolved spec's path."""
     return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **({envvars.UNIT_SPEC: spec_path} if spec_path else {})}
 
 
@@ -47,7 +48,7 @@ def run_unit_tests(spec: RunSpec, spec_path: str, stage_dir: str, warm: WarmPyte
         targets, cwd = list(s.tests), s.workdir
     else:
         targets, cwd = [str(Path(checks.__file__).with_name("test_recipe_contract.py"))], str(out)
-    env = _env(spec_path)
+    env = unit_env(spec_path)
     args = [
         "-q",
         "-p",
