@@ -85,6 +85,7 @@ class Trainer:
         d: DistInfo,
         instruments: envvars.Instruments | None = None,
         timeline: dict[str, float] | None = None,
+        stop: StopFlag | None = None,
     ):
         spec = job.spec
         self.timeline = dict(timeline or {})
@@ -157,7 +158,7 @@ class Trainer:
         )
         self.signals = SystemSignals(d.rank, d.world_size, spec.tracking.enabled, d.device)
         self.profile = StepProfile()
-        self.stop = StopFlag(envvars.supervisor_pid())
+        self.stop = stop if stop is not None else StopFlag(envvars.supervisor_pid())
         # Rank 0 tests each step's loss for a spike as it happens (traingate.runtime.spike_guard).
         self.spike_guard = (
             SpikeGuard(
@@ -596,10 +597,14 @@ def main(argv: list[str] | None = None) -> int:
         if (orphan := StopFlag.orphaned_now(envvars.supervisor_pid())) is not None:
             _stop_agent()  # an in-place restart after the supervisor died: do not even join the group
             return _last_words(out_dir, None, Cause.ORCHESTRATOR_LOST, RuntimeError(orphan), exitcodes.PREEMPTED)
+        # Taken from here on, not only once the trainer is built: a SIGTERM (a pause, a preemption) that
+        # comes during the rendezvous or the build (seconds on a busy machine) stops the rank at its
+        # first step with an emergency checkpoint, instead of killing it with no checkpoint.
+        stop = StopFlag(envvars.supervisor_pid())
         d = init_distributed()
         timeline["rendezvous"] = time.time()
         out_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(job, d, envvars.Instruments.from_environ(), timeline)
+        trainer = Trainer(job, d, envvars.Instruments.from_environ(), timeline, stop)
         outcome = trainer.run()
         if d.is_main:
             files.write_result(
