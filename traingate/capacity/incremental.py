@@ -17,7 +17,10 @@ nodes and a queue of thousands through it event after event. The simulator keeps
   which the groups are looked at again), so a pass visits a group once, not each of its jobs.
 
 :func:`plan_pass` then makes the same decisions as ``schedule`` in the same order; a test
-replays traces through both and compares every attempt.
+replays traces through both and compares every attempt. A pass at which nothing started or ended
+since the last one (arrivals only) looks again only at what may decide otherwise (see ``Settled``);
+a pass ends once nothing behind the head fits and no job may preempt; a reservation is kept while
+the jobs that start are predicted to end by it.
 """
 
 from __future__ import annotations
