@@ -62,7 +62,7 @@ from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
 from traingate.specbase import MAX_SECONDS, form_positions
-from traingate.supervision.supervisor import start_zygote
+from traingate.supervision.drivers import start_zygote
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch

@@ -54,7 +54,7 @@ def run_stage_job(
     job: StageJob, resume: bool = False, watcher: Watcher | None = None, zygote: Zygote | None = None
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
-    stage's, started ahead of time (:func:`traingate.supervision.supervisor.start_zygote`); stopped unused on
+    stage's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); stopped unused on
     a Slurm pool, whose job starts its own processes.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its

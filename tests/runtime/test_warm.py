@@ -26,7 +26,8 @@ from traingate.settings import Settings
 from traingate.spec import load_spec
 from traingate.supervision import guardian
 from traingate.supervision.drill import _weights, compare_states, final_state
-from traingate.supervision.supervisor import Hooks, Supervision, start_zygote, supervise
+from traingate.supervision.drivers import start_zygote
+from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,18 @@ appended. The supervisor's loop asks the driver and never asks which kind of job
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import weakref
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from traingate.job import envvars
 from traingate.job.stagejob import StageJob
 from traingate.monitor.live import StageMonitor
 from traingate.recipes import script as script_recipe
+from traingate.runtime import warm
 from traingate.secrets import resolve
 from traingate.storage import storage_failure
 from traingate.supervision.attempts import Attempt, Hooks, Record
@@ -243,3 +249,26 @@ class ScriptDriver(RecipeDriver):
 def driver_for(job: StageJob) -> RecipeDriver:
     """The driver of ``job``'s kind: the one place the supervisor asks whether it runs a script."""
     return ScriptDriver() if job.is_script else BuiltinDriver()
+
+
+def start_zygote(job: StageJob, python: str = sys.executable) -> warm.Zygote | None:
+    """``job``'s zygote (supervision.warm_restarts), None when its workers start cold. It imports the training
+    stack and forks nothing until a worker of the stage asks: the ladder starts the smoke stage's beside the
+    unit stage, whose gate still decides whether any worker starts (the supervisor takes it over)."""
+    if not job.spec.supervision.warm_restarts or driver_for(job).cold_start_reason(job) is not None:
+        return None
+    Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
+    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+    weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)  # one no supervision took over
+    return zygote
+
+
+def _stop_unused(popen: subprocess.Popen, directory: str) -> None:
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    shutil.rmtree(directory, ignore_errors=True)

@@ -27,11 +27,8 @@ import contextlib
 import dataclasses
 import functools
 import random
-import shutil
-import subprocess
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,7 +53,7 @@ from traingate.supervision.attempts import (
 )
 from traingate.supervision.backoff import Backoff, RetryBudget
 from traingate.supervision.checkpoints import disk_full_detail, is_disk_full
-from traingate.supervision.drivers import RecipeDriver, driver_for
+from traingate.supervision.drivers import RecipeDriver, driver_for, start_zygote
 from traingate.supervision.watch import Watch
 
 # The supervisor's interface: what callers import from here.
@@ -91,29 +88,6 @@ def canary_p99(stage_dir: Path) -> float | None:
     result = files.read_result(stage_dir.parent / "canary")
     profile = (result.metrics.get("profile") if result else None) or {}
     return profile.get("step_time_p99_s") or None
-
-
-def start_zygote(job: StageJob, python: str = sys.executable) -> warm.Zygote | None:
-    """``job``'s zygote (supervision.warm_restarts), None when its workers start cold. It imports the training
-    stack and forks nothing until a worker of the stage asks: the ladder starts the smoke stage's beside the
-    unit stage, whose gate still decides whether any worker starts (:func:`supervise` takes it over)."""
-    if not job.spec.supervision.warm_restarts or driver_for(job).cold_start_reason(job) is not None:
-        return None
-    Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
-    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
-    weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)  # one no supervision took over
-    return zygote
-
-
-def _stop_unused(popen: subprocess.Popen, directory: str) -> None:
-    if popen.poll() is None:
-        popen.terminate()
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def supervise(
