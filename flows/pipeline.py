@@ -60,7 +60,7 @@ from traingate.redact import redact, register_secret
 from traingate.runtime.warm import Zygote
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
-from traingate.spec import RunSpec, SpecError, Stage, apply_overrides, load_spec, parse_spec, write_resolved
+from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
 from traingate.specbase import MAX_SECONDS, form_positions
 from traingate.supervision.drivers import start_zygote
 from traingate.tracking import runs as tracking_runs
@@ -287,7 +287,7 @@ def ladder(
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
         if resume_from.overrides:
-            spec = parse_spec(apply_overrides(spec.to_dict(), resume_from.overrides))
+            spec = spec.with_overrides(resume_from.overrides)
             write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")  # later resumes see them
         stages = [s for s in stages_until(until) if s in point.remaining]
     elif spec is not None:
@@ -580,7 +580,7 @@ def _wait_for_resume(
             return UiResume(None, f"not resumed by {who}" + (f": {answer.reason}" if answer.reason else ""))
         asked = answer.changes()
         try:
-            changed = parse_spec(apply_overrides(spec.to_dict(), asked))
+            changed = spec.with_overrides(asked)
         except SpecError as e:
             log.error("Resume of %s refused: overrides: %s; the run stays paused", stage, e)
             continue

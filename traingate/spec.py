@@ -432,6 +432,11 @@ class RunSpec(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def with_overrides(self, overrides: list[str]) -> RunSpec:
+        """This spec with ``overrides`` (``path=value`` items, as ``--set`` takes them) applied and validated again:
+        a bad item raises :class:`SpecError` naming it."""
+        return parse_spec(apply_overrides(self.to_dict(), list(overrides)))
+
     def spec_hash(self) -> str:
         """Content hash of the resolved spec (key order does not matter)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

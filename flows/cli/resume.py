@@ -17,14 +17,14 @@ from flows.pipeline import ResumeFrom, ladder, summary_of
 from traingate.ladder.plan import resume_point
 from traingate.secrets import check_refs
 from traingate.settings import Settings
-from traingate.spec import STAGES, apply_overrides, parse_spec
+from traingate.spec import STAGES
 
 
 def main(args: argparse.Namespace) -> int:
     point = resume_point(Settings.from_env(), args.run_id, args.stage)  # a bad run id: one line, exit 2
     check_refs(point.spec.to_dict())  # its ${env:} secrets must be exported again here: one line if not
     if args.overrides:  # a bad --set: one line, exit 2, before anything starts
-        parse_spec(apply_overrides(point.spec.to_dict(), args.overrides))
+        point.spec.with_overrides(args.overrides)
     if STAGES.index(args.until) < STAGES.index(point.stage):
         print(f"traingate resume: --until {args.until} is before the stage to resume, {point.stage}")
         return 2

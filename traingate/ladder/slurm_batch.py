@@ -36,7 +36,6 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import stage_run
 from traingate.settings import NODES_VAR
-from traingate.spec import apply_overrides, parse_spec
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, request_stop, stop_request
 
 _signalled: list[tuple[int, float]] = []  # (signal, when): the first one counts
@@ -61,7 +60,7 @@ def allocated(job: StageJob, nodelist: str) -> StageJob:
     os.environ[NODES_VAR] = "slurm:" + ",".join(names)
     addr = slurm_cli.node_addresses()[names[0]]
     port = (job.spec.resources.rdzv_endpoint or ":29500").rpartition(":")[2]
-    spec = parse_spec(apply_overrides(job.spec.to_dict(), [f"resources.rdzv_endpoint={addr}:{port}"]))
+    spec = job.spec.with_overrides([f"resources.rdzv_endpoint={addr}:{port}"])
     return dataclasses.replace(job, spec=spec)
 
 

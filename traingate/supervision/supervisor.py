@@ -39,7 +39,7 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status, status_for
 from traingate.launch import command, proc
 from traingate.runtime import warm
-from traingate.spec import RunSpec, apply_overrides, parse_spec
+from traingate.spec import RunSpec
 from traingate.supervision import causes, heartbeat, oom
 from traingate.supervision.alerting import roll_back
 from traingate.supervision.attempts import (
@@ -355,7 +355,7 @@ class _Run:
         b, a = smaller
         self.overrides = [f"optim.batch_size={b}", f"optim.grad_accum={a}"]
         self.hooks.info(f"{self.job.stage}: OOM policy: micro-batch {b}, gradient accumulation {a} (same global batch)")
-        return parse_spec(apply_overrides(self.job.spec.to_dict(), self.overrides))
+        return self.job.spec.with_overrides(self.overrides)
 
     def finish(
         self,
