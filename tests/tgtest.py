@@ -159,6 +159,21 @@ def paused_flow_runs(client, since) -> list:
     return [fr for fr in client.read_flow_runs(flow_run_filter=paused) if fr.state is not None and fr.state.is_paused()]
 
 
+def wait_paused_for_input(client, since, besides: set = frozenset(), timeout_s: float = 300) -> tuple:
+    """The flow run started after ``since`` that paused for a Resume form, and that pause's keyset, once it pauses
+    (a pause whose response key is in ``besides`` does not count: the same run paused again)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for fr in paused_flow_runs(client, since):
+            keyset = fr.state.state_details.run_input_keyset
+            if keyset and keyset["response"] not in besides:
+                return fr, keyset
+        time.sleep(1)
+    raise AssertionError(f"no flow run paused for its Resume form within {timeout_s:.0f} s")
+
+
 @contextlib.contextmanager
 def prefect_api_at(url: str, **more):
     """This process's Prefect clients on the server at ``url`` for the block (``more``: further settings by

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tgtest import wait_paused_for_input
 
 from traingate.settings import Settings
 
@@ -72,18 +73,6 @@ class _Kept(logging.Handler):
         self.into.append(record.getMessage())
 
 
-def _paused(client, besides: set) -> tuple:
-    """The flow run that paused for input and the keyset of that pause, once it pauses (not one in ``besides``)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        for fr in client.read_flow_runs(limit=20):
-            keyset = fr.state.state_details.run_input_keyset if fr.state is not None else None
-            if fr.state is not None and fr.state.is_paused() and keyset and keyset["response"] not in besides:
-                return fr, keyset
-        time.sleep(1)
-    raise AssertionError("no flow run paused for its Resume form")
-
-
 def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_sufficient_one_starts_the_stage(
         prefect_harness, state_dir, tiny_spec):
     from prefect import get_client
@@ -97,11 +86,12 @@ def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_suffi
     handler = _Kept(said)  # Prefect's run loggers do not propagate to pytest's caplog
     logging.getLogger("prefect.flow_runs").addHandler(handler)
     box: dict[str, object] = {}
+    since = datetime.now(UTC)
     t = threading.Thread(target=lambda: box.update(state=ladder(spec, "canary", pause_wait_s=300, return_state=True)))
     t.start()
     try:
         with get_client(sync_client=True) as c:
-            fr, keyset = _paused(c, set())
+            fr, keyset = wait_paused_for_input(c, since)
             run_id = fr.name
             assert not (state_dir / "runs" / run_id / "canary").exists()  # refused before it starts
             # the form the UI draws: the budgets first, starting at the run's own; above it, the estimate
@@ -117,7 +107,7 @@ def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_suffi
             # a budget the estimate still exceeds: one line, and the run stays paused
             low = c.resume_flow_run(fr.id, run_input={"max_cost_usd": 0.000000002, "reviewer": "ana"})
             assert low.status.value == "ACCEPT", low
-            again, _ = _paused(c, {keyset["response"]})
+            again, _ = wait_paused_for_input(c, since, {keyset["response"]})
             assert again.id == fr.id
             ok = c.resume_flow_run(fr.id, run_input={"max_cost_usd": 100, "reviewer": "ana", "reason": "worth it"})
             assert ok.status.value == "ACCEPT", ok

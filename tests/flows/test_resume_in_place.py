@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import paused_flow_runs
+from tgtest import wait_paused_for_input
 
 from traingate.settings import Settings
 
@@ -34,19 +33,6 @@ class _Kept(logging.Handler):
         self.into.append(record.getMessage())
 
 
-def _paused(client, besides: set, since: datetime) -> tuple:
-    """The flow run started after ``since`` that paused for input, and the keyset of that pause, once it pauses
-    (not one in ``besides``)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        for fr in paused_flow_runs(client, since):
-            keyset = fr.state.state_details.run_input_keyset if fr.state is not None else None
-            if fr.state is not None and fr.state.is_paused() and keyset and keyset["response"] not in besides:
-                return fr, keyset
-        time.sleep(1)
-    raise AssertionError("no flow run paused for its Resume form")
-
-
 def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_override_keeps_it_paused(
         prefect_api, state_dir, tiny_spec, monkeypatch):
     from prefect import get_client
@@ -65,7 +51,7 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
     t.start()
     try:
         with get_client(sync_client=True) as c:
-            fr, keyset = _paused(c, set(), since)
+            fr, keyset = wait_paused_for_input(c, since)
             run_id = fr.name  # the ladder names its flow run after the traingate run
             # the form the UI draws on the paused run: the Resume input's schema, fields in declared order
             schema = json.loads(c.read_flow_run_input(fr.id, keyset["schema"]))
@@ -77,7 +63,7 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
             # a value the schema accepts but that makes no valid spec: refused in one line, paused again
             once = c.resume_flow_run(fr.id, run_input={"overrides": ["budget.max_run_usd=-1"], "reviewer": "ana"})
             assert once.status.value == "ACCEPT", once
-            again, _ = _paused(c, {keyset["response"]}, since)
+            again, _ = wait_paused_for_input(c, since, {keyset["response"]})
             assert again.id == fr.id
             ok = c.resume_flow_run(fr.id, run_input={"resume": True, "overrides": ["budget.max_run_usd=100"],
                                                       "reviewer": "ana", "reason": "the sweep found it worth it"})
@@ -117,7 +103,7 @@ def test_traingate_resume_of_a_run_waiting_for_the_ui_takes_it_over_and_the_paus
     t = threading.Thread(target=lambda: box.update(state=ladder(spec, "smoke", pause_wait_s=300, return_state=True)))
     t.start()
     with get_client(sync_client=True) as c:
-        fr, _ = _paused(c, set(), since)
+        fr, _ = wait_paused_for_input(c, since)
     run_id = fr.name
     # what `traingate resume RUN_ID --set budget.max_run_usd=100` runs, while the first flow run waits paused
     resumed = ladder(None, "smoke", ResumeFrom(run_id=run_id, overrides=["budget.max_run_usd=100"]), return_state=True)
