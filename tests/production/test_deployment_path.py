@@ -51,10 +51,9 @@ def stack(tmp_path_factory):
     _git(repo, "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-q", "-m", "A")
     a = _git(repo, "rev-parse", "HEAD")
     pipeline = repo / "flows" / "pipeline.py"
-    old = "return stopped(Failed(message=decision.summary()), summary)"
+    old = "message = decision.summary()"  # the failed gate's message
     assert pipeline.read_text().count(old) == 1
-    pipeline.write_text(pipeline.read_text().replace(old, f"return stopped(Failed(message={MARKER!r} + "
-                                                          "decision.summary()), summary)"))
+    pipeline.write_text(pipeline.read_text().replace(old, f"message = {MARKER!r} + decision.summary()"))
     _git(repo, "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-q", "-am", "B")
     b = _git(repo, "rev-parse", "HEAD")
     # The worker's code directory: a clean checkout of A, as a pull step or an image leaves it.
