@@ -26,7 +26,8 @@ def test_non_retryable_cause_stops_at_once_with_the_cause_and_the_log_tail(super
     assert run.causes == [cause], run.log
     assert run.sup.status == status and run.events == []  # one launch: no retry storm
     assert run.sup.error.startswith(f"{cause}: ")
-    assert "--- last " in run.sup.error and len(run.sup.error.splitlines()) > 3
+    # the tail holds at least the failing rank's line; the other rank's may not come, as the tree is stopped at once
+    assert "--- last " in run.sup.error and len(run.sup.error.splitlines()) >= 3
 
 
 def test_oom_policy_retries_a_simulated_oom_with_half_the_micro_batch_and_twice_the_accumulation(supervised):
