@@ -3,6 +3,7 @@ module names collide between test directories, so nothing is imported from conft
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -139,6 +140,21 @@ def prefect_server(tmp_path: Path):
         yield {"url": url, "env": env}
     finally:
         stop_tree(proc, signal.SIGTERM, 30)
+
+
+class KeptRecords(logging.Handler):
+    """The records of a logger at ``level`` and up, kept in ``records``: Prefect's run loggers do not propagate to
+    pytest's caplog, so a test adds this to ``prefect.flow_runs`` to read what a flow run logged."""
+
+    def __init__(self, level: int = logging.INFO):
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self) -> list[str]:
+        return [r.getMessage() for r in self.records]
 
 
 def paused_flow_runs(client, since) -> list:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import wait_paused_for_input
+from tgtest import KeptRecords, wait_paused_for_input
 
 from traingate.settings import Settings
 
@@ -64,15 +64,6 @@ def test_a_full_stage_over_what_is_left_of_the_run_budget_is_refused_naming_it_w
     assert 0 < spent < 0.01
 
 
-class _Kept(logging.Handler):
-    def __init__(self, into: list[str]):
-        super().__init__(logging.INFO)
-        self.into = into
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.into.append(record.getMessage())
-
-
 def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_sufficient_one_starts_the_stage(
         prefect_harness, state_dir, tiny_spec):
     from prefect import get_client
@@ -82,8 +73,7 @@ def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_suffi
 
     # Any estimate of the canary exceeds a ceiling of $0.000000001: the smoke's gate refuses it on budget alone.
     spec = load_spec(tiny_spec(), ["budget.max_cost_usd=0.000000001"])
-    said: list[str] = []
-    handler = _Kept(said)  # Prefect's run loggers do not propagate to pytest's caplog
+    handler = KeptRecords()  # Prefect's run loggers do not propagate to pytest's caplog
     logging.getLogger("prefect.flow_runs").addHandler(handler)
     box: dict[str, object] = {}
     since = datetime.now(UTC)
@@ -121,6 +111,7 @@ def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_suffi
     assert list(summary["stages"]) == ["unit", "smoke", "canary"]
     assert summary["stages"]["canary"]["status"] == "completed"
     assert "max_cost_usd: 100" in (state_dir / "runs" / run_id / "spec.yaml").read_text()  # as `traingate resume`
+    said = handler.messages()
     refused = [m for m in said if m.startswith("Resume of canary refused")]
     assert len(refused) == 1, said
     assert refused[0].startswith("Resume of canary refused: asked budget.max_cost_usd=2e-09: estimated cost of the "

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import PYTHON, ROOT, paused_flow_runs
+from tgtest import PYTHON, ROOT, KeptRecords, paused_flow_runs
 
 from traingate.settings import Settings
 
@@ -73,23 +73,13 @@ def _wait_for_paused_run(since: datetime, timeout_s: float = 180):
     raise AssertionError("no flow run paused for approval")
 
 
-class _Kept(logging.Handler):
-    def __init__(self, level: int, into: list[logging.LogRecord]):
-        super().__init__(level)
-        self.into = into
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.into.append(record)
-
-
 @pytest.mark.parametrize("approve", [True, False])
 def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harness, state_dir, tiny_spec, approve):
     from prefect.flow_runs import resume_flow_run
 
     from flows.pipeline import pipeline
 
-    records: list[logging.LogRecord] = []
-    handler = _Kept(logging.WARNING, records)  # Prefect's run loggers do not propagate to pytest's caplog
+    handler = KeptRecords(logging.WARNING)  # Prefect's run loggers do not propagate to pytest's caplog
     logging.getLogger("prefect.flow_runs").addHandler(handler)
 
     spec = tiny_spec()
@@ -101,7 +91,7 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
     t.start()
     run_id = _wait_for_paused_run(since)
     logging.getLogger("prefect.flow_runs").removeHandler(handler)
-    said = [r.getMessage() for r in records if "paused for approval" in r.getMessage()]
+    said = [m for m in handler.messages() if "paused for approval" in m]
     assert said == [f"paused for approval: unit passed its gate (gates.unit.require_approval); smoke starts when a "
                     f"reviewer resumes flow run {run_id} with {{approve: true, reviewer, reason}} (Prefect UI: "
                     f"Resume), within 300 s"], said

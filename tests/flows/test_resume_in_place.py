@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import wait_paused_for_input
+from tgtest import KeptRecords, wait_paused_for_input
 
 from traingate.settings import Settings
 
@@ -24,15 +24,6 @@ BUDGET = ["stages.smoke.max_steps=40", "resources.procs_per_node=1", "pools.cpu-
           "budget.max_run_usd=0.15", "gates.smoke.rules=[{metric: nonfinite_steps, op: '==', value: 0}]"]
 
 
-class _Kept(logging.Handler):
-    def __init__(self, into: list[str]):
-        super().__init__(logging.INFO)
-        self.into = into
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.into.append(record.getMessage())
-
-
 def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_override_keeps_it_paused(
         prefect_api, state_dir, tiny_spec, monkeypatch):
     from prefect import get_client
@@ -42,8 +33,7 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
 
     monkeypatch.setenv("TRAINGATE_INJECT", "slow@0:0")
     spec = load_spec(tiny_spec(), BUDGET)
-    said: list[str] = []
-    handler = _Kept(said)  # Prefect's run loggers do not propagate to pytest's caplog
+    handler = KeptRecords()  # Prefect's run loggers do not propagate to pytest's caplog
     logging.getLogger("prefect.flow_runs").addHandler(handler)
     box: dict[str, object] = {}
     since = datetime.now(UTC)
@@ -77,6 +67,7 @@ def test_a_budget_pause_resumes_from_the_ui_form_into_the_same_run_and_a_bad_ove
     assert summary["run_id"] == run_id and summary["flow_run_id"] == str(fr.id)
     assert summary["stages"]["smoke"]["status"] == "completed"
     assert "max_run_usd: 100" in (state_dir / "runs" / run_id / "spec.yaml").read_text()  # as `traingate resume`
+    said = handler.messages()
     pause = [m for m in said if "paused by alert budget-exhausted" in m]
     assert len(pause) == 2 and f"or resume flow run {fr.id} from the Prefect UI" in pause[0], said
     refused = [m for m in said if m.startswith("Resume of smoke refused")]
