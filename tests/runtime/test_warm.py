@@ -82,6 +82,23 @@ def stage(tiny_spec, state_dir, tmp_path) -> Callable[..., Run]:
     return run
 
 
+@pytest.fixture(scope="module")
+def _kept() -> dict[str, Run]:
+    return {}
+
+
+@pytest.fixture
+def cold_reference(stage, _kept) -> Run:
+    """The tiny full stage started cold and never disturbed: the weights both warm recoveries must end with.
+    Run once per module, by the first test that asks (its directories stay until the session ends)."""
+    if "cold" not in _kept:
+        run = stage("", name="cold")
+        assert run.sup.status == Status.COMPLETED, run.log
+        assert run.left_behind() == []
+        _kept["cold"] = run
+    return _kept["cold"]
+
+
 def _zygote() -> psutil.Process | None:
     return next((p for p in psutil.Process().children() if "--serve" in p.cmdline()), None)
 
@@ -95,16 +112,16 @@ def _assert_nothing_left(run: Run) -> None:
     assert sockets and not any(os.path.exists(s) for s in sockets)  # its private socket dir is gone too
 
 
-def test_warm_restart_after_a_killed_rank_ends_with_weights_bitwise_equal_to_an_undisturbed_cold_run(stage):
-    reference = stage("", name="cold")
+def test_warm_restart_after_a_killed_rank_ends_with_weights_bitwise_equal_to_an_undisturbed_cold_run(
+        stage, cold_reference):
     run = stage("kill@7:1", WARM, name="warm")
-    assert reference.sup.status == Status.COMPLETED and run.sup.status == Status.COMPLETED, run.log
+    assert run.sup.status == Status.COMPLETED, run.log
     assert run.causes == ["worker_lost", None], run.log
     assert run.sup.attempts[1].inplace  # torchrun restarted the group in place, through the zygote again
     # Every worker of both incarnations was forked (2 ranks x 2), the killed one among them.
     (fired,) = inject.fired(run.stage_dir)
     assert fired["pid"] in run.forked() and len(run.forked()) == 4
-    assert compare_states(_weights(final_state(reference.checkpoint_uri)),
+    assert compare_states(_weights(final_state(cold_reference.checkpoint_uri)),
                           _weights(final_state(run.checkpoint_uri))) == []
     _assert_nothing_left(run)
 
@@ -131,7 +148,7 @@ def test_preempting_a_warm_stage_with_sigterm_writes_the_emergency_checkpoint_an
     _assert_nothing_left(run)
 
 
-def test_a_sigkilled_zygote_leaves_starts_cold_and_the_stage_still_completes(stage):
+def test_a_sigkilled_zygote_leaves_starts_cold_and_the_stage_still_completes(stage, cold_reference):
     killed: list[int] = []
 
     def hooks(stage_dir: Path) -> Hooks:
@@ -145,10 +162,9 @@ def test_a_sigkilled_zygote_leaves_starts_cold_and_the_stage_still_completes(sta
     assert killed, run.log
     assert run.sup.status == Status.COMPLETED and run.causes == ["worker_lost", None], run.log
     assert len(run.forked()) == 2  # the first group only: the restarted one started cold
-    reference = stage("", name="reference")
-    assert compare_states(_weights(final_state(reference.checkpoint_uri)),
+    assert compare_states(_weights(final_state(cold_reference.checkpoint_uri)),
                           _weights(final_state(run.checkpoint_uri))) == []
-    assert run.left_behind() == [] and reference.left_behind() == []
+    assert run.left_behind() == []
     for pid in run.forked():  # the killed zygote's orphans (reparented away from us) ended too
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
