@@ -44,6 +44,7 @@ from traingate.runtime.failures import cause_of_exception, exit_code_for
 from traingate.runtime.profile import StepProfile
 from traingate.runtime.sampler import ResumableSampler
 from traingate.runtime.spike_guard import SpikeGuard
+from traingate.runtime.stagestats import StageStats
 from traingate.runtime.watchdog import StopFlag
 from traingate.settings import Settings, checkpoint_key
 from traingate.spec import RunSpec, SpecError
@@ -119,6 +120,7 @@ class Trainer:
         self.accum = spec.optim.grad_accum
         self.sampler = ResumableSampler(len(self.train), self.micro * self.accum * d.world_size, spec.optim.seed)
         self.step = 0
+        self.stats = StageStats()  # the stage's, across its processes: restored on resume
         self._recent_losses: list[float] = []  # since the last save: the checkpoint's train_loss (keep_best)
         self.injector = inject.Injector.from_plan(instruments.inject, d.rank, self.out_dir)  # drills and tests only
         self._start_step = 0
@@ -223,6 +225,7 @@ class Trainer:
                 "rng": rng_states,
                 "step": self.step,
                 "world_size": self.d.world_size,
+                "stage_stats": self.stats.state_dict(),
             },
         }
 
@@ -268,6 +271,7 @@ class Trainer:
         # Same world size: each rank gets its own streams back. Otherwise rank r takes r mod saved.
         rng.restore(states[self.d.rank % len(states)])
         self.step = int(ts["step"])
+        self.stats = StageStats.from_state(ts.get("stage_stats"))
         return self.step
 
     def _apply_rollbacks(self) -> None:
@@ -401,8 +405,6 @@ class Trainer:
         every_steps, every_s = self.job.checkpoint_every_steps, self.job.checkpoint_every_s
         last_ckpt_time = time.monotonic()
         self.model.train()
-        losses: list[float] = []
-        nonfinite_steps, max_grad = 0, 0.0
         tolerance = self.spec.optim.nonfinite_tolerance
         tps = self.recipe.tokens_per_sample()
         global_batch = self.sampler.global_batch
@@ -421,12 +423,9 @@ class Trainer:
             self.profile.step(dt)
             self._last_dt = dt
             self._heartbeat()
-            if bad:
-                nonfinite_steps += 1
-            else:
-                losses.append(loss)
+            self.stats.observe(loss, gnorm, finite=not bad)
+            if not bad:
                 self._recent_losses.append(loss)
-                max_grad = max(max_grad, gnorm)
             system: dict[str, float] = {}
             if self.step % self.spec.tracking.log_every == 0 or self.step == self.max_steps:
                 system = self.signals.collect(dt)
@@ -464,12 +463,12 @@ class Trainer:
             if self.eval_every and self.step % self.eval_every == 0 and self._progress():
                 out.status = Status.STOPPED
                 break
-            if nonfinite_steps > tolerance:
+            if self.stats.nonfinite > tolerance:
                 out.status, out.exit_code = Status.DIVERGED, exitcodes.DIVERGED
                 log.error(
                     "non-finite loss at step %d (%d steps > tolerance %d); stopping",
                     self.step,
-                    nonfinite_steps,
+                    self.stats.nonfinite,
                     tolerance,
                 )
                 break
@@ -504,24 +503,19 @@ class Trainer:
             self.save()  # the final state is a checkpoint too (the stage's artifact)
         if self.ckpt is not None:
             self.ckpt.wait()
-        out.metrics = self._summary(losses, nonfinite_steps, max_grad, out)
+        out.metrics = self._summary(out)
         self.tracker.end_session(out.status)
         return out
 
-    def _summary(self, losses: list[float], nonfinite: int, max_grad: float, out: Outcome) -> dict[str, Any]:
+    def _summary(self, out: Outcome) -> dict[str, Any]:
+        # The loss curve, its non-finite steps and gradient peak are the stage's since its step 0, not this
+        # process's: a resumed stage's gate judges the stage (traingate.runtime.stagestats).
         m: dict[str, Any] = {
-            "nonfinite_steps": nonfinite,
-            "max_grad_norm": max_grad,
+            **self.stats.summary(),
             "steps": self.step,
             "resumed_from_step": out.resumed_from_step,
             "world_size": self.d.world_size,
         }
-        if losses:
-            k = max(1, min(5, len(losses) // 4))  # smooth the ends over a few steps
-            first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-            m.update(
-                first_loss=first, final_loss=last, loss_decrease_fraction=(first - last) / first if first > 0 else 0.0
-            )
         if out.status == Status.COMPLETED:
             self.model.eval()
             evals = self.recipe.evaluate(self.module, self.val, max(64, self.micro))
