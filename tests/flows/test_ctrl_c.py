@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_counts_one_restart(
-        tiny_spec, tmp_path, prefect_api):
+        tiny_spec, tmp_path, prefect_api, monkeypatch, capsys):
     """The run on its own temporary server (its shield against the terminal's SIGINT is the subject); the
     resume on the session's server (`prefect_api`), as a resume from another machine would be."""
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -55,16 +55,21 @@ def test_a_terminal_ctrl_c_mid_stage_prints_the_resume_command_and_the_resume_co
             "ON flow_run.state_id = flow_run_state.id WHERE flow_run.id = ?", (flow_run_id,)).fetchone()
     assert state_type == "CANCELLED" and f"traingate resume {run_id}" in message
 
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "resume", run_id, "--until", "smoke"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600,
-                       env={**{k: v for k, v in env.items() if k != "TRAINGATE_INJECT"}, **prefect_api})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "resume PASSED" in p.stdout
+    # The resume and `traingate show` in this process (their own process is not the subject here): each
+    # `traingate` subprocess would pay its interpreter and imports again.
+    from flows.cli import main
+
+    monkeypatch.setenv("TRAINGATE_STATE_DIR", env["TRAINGATE_STATE_DIR"])
+    capsys.readouterr()
+    code = main(["resume", run_id, "--until", "smoke"])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "resume PASSED" in out
     # the resume summary and `traingate show` count the same restarts: the preemption, once
-    smoke_line = next(line for line in p.stdout.splitlines() if line.strip().startswith("smoke "))
-    assert "restarts 1 " in smoke_line, p.stdout
-    shown = subprocess.run([PYTHON, "-m", "flows.cli", "show", run_id], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120, env=env)
-    assert shown.returncode == 0, shown.stderr
-    restarts = [line.strip() for line in shown.stdout.splitlines() if line.strip().startswith("restart ")]
-    assert len(restarts) == 1 and restarts[0].startswith("restart 1: cause preempted"), shown.stdout
+    smoke_line = next(line for line in out.splitlines() if line.strip().startswith("smoke "))
+    assert "restarts 1 " in smoke_line, out
+    code = main(["show", run_id])
+    shown, err = capsys.readouterr()
+    assert code == 0, err
+    restarts = [line.strip() for line in shown.splitlines() if line.strip().startswith("restart ")]
+    assert len(restarts) == 1 and restarts[0].startswith("restart 1: cause preempted"), shown
