@@ -11,9 +11,17 @@ fake a100 GPUs each, started here and torn down at the end; needs root and the D
 (c) the tiny digits ladder (unit -> smoke -> canary -> full) on the Slurm pool vs the same ladder on the local
     engine, same invocation, same Prefect server.
 
-``TRAINGATE_BENCH_SLURM_PARTS`` (default ``idle,urgent,ladder``) runs a subset. ``TRAINGATE_BENCH_SLURM_WARM=1``
-gives traingate's stages (a) and (b) ``supervision.warm_restarts: true`` (as ``examples/digits.yaml`` has it): a
-zygote imports torch beside torchrun's agent and forks the ranks.
+``TRAINGATE_BENCH_SLURM_PARTS`` (default ``idle,urgent,ladder``) runs a subset; ``bare`` is one bare job's start
+alone. ``TRAINGATE_BENCH_SLURM_WARM=1`` gives traingate's stages in (a) ``supervision.warm_restarts: true`` (as
+``examples/digits.yaml`` has it): a zygote imports torch, TorchDynamo and the trainer once and forks the ranks.
+(b)'s urgent stage runs once per variant in ``TRAINGATE_BENCH_SLURM_URGENT`` (default ``warm`` with
+``TRAINGATE_BENCH_SLURM_WARM=1``, else ``cold``), ``TRAINGATE_BENCH_SLURM_ROUNDS`` times (default 1; the order
+reversed every other round): ``cold`` (the default spec), ``warm`` (warm restarts; the zygote starts ahead of the
+batch step, as traingate submits it), ``late`` (warm restarts, the zygote started by the supervisor after the batch
+step's imports: the comparison for ``warm``).
+
+Quick mode, (b) only: ``TRAINGATE_BENCH_SLURM_PARTS=quick python -m bench slurm`` is one bare job and the urgent
+stage cold and warm, in one invocation (about 3 minutes on an idle 2-core box).
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ class _Log:
     warning = error = info
 
 
-def _tree(nodes: int = 1, steps: int = 16, priority: str = "research") -> dict[str, Any]:
+def _tree(nodes: int = 1, steps: int = 16, priority: str = "research", warm: bool | None = None) -> dict[str, Any]:
     tree = yaml.safe_load(TINY_DIGITS)
     tree["identity"]["team"] = "vision"
     tree["resources"] = {
@@ -77,7 +85,7 @@ def _tree(nodes: int = 1, steps: int = 16, priority: str = "research") -> dict[s
     tree["pools"] = {POOL: {"price_per_gpu_hour": 1.0, "gpus_per_node": 2}}
     tree["stages"]["full"] = {"max_steps": steps}
     tree["checkpoint"] = {"every_steps": 10}
-    if WARM:
+    if WARM if warm is None else warm:
         tree["supervision"] = {"warm_restarts": True}
     return tree
 
@@ -276,14 +284,18 @@ def _bare(state: Path, steps: int = 16) -> dict[str, float]:
     return times
 
 
-def _urgent(state: Path) -> dict[str, float]:
+def _urgent(state: Path, variant: str) -> dict[str, float]:
     """An urgent stage submitted while a victim holds all GPUs: its timeline, and the victim's step when
-    preempted."""
+    preempted. ``variant``: cold, warm (the zygote started ahead of the batch step) or late (warm, the zygote
+    started by the supervisor)."""
     victim = _job(state, f"victim-{time.monotonic_ns()}", _tree(nodes=2, steps=200), "slow@0", tracked=False)
     stop = threading.Event()
     tv, _ = _start(victim, stop)
     _wait(lambda: _step(victim) >= 5, "the victim training on both nodes")
-    urgent = _job(state, f"urgent-{time.monotonic_ns()}", _tree(priority="urgent"))
+    urgent = _job(state, f"urgent-{time.monotonic_ns()}", _tree(priority="urgent", warm=variant != "cold"))
+    if variant == "late":
+        LATE.add(urgent.run_id)
+    load = os.getloadavg()[0]
     tu, bu = _start(urgent, threading.Event())
     tu.join(400)
     stop.set()  # the victim's requeued job is stopped at a checkpoint: it is not measured
@@ -291,6 +303,11 @@ def _urgent(state: Path) -> dict[str, float]:
     assert bu["result"].status == "completed", bu["result"].error
     _delivered(urgent)
     times = _times(urgent, _record(urgent)["jobs"][0])
+    times["load"] = load
+    zlog = Path(urgent.stage_dir) / "zygote.log"
+    ready = re.search(r"zygote: ready on \S+ \(pid \d+\) at ([0-9.]+)", zlog.read_text() if zlog.exists() else "")
+    if ready:
+        times["zygote_ready"] = float(ready.group(1)) - _record(urgent)["jobs"][0]["submitted"]
     out = "".join(p.read_text() for p in Path(victim.stage_dir).glob("slurm-*.out"))
     m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+).*\n(?:.*requeued job \S+ at ([0-9.]+))?", out)
     assert m, f"the victim {victim.run_id} was not preempted (did it end before the urgent job came?): {out[-2000:]}"
@@ -302,26 +319,64 @@ def _urgent(state: Path) -> dict[str, float]:
     return times
 
 
-def _victim_rows(u: dict[str, float]) -> list[str]:
-    """The grace, mark by mark, as the victim's batch step printed them."""
-    marks = [
-        ("victim_signalled", "of which urgent submit -> the victim's batch step signalled (Slurm's preemption)"),
-        ("victim_stopped", "-> its supervision ended (emergency checkpoint, every process of the tree gone)"),
-        ("victim_requeued", "-> `scontrol requeue` done (Slurm's REQUEUE mode had not requeued it itself)"),
-        ("slurm_start", "-> the urgent job started (the batch step's exit, the job's end, Slurm)"),
-    ]
-    rows, prev = [], 0.0
-    for key, what in marks:
+VICTIM_MARKS = [
+    ("victim_signalled", "of which urgent submit -> the victim's batch step signalled (Slurm's preemption)"),
+    ("victim_stopped", "-> its supervision ended (emergency checkpoint, every process of the tree gone)"),
+    ("victim_requeued", "-> `scontrol requeue` done (Slurm's REQUEUE mode had not requeued it itself)"),
+    ("slurm_start", "-> the urgent job started (the batch step's exit, the job's end, Slurm)"),
+]
+
+
+def _victim_cells(u: dict[str, float]) -> dict[str, float]:
+    """The grace, mark by mark, as the victim's batch step printed them: {row label: seconds}."""
+    cells, prev = {}, 0.0
+    for key, what in VICTIM_MARKS:
         if key in u and "victim_signalled" in u:
-            rows.append(f"| {what} | {u[key] - prev:.2f} |")
+            cells[what] = u[key] - prev
             prev = u[key]
+    return cells
+
+
+def _urgent_rows(runs: list[tuple[str, dict[str, float]]], bare: list[dict[str, float]]) -> list[str]:
+    """(b): one column per urgent run, its grace and its rest segment by segment; the bare job's start below."""
+    head = [f"run {i + 1}: {variant}" for i, (variant, _) in enumerate(runs)]
+    rows = (
+        [f"| (b) urgent stage while a research victim holds all 4 GPUs (s) | {' | '.join(head)} |"]
+        + ["|---" * (len(runs) + 1) + "|"]
+        if runs
+        else []
+    )
+
+    def row(what: str, cells: list[float | None], bold: bool = False) -> None:
+        if not cells:
+            return
+        text = " | ".join("-" if c is None else (f"**{c:.2f}**" if bold else f"{c:.2f}") for c in cells)
+        rows.append(f"| {f'**{what}**' if bold else what} | {text} |")
+
+    row("load average at the urgent submit", [u["load"] for _, u in runs])
+    row("grace: urgent submit -> its Slurm start (sacct, whole seconds)", [u["slurm_start"] for _, u in runs], True)
+    victim = [_victim_cells(u) for _, u in runs]
+    for _, what in VICTIM_MARKS:
+        if any(what in v for v in victim):
+            row(what, [v.get(what) for v in victim])
+    segs = [_segments(u) for _, u in runs]
+    for key, what in MARKS[1:]:
+        if any(key in sg for sg in segs):
+            row(what, [sg.get(key) for sg in segs])
+    row(
+        "(warm) the zygote's imports done, s after the urgent job's Slurm start",
+        [u["zygote_ready"] - u["slurm_start"] if "zygote_ready" in u else None for _, u in runs],
+    )
+    row("urgent submit -> urgent first step", [u["first_step"] for _, u in runs], True)
+    row("the rest (first step - grace; goal <= 5 s)", [u["first_step"] - u["slurm_start"] for _, u in runs], True)
+    if bare:
+        starts = [b["first_step"] - b["slurm_start"] for b in bare]
+        rows += [
+            "",
+            f"Bare `srun torchrun` job on the idle pool, same invocation ({len(bare)} run(s), median): its Slurm "
+            f"start -> first step {_med(starts)} s (submit -> first step {_med([b['first_step'] for b in bare])} s).",
+        ]
     return rows
-
-
-def _segment_rows(t: dict[str, float]) -> list[tuple[str, float]]:
-    """(what, seconds) of each segment after Slurm's start."""
-    seg = _segments(t)
-    return [(what, seg[key]) for key, what in MARKS[1:] if key in seg]
 
 
 def _ladder(spec: Path) -> float:
@@ -337,6 +392,26 @@ def _ladder(spec: Path) -> float:
 PAIRS = int(os.environ.get("TRAINGATE_BENCH_SLURM_PAIRS", "3"))
 WARM = os.environ.get("TRAINGATE_BENCH_SLURM_WARM") == "1"
 PARTS = os.environ.get("TRAINGATE_BENCH_SLURM_PARTS", "idle,urgent,ladder").split(",")
+QUICK = PARTS == ["quick"]
+if QUICK:
+    PARTS = ["bare", "urgent"]
+URGENT = os.environ.get("TRAINGATE_BENCH_SLURM_URGENT", "cold,warm" if QUICK else "warm" if WARM else "cold").split(",")
+ROUNDS = int(os.environ.get("TRAINGATE_BENCH_SLURM_ROUNDS", "1"))
+LATE: set[str] = set()  # run ids whose zygote the supervisor starts (variant "late"), not ahead of the batch step
+
+
+def _sbatch_late_zygotes() -> None:
+    """Submissions of the run ids in LATE leave their zygote to the supervisor, as a batch step without
+    ``--zygote`` does (the comparison for the zygote started ahead)."""
+    from tasks import slurm as tslurm
+
+    submit = tslurm.slurm.sbatch_command
+
+    def sbatch(job: Any, pool: Any, **kw: Any) -> list[str]:
+        return submit(job, pool, **{**kw, "zygote_log": None}) if job.run_id in LATE else submit(job, pool, **kw)
+
+    tslurm.slurm.sbatch_command = sbatch  # type: ignore[assignment]
+
 
 # (a)'s marks, seconds since the sbatch returned; a segment runs from the mark before it.
 MARKS = [
@@ -429,19 +504,14 @@ def main() -> str:
                 pairs.append((_idle(tmp / "direct"), bare))
         if pairs:
             rows += [*_added_rows(pairs), ""]
+        bare = [_bare(tmp / "bare")] if "bare" in PARTS else []
         if "urgent" in PARTS:
-            u = _urgent(tmp / "direct")
-            rows += [
-                "| (b) urgent stage while a research victim holds all 4 GPUs | s |",
-                "|---|---|",
-                f"| grace: urgent submit -> its Slurm start (the victim signalled, "
-                f"emergency checkpoint, requeue, exit) | {u['slurm_start']:.2f} |",
-                *_victim_rows(u),
-                *(f"| {what} | {v:.2f} |" for what, v in _segment_rows(u)),
-                f"| **urgent submit -> urgent first step** | **{u['first_step']:.2f}** |",
-                f"| **the rest (first step - grace; goal <= 5 s)** | **{u['first_step'] - u['slurm_start']:.2f}** |",
-                "",
-            ]
+            _sbatch_late_zygotes()
+            order = [URGENT if r % 2 == 0 else URGENT[::-1] for r in range(ROUNDS)]
+            urgent = [(v, _urgent(tmp / "direct", v)) for variants in order for v in variants]
+            rows += [*_urgent_rows(urgent, bare), ""]
+        elif bare:
+            rows += [*_urgent_rows([], bare), ""]
         if "ladder" in PARTS:
             spec = tmp / "spec.yaml"
             spec.write_text(yaml.safe_dump(_tree()))
@@ -462,7 +532,8 @@ def main() -> str:
             f"Slurm 22.05 test cluster (2 nodes x 2 fake a100, started in {cluster_s:.1f} s) on this host "
             f"({os.cpu_count()} CPUs; load average {load0[0]:.1f} before, {load1[0]:.1f} after). One stage = the "
             f"tiny digits `full` stage (16 steps, 1 node x 2 processes); {len(pairs)} pairs traingate/bare, "
-            f"alternating; traingate's warm restarts {'on' if WARM else 'off'}. Seconds since the `sbatch` returned.",
+            f"alternating; traingate's warm restarts in (a) {'on' if WARM else 'off'}. Seconds since the `sbatch` "
+            "returned.",
             "",
             *rows,
         ]

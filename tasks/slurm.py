@@ -42,6 +42,7 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
 from traingate.ladder import outcomes
 from traingate.settings import Settings
+from traingate.supervision import drivers
 from traingate.supervision.slurm_result import after_end, supervision_of
 from traingate.supervision.supervisor import canary_p99, read_state
 from traingate.tracking import runs
@@ -194,6 +195,7 @@ def _submit(job: StageJob, pool: PoolConfig, resume: bool, record: dict[str, Any
         time_limit_s=limit,
         grace_s=job.spec.supervision.preempt_grace_s,
         resume=resume,
+        zygote_log=str(stage_dir / drivers.ZYGOTE_LOG) if drivers.starts_warm(job) else None,
     )
     # sbatch is not idempotent: an unanswering controller may still have queued the job, so a retry
     # looks for it by name first.

@@ -213,11 +213,13 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and
         slurm, unpreempted, tmp_path):
     """One preempted and requeued stage, two sets of facts: it resumes from its emergency checkpoint to
     weights bitwise equal to an unpreempted twin; and it is charged, from sacct -D's one record per
-    allocation, for the preempted allocation beside the one that finished."""
+    allocation, for the preempted allocation beside the one that finished. The victim starts warm (each
+    allocation's zygote started ahead of its batch step forks its ranks), its twin cold."""
     from traingate.cost.charged import stage_usd
     from traingate.supervision.drill import _weights, compare_states, final_state
 
-    victim = _job(tmp_path / "state", "victim", _tree(nodes=1, steps=60), "slow@0")
+    victim = _job(tmp_path / "state", "victim", {**_tree(nodes=1, steps=60), "supervision": {"warm_restarts": True}},
+                  "slow@0")
     tv, bv, logv = _start(victim)
     vid = _slurm_id(victim)
     _wait(lambda: (q := _squeue(vid)) is not None and q.state == "RUNNING", "the victim running", log=logv)
@@ -238,6 +240,8 @@ def test_an_urgent_job_preempts_a_stage_which_requeues_resumes_bitwise_equal_and
     assert compare_states(twin, _weights(final_state(victim.checkpoint_uri))) == []
     out = next(Path(victim.stage_dir).glob("slurm-*.out")).read_text()
     assert "allocation 2 (requeued 1x)" in out, out[-3000:]
+    forked = (Path(victim.stage_dir) / "zygote.log").read_text().count("forked worker")
+    assert forked >= 4, forked  # both ranks, in both allocations
     sacct = subprocess.run(["sacct", "-D", "-j", vid, "--json"], capture_output=True, text=True, check=True).stdout
     held = [r for r in json.loads(sacct)["jobs"] if str(r["job_id"]) == vid and r["time"]["elapsed"] > 0]
     assert len(held) >= 2, held  # sacct -D keeps the preempted allocation beside the one that finished
@@ -300,9 +304,15 @@ def test_the_stage_is_followed_through_a_controller_restart_to_its_end(slurm, tm
     assert "Slurm controller unreachable" in log.text() and "Slurm controller answers again" in log.text(), log.text()
 
 
-def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm, tmp_path):
+def test_a_node_is_drained_with_a_traingate_reason_and_returned(slurm, tmp_path, capsys):
+    from flows.cli import main
+
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "traingate"), "pools", *args], capture_output=True, text=True)
+        """`traingate pools ARGS` in this process (a `traingate` process each would pay its imports again)."""
+        capsys.readouterr()
+        code = main(["pools", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["traingate", "pools", *args], code, out, err)
 
     drained = cli("drain", "n2", "--reason", "gpu-ecc")
     assert drained.returncode == 0 and drained.stdout.strip() == "node n2: drained (traingate:gpu-ecc)", drained

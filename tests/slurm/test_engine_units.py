@@ -45,6 +45,10 @@ def test_the_sbatch_command_maps_team_class_nodes_and_gpus_and_runs_the_batch_st
                        f"{stage_dir}/slurm_job.json --resume")
     assert "--gres=gpu:2" in slurm.sbatch_command(job, SlurmPool(partition="gpu"), python="p", time_limit_s=60,
                                                   grace_s=5)
+    # a warm stage's zygote starts first and execs into the batch step (same pid: the signal still reaches it)
+    warm = slurm.sbatch_command(job, POOL, python="p", time_limit_s=60, grace_s=5, zygote_log="/s/zygote.log")
+    assert warm[-1] == f"--wrap=exec p -m traingate.runtime.warm --ahead /s/zygote.log p -m traingate.ladder.slurm_batch " \
+                       f"--job {stage_dir}/slurm_job.json"
 
 
 def test_the_time_limit_comes_from_the_canarys_step_time_and_is_refused_over_the_partitions_max_time(tmp_path):

@@ -40,6 +40,7 @@ from traingate.spec import SpecError
 from traingate.units import UTC_LABEL, duration, utc
 
 BATCH_MODULE = "traingate.ladder.slurm_batch"
+WARM_MODULE = "traingate.runtime.warm"
 JOB_FILE = "slurm_job.json"  # the StageJob the batch step runs (the submitter writes it; job.json is per launch)
 RECORD_FILE = "slurm.json"  # the stage's Slurm job id(s): who submitted what, when
 STOP_FILE = "slurm_stop"  # written before traingate itself signals its job: a stop, not a preemption
@@ -158,9 +159,18 @@ def job_name(job: StageJob) -> str:
 
 
 def sbatch_command(
-    job: StageJob, pool: SlurmPool, *, python: str, time_limit_s: float, grace_s: float, resume: bool = False
+    job: StageJob,
+    pool: SlurmPool,
+    *,
+    python: str,
+    time_limit_s: float,
+    grace_s: float,
+    resume: bool = False,
+    zygote_log: str | None = None,
 ) -> list[str]:
     """The sbatch command of one attempt of ``job``: its batch step is ``python -m slurm_batch --job FILE``.
+    ``zygote_log``: a warm stage's; its zygote starts ahead of the batch step (``python -m traingate.runtime.warm
+    --ahead LOG`` execs into it), so the zygote's imports run beside the batch step's own.
 
     >>> from traingate.spec import load_spec_text
     >>> from traingate.settings import Settings
@@ -179,6 +189,8 @@ def sbatch_command(
     """
     stage_dir = Path(job.stage_dir)
     batch = [python, "-m", BATCH_MODULE, "--job", str(stage_dir / JOB_FILE), *(["--resume"] if resume else [])]
+    if zygote_log is not None:
+        batch = [python, "-m", WARM_MODULE, "--ahead", zygote_log, *batch]
     return [
         "sbatch",
         "--parsable",

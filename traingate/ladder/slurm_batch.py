@@ -13,6 +13,10 @@ grace time would end COMPLETED and never come back). The next allocation resumes
 checkpoint, in the same traingate run and the same MLflow run. A SIGTERM after traingate wrote
 ``slurm_stop`` in the stage directory (a flow run cancelled) is a stop: no requeue.
 
+A warm stage (``supervision.warm_restarts`` on one node) is submitted as ``python -m traingate.runtime.warm
+--ahead LOG`` exec'ing into this step with ``--zygote PID:DIR``: its zygote's imports (torch, TorchDynamo, the
+trainer) run beside this step's own, and its supervision takes that zygote over.
+
 Its verdict is the supervisor's, in the stage directory (supervisor.json), for the submitter to read.
 """
 
@@ -36,6 +40,7 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import stage_run
 from traingate.settings import NODES_VAR
+from traingate.supervision.drivers import adopt_zygote
 from traingate.supervision.supervisor import Hooks, Supervision, read_state, request_stop, stop_request
 
 _signalled: list[tuple[int, float]] = []  # (signal, when): the first one counts
@@ -68,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m traingate.ladder.slurm_batch", description=__doc__.split("\n")[0])
     parser.add_argument("--job", required=True, help="the stage's slurm_job.json")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted supervision of the stage")
+    parser.add_argument(
+        "--zygote", help="PID:DIR of the stage's zygote, started ahead (python -m traingate.runtime.warm --ahead)"
+    )
     args = parser.parse_args(argv)
 
     def on_term(sig: int, _frame: object) -> None:
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     job = StageJob.read(args.job)
+    zygote = adopt_zygote(job, args.zygote) if args.zygote else None
     job_id = os.environ.get("SLURM_JOB_ID", "")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     stage_dir = Path(job.stage_dir)
@@ -95,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         job = allocated(job, os.environ.get("SLURM_JOB_NODELIST", ""))
     except SlurmError as e:
         _say(str(e))
+        if zygote is not None:
+            zygote.stop()
         return 2
     previous = read_state(stage_dir) if (args.resume or restarts) else None
     hooks = Hooks(on_line=print, info=_say, stop_requested=stop_request)
     before: list[Supervision] = []
-    sup = stage_run.train(job, hooks, previous, _say, before)
+    sup = stage_run.train(job, hooks, previous, _say, before, zygote)
     stopped = time.time()
     if before:
         # Smoke's first half ran in this allocation: its attempts go into supervisor.json ahead of the second

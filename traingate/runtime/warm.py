@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 _LEN = struct.Struct("!I")
 _REC = struct.Struct("!ci")
@@ -41,8 +42,8 @@ _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read en
 
 # ---------------------------------------------------------------- thin entry (runs under torchrun)
 
-# What a zygote imports before it forks: torch, TorchDynamo (the optimizer's first step would import it:
-# 1.3 s) and the training entry point.
+# What a zygote imports before it forks: torch, TorchDynamo (DDP's and the optimizer's constructors import
+# it: 2.2 CPU-s of the 4.5 here) and the training entry point.
 PRELOADED = ("torch", "torch._dynamo", "traingate.runtime.train")
 
 
@@ -51,8 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--serve":
         return serve(argv[1])
+    if len(argv) > 2 and argv[0] == "--ahead":
+        return ahead(argv[1], argv[2:])
     if not argv or argv[0].startswith("-"):
-        print("python -m traingate.runtime.warm: usage: SOCKET [--job PATH] (or --serve SOCKET)", file=sys.stderr)
+        print(
+            "python -m traingate.runtime.warm: usage: SOCKET [--job PATH] (or --serve SOCKET, --ahead LOG COMMAND...)",
+            file=sys.stderr,
+        )
         return 64
     path, train_argv = argv[0], argv[1:]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -157,6 +163,7 @@ def serve(path: str) -> int:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(_wake[1])
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    importing = time.time()
     for name in PRELOADED:  # what the zygote is for: imported once, before any fork
         importlib.import_module(name)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
@@ -169,7 +176,12 @@ def serve(path: str) -> int:
             flush=True,
         )
         return 3
-    print(f"zygote: ready on {path} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    # When, to the hundredth of an epoch second: a stage's start is told apart from these marks (bench slurm).
+    print(
+        f"zygote: ready on {path} (pid {os.getpid()}) at {time.time():.2f}, imports {time.time() - importing:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     children: dict[int, tuple[socket.socket, int | None]] = {}  # pid -> (its entry's connection, its agent)
     stopping = False
     while not stopping and os.getppid() == supervisor:
@@ -351,6 +363,66 @@ class _suppress_gone:
         return kind is ProcessLookupError
 
 
+# ---------------------------------------------------------------- a zygote started ahead of its supervisor
+
+
+def ahead(log_path: str, command: list[str]) -> int:
+    """``python -m traingate.runtime.warm --ahead LOG COMMAND...``: start a zygote, then become
+    ``COMMAND --zygote HANDLE`` (exec: same pid, so a signal meant for the command reaches it).
+
+    A Slurm batch step of a warm stage starts this way: the zygote's imports (torch, TorchDynamo, the trainer:
+    4-5 CPU-s) run beside the batch step's own imports and set-up instead of after them. The zygote stays
+    this pid's child through the exec, so it still ends with its supervisor; the command takes it over with
+    :meth:`Zygote.adopt`.
+    """
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # the workers' sys.stdout is the zygote's, made as it starts
+    # A zygote must be single-threaded when it forks; torch's OpenMP pool starts at import when the count is
+    # unset (a stage's environment sets the same default; a user's own value is kept).
+    env.setdefault("OMP_NUM_THREADS", "1")
+    zygote = Zygote(sys.executable, env, log_path)
+    os.execvp(command[0], [*command, "--zygote", zygote.handle])
+    return 70  # not reached: execvp returns only by raising
+
+
+class _Inherited:
+    """A child this process holds through an exec: the part of ``subprocess.Popen`` that :class:`Zygote` uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL  # reaped elsewhere: gone, how is unknown
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with _suppress_gone():
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 # ---------------------------------------------------------------- the supervisor's handle
 
 
@@ -375,6 +447,25 @@ class Zygote:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    @classmethod
+    def adopt(cls, handle: str, log_path: str) -> Zygote:
+        """The zygote :func:`ahead` started before it exec'd into this process (``handle``: its ``--zygote``)."""
+        pid, _, directory = handle.partition(":")
+        if not pid.isdigit() or not directory:
+            raise ValueError(
+                f"--zygote {handle!r}: expected PID:DIRECTORY, as python -m traingate.runtime.warm --ahead gives it"
+            )
+        zygote = cls.__new__(cls)
+        zygote.log_path, zygote.dir = log_path, directory
+        zygote.socket = os.path.join(directory, "sock")
+        zygote.popen = _Inherited(int(pid))  # type: ignore[assignment]
+        return zygote
+
+    @property
+    def handle(self) -> str:
+        """What :meth:`adopt` takes over in a process this one execs into."""
+        return f"{self.pid}:{self.dir}"
 
     @property
     def pid(self) -> int:

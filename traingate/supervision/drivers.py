@@ -251,15 +251,34 @@ def driver_for(job: StageJob) -> RecipeDriver:
     return ScriptDriver() if job.is_script else BuiltinDriver()
 
 
+ZYGOTE_LOG = "zygote.log"  # in the stage directory
+
+
+def starts_warm(job: StageJob) -> bool:
+    """Whether a zygote forks ``job``'s workers: ``supervision.warm_restarts``, on a job a zygote can serve."""
+    return job.spec.supervision.warm_restarts and driver_for(job).cold_start_reason(job) is None
+
+
 def start_zygote(job: StageJob, python: str = sys.executable) -> warm.Zygote | None:
     """``job``'s zygote (supervision.warm_restarts), None when its workers start cold. It imports the training
     stack and forks nothing until a worker of the stage asks: the ladder starts the smoke stage's beside the
     unit stage, whose gate still decides whether any worker starts (the supervisor takes it over)."""
-    if not job.spec.supervision.warm_restarts or driver_for(job).cold_start_reason(job) is not None:
+    if not starts_warm(job):
         return None
     Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
-    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / "zygote.log"))
+    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / ZYGOTE_LOG))
     weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)  # one no supervision took over
+    return zygote
+
+
+def adopt_zygote(job: StageJob, handle: str) -> warm.Zygote | None:
+    """The zygote ``python -m traingate.runtime.warm --ahead`` started before it exec'd into this process
+    (``handle``: its ``--zygote``), taken over for ``job``; stopped and None when ``job`` starts cold."""
+    zygote = warm.Zygote.adopt(handle, str(Path(job.stage_dir) / ZYGOTE_LOG))
+    weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)
+    if not starts_warm(job):
+        zygote.stop()
+        return None
     return zygote
 
 
