@@ -6,10 +6,17 @@ The jobs arrive in an order that exercises each rule: a team at its quota waits 
 team's job starts; an urgent job that does not fit preempts the research job whose loss is least;
 the victim writes its emergency checkpoint, gives its slots back, waits in the queue and resumes
 by itself in the same flow run, ending with weights bitwise equal to an undisturbed run. A sampler
-reads the pool authority's signed records all along: usage never exceeds the pool."""
+reads the pool authority's signed records all along: usage never exceeds the pool.
+
+The order of events is held, not timed: R1 and S each stop themselves at step 5 (``stop@5``: every rank
+SIGSTOPs itself) and the test lets them go on once what they must outlast has happened (S: the authority's
+record asking it to stop for U; R1: U holding its slots). On a loaded machine a flow run's process takes a
+minute to reach the pool, longer than a few hundred paced steps: S once ended before U arrived, and U then
+started in the room S left, with nobody to preempt."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tgtest import PYTHON, ROOT, TINY_DIGITS, prefect_api_at, prefect_server, stop_tree, tail
@@ -40,6 +48,7 @@ quotas:
   vision: {{{POOL}: 2}}
 """
 DEADLINE_S = 900
+HOLD = "stop@5"  # the fault that holds a job at step 5 until the test sends its ranks SIGCONT
 
 
 class Sampler(threading.Thread):
@@ -53,6 +62,7 @@ class Sampler(threading.Thread):
         self.first_waiting: dict[str, float] = {}
         self.seen: dict[str, object] = {}
         self.attempts: dict[str, int] = {}
+        self.asked: dict[str, str] = {}  # victim's job id -> the job the authority asked it to stop for
         self.errors: list[str] = []
 
     def run(self):
@@ -63,6 +73,8 @@ class Sampler(threading.Thread):
             got = records.read_pool(self.state, POOL)
             self.errors += got.ignored
             live = [Entry.from_json(v["entry"]) for v in got.of(records.ENTRY).values()]
+            for victim, v in got.of(records.PREEMPT).items():
+                self.asked.setdefault(victim, str(v["by"]))
             now = time.monotonic()
             self.peak = max(self.peak, sum(footprint(e.slots, 2) for e in live if e.state == "running"))
             for e in live:
@@ -81,7 +93,7 @@ class Sampler(threading.Thread):
         return None if e is None else e.state
 
 
-def _spec(team: str, priority: str, procs: int, steps: int) -> dict:
+def _spec(team: str, priority: str, procs: int, steps: int, held: bool = False) -> dict:
     import yaml
 
     from traingate.spec import parse_spec
@@ -98,7 +110,33 @@ def _spec(team: str, priority: str, procs: int, steps: int) -> dict:
     # this scenario; without it the gradient-norm rule fired on the same bump (grad norm 3.27, over 10x its
     # median). Both rules are measured and tested with the alerts (tests/monitor), not here.
     tree["alerts"] = {"loss_spike": {"enabled": False}, "grad_norm_explosion": {"enabled": False}}
+    if held:  # a job held at a step sends no heartbeat for minutes on a loaded machine: not a hang
+        tree["supervision"] = {"hang_timeout_s": DEADLINE_S}
     return json.loads(parse_spec(tree).model_dump_json())
+
+
+def _held(state: Path, run_id: str | None, ranks: int) -> list[int]:
+    """The pids of ``run_id``'s ranks once each has stopped itself at the HOLD step; [] before that."""
+    if run_id is None:
+        return []
+    pids = []
+    for r in range(ranks):
+        found = list((state / "runs" / run_id).glob(f"*/faults/{HOLD}.rank{r}.json"))
+        if not found:
+            return []
+        pid = int(json.loads(found[0].read_text())["pid"])
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+                return []
+        except psutil.NoSuchProcess:
+            return []
+        pids.append(pid)
+    return pids
+
+
+def _go_on(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _wait(cond, what: str, timeout: float = 300.0, logs: list[Path] = ()):
@@ -167,35 +205,52 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
         sampler = Sampler(state)
         sampler.start()
         runs = {}
+        r1_pids: list[int] = []
+        s_pids: list[int] = []
 
-        def submit(name: str, team: str, priority: str, procs: int, steps: int):
+        def submit(name: str, team: str, priority: str, procs: int, steps: int, held: bool = False):
             runs[name] = run_deployment(
                 "stage/stage-cpu",
                 timeout=0,
                 work_queue_name=priority,
-                parameters={"spec": _spec(team, priority, procs, steps), "stage": "full", "faults": "slow@0"},
+                parameters={
+                    "spec": _spec(team, priority, procs, steps, held),
+                    "stage": "full",
+                    "faults": "slow@0" + (f",{HOLD}" if held else ""),
+                },
             )
 
         try:
             # R1: vision, 2 slots, long. Then Q: vision again, 1 slot - over vision's quota of 2.
-            submit("R1", "vision", "research", 2, 400)
+            # R1 is held at step 5 until U holds its slots; S until the authority asks it to stop for U.
+            submit("R1", "vision", "research", 2, 400, held=True)
             _wait(lambda: sampler.running("vision", "research"), "R1 running", logs=logs)
+            _wait(lambda: _held(state, sampler.running("vision", "research"), 2), "R1 held at step 5", logs=logs)
+            r1_pids = _held(state, sampler.running("vision", "research"), 2)
             submit("Q", "vision", "research", 1, 10)
             # S: speech, 1 slot: starts although Q (room for it on the pool) waits. R1 still runs.
-            submit("S", "speech", "research", 1, 300)
+            submit("S", "speech", "research", 1, 300, held=True)
             _wait(lambda: sampler.running("speech", "research"), "S running", logs=logs)
             _wait(lambda: sum(1 for e in sampler.seen.values() if e.team == "vision") == 2, "Q queued", logs=logs)
+            _wait(lambda: _held(state, sampler.running("speech", "research"), 1), "S held at step 5", logs=logs)
+            s_pids = _held(state, sampler.running("speech", "research"), 1)
             q_id = next(r for r, e in sampler.seen.items() if e.team == "vision" and e.slots == 1)
             assert q_id not in sampler.first_running and sampler.seen[q_id].state == "waiting", sampler.seen
             # U: urgent, 2 slots; only 1 is free: it preempts (S: 1 slot, least work lost).
             submit("U", "ops", "urgent", 2, 10)
             submit("P", "speech", "production", 1, 10)
             ids = {r.name: r.id for r in runs.values()}
+            s_id = sampler.running("speech", "research")
+            assert s_id is not None
+            # The authority's durable record of the preemption: S asked to stop for U. S then goes on to its
+            # emergency checkpoint (the SIGTERM that came while it was stopped is handled on SIGCONT).
+            _wait(lambda: f"{s_id}-full" in sampler.asked, "the authority to ask S to stop", logs=logs)
+            _go_on(s_pids)
             # S's undisturbed twin (for the bitwise check) trains beside the rest of the scenario, off the
             # pool, once U holds its slots: by then every timing the test asserts has been taken.
             _wait(lambda: sampler.running("ops", "urgent"), "U running", logs=logs)
+            _go_on(r1_pids)
             twin: dict = {}
-            s_id = sampler.running("speech", "research")
             twin_thread = threading.Thread(
                 target=_twin, args=(state / "runs" / s_id / "spec.yaml", tmp_path, twin), daemon=True
             )
@@ -213,6 +268,9 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
                 }
         finally:
             sampler.stop.set()
+            for pid in r1_pids + s_pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # a held rank left stopped would outlive the workers' stop
             for w in workers:
                 stop_tree(w, signal.SIGINT, 20)
         assert all(s.is_completed() for s in states.values()), {
@@ -226,7 +284,11 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
         assert "quota of 2" in text["Q"], text["Q"][-2000:]
         # The preemption: S gave way to U, U did not wait for a job to end, S came back by itself.
         u_id = sampler.running("ops", "urgent")
-        assert sampler.attempts[s_id] == 1 and sampler.attempts[sampler.running("vision", "research")] == 0
+        assert sampler.asked[f"{s_id}-full"] == f"{u_id}-full", sampler.asked
+        assert f"{sampler.running('vision', 'research')}-full" not in sampler.asked, sampler.asked
+        assert sampler.attempts[s_id] == 1 and sampler.attempts[sampler.running("vision", "research")] == 0, (
+            sampler.attempts
+        )
         assert "preempted at a checkpoint by" in text["S"] and "emergency checkpoint" in text["S"], text["S"][-3000:]
         u_wait = sampler.first_running[u_id] - sampler.first_waiting[u_id]
         print(f"urgent job waited {u_wait:.1f} s for its slots (the victim's emergency checkpoint and exit)")
