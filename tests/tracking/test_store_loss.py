@@ -30,11 +30,6 @@ SETS = ["--set", "stages.canary.max_steps=80", "--set", "tracking.log_every=1", 
         "--set", "alerts.straggler.action=notify"]
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def _journal_steps(journal: Path) -> dict[str, list[int]]:
     steps: dict[str, list[int]] = {}
     for line in journal.read_text().splitlines():
@@ -45,7 +40,9 @@ def _journal_steps(journal: Path) -> dict[str, list[int]]:
 
 
 def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_delivers_every_record(
-        prefect_api, tiny_spec, tmp_path):
+        prefect_api, tiny_spec, tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
     server = MlflowServer(tmp_path / "mlflow-server")
     server.start()
     state = tmp_path / "state"
@@ -97,11 +94,17 @@ def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_deli
     server.start()
     c = MlflowClient(server.uri)
     assert c.get_run(run_id).info.status == "RUNNING"  # the close waits in the journal
+    # `traingate replay` in this process (it imports no Prefect; a CLI process would add its start-up only)
+    for k in ("TRAINGATE_STATE_DIR", "TRAINGATE_TRACKING_URI", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+              "TRAINGATE_TRACKING_RETRY_S"):
+        monkeypatch.setenv(k, env[k])
+    capsys.readouterr()
     t1 = time.monotonic()
-    p = _cli(env, "replay", run_id)
+    code = main(["replay", run_id])
     replay_s = time.monotonic() - t1
-    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-    assert "record-stage: made" in p.stdout and "close-pipeline-run: made" in p.stdout, p.stdout
+    said = capsys.readouterr()
+    assert code == 0, said.out + said.err[-3000:]
+    assert "record-stage: made" in said.out and "close-pipeline-run: made" in said.out, said.out
 
     parent = c.get_run(run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["traingate.outcome"] == "passed"
@@ -117,8 +120,9 @@ def test_a_tracking_store_lost_mid_canary_never_fails_the_ladder_and_replay_deli
     assert {a.path for a in c.list_artifacts(canary.info.run_id, "gate")} >= {"gate/report.md"}
 
     # Idempotent: a second replay finds nothing and changes nothing.
-    again = _cli(env, "replay", run_id)
-    assert again.returncode == 0 and "nothing to deliver" in again.stdout, again.stdout + again.stderr[-2000:]
+    code = main(["replay", run_id])
+    said = capsys.readouterr()
+    assert code == 0 and "nothing to deliver" in said.out, said.out + said.err[-2000:]
     assert [m.step for m in c.get_metric_history(canary.info.run_id, "train_loss")] == expected["train_loss"]
     server.stop()
     print(f"ladder with the store lost at canary step {stopped_at}: {ladder_s:.1f} s; replay {replay_s:.1f} s")
