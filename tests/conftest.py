@@ -26,6 +26,11 @@ os.environ["TRAINGATE_PREFECT_SERVER"] = "temporary"
 for var in ("TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_ARTIFACT_URI",
             "TRAINGATE_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
     os.environ.pop(var, None)
+# One cache of migrated, empty Prefect databases for the whole run (xdist's workers inherit the controller's
+# environment): a Prefect server a test starts on a new database (tgtest.prefect_server, a CLI's temporary or
+# kept server) starts on a copy instead of migrating its own (flows/local_server.py, seed_database).
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ[local_server.CACHE_VAR] = tempfile.mkdtemp(prefix="traingate-tests-prefect-db-")
 # Every Prefect server the suite starts from this environment (the session's, a test's `prefect server start`,
 # a CLI's temporary one) demands one auth string, and every client here and in subprocesses sends it.
 local_server.authenticate_temporary()
@@ -129,3 +134,5 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the process that made the database cache
+        shutil.rmtree(os.environ[local_server.CACHE_VAR], ignore_errors=True)

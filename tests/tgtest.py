@@ -112,7 +112,10 @@ def prefect_server(tmp_path: Path):
     import signal
     import subprocess
 
+    from flows import local_server
+
     log = tmp_path / "server.log"
+    db = tmp_path / "prefect.db"
     # A free port is free only when asked: on a busy machine another process (a second suite, any outgoing
     # connection's ephemeral port) can take it before the server binds. The server then exits: 1 when
     # Prefect's own check sees it ("Port N is already in use"), 3 when uvicorn's bind does ("address already
@@ -121,15 +124,18 @@ def prefect_server(tmp_path: Path):
     for attempt in range(1, 4):
         port = free_port()
         url = f"http://127.0.0.1:{port}/api"
+        # A copy of the session's migrated database (conftest: TRAINGATE_PREFECT_DB_CACHE) when none is here yet.
+        seeding = local_server.seed_database(db, local_server.db_cache_dir(tmp_path))
         env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}"}
+               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{db}", **seeding.env}
         with log.open("wb") as out:
             proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         try:
             wait_healthy(f"{url}/health", proc, log, 180, "prefect server")
+            seeding.started()
             break
         except AssertionError:
             port_taken = proc.poll() is not None and "already in use" in log.read_text(errors="replace")

@@ -169,12 +169,14 @@ def _start_prefect_server_shielded() -> None:
     (SIGTERM at exit, the guardian if this process is killed).
     """
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
-    from prefect import get_client
+    from prefect import get_client, settings
 
+    # A new database of the temporary server is a copy of a cached, migrated one (flows.local_server).
+    db_url = "" if settings.PREFECT_API_URL.value() else settings.PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        with get_client(sync_client=True):  # starts the temporary server here, in this thread, if one is used
-            pass
+        with local_server.temporary_server_start(db_url, Settings.from_env().state_dir), get_client(sync_client=True):
+            pass  # starts the temporary server here, in this thread, if one is used
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
