@@ -3,11 +3,13 @@ pass that rebuilds everything from lists; and a backfilled job is held to its pr
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from traingate.capacity.incremental import straightforward_pass
-from traingate.capacity.jobs import Job
+from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import parse_config
 from traingate.capacity.report import COMPARED
@@ -172,3 +174,11 @@ def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_hea
     assert res["head"].first_start_s == 100.0  # not 502: the overrun cannot push it back
     # Back in the queue with its estimate discredited, it runs after the head, paying the restart.
     assert under.attempts[1] == (200.0, (0,), "in order") and under.end_s == 200.0 + 120.0 + 500.0
+
+
+def test_a_started_job_keeps_every_field_but_its_start_nodes_and_overhead():
+    job = Job("j", "t", "urgent", "p", 3, 5.0, 70.0, 600.0, None, (), 10.0, 40.0, 2)
+    run = started(job, now=9.0, nodes=(1,), extra_overhead_s=30.0)
+    changed = {"started_s": 9.0, "nodes": (1,), "overhead_s": 40.0}
+    for f in dataclasses.fields(Job):  # a field added to Job and not copied by started() fails here
+        assert getattr(run, f.name) == changed.get(f.name, getattr(job, f.name)), f.name

@@ -50,13 +50,22 @@ class FreeIndex:
         # by_free[f]: node indices that had f free when pushed; an entry whose node no longer has f is stale.
         self.by_free: list[list[int]] = [[] for _ in range(gpus_per_node + 1)]
         self.by_free[gpus_per_node] = list(range(nodes))
+        self.top = gpus_per_node if nodes else 0  # the most free GPUs on one node: a job of s <= top fits
 
     def _set(self, node: int, f: int) -> None:
         old = self.free[node]
         assert 0 <= f <= self.gpn, f"node {node}: {f} free of {self.gpn}"
-        self.count[old] -= 1
-        self.count[f] += 1
+        count = self.count
+        count[old] -= 1
+        count[f] += 1
         self.free[node] = f
+        if f > self.top:
+            self.top = f
+        elif old == self.top and not count[old]:
+            t = old
+            while t and not count[t]:
+                t -= 1
+            self.top = t
         h = self.by_free[f]
         heapq.heappush(h, node)
         if len(h) > 4 * self.count[f] + 64:  # drop stale entries before they outnumber live ones
@@ -92,7 +101,7 @@ class FreeIndex:
     def fits(self, slots: int) -> bool:
         """Whether :meth:`place` would find nodes."""
         if slots <= self.gpn:
-            return any(self.count[slots:])
+            return slots <= self.top
         return self.count[self.gpn] >= nodes_needed(slots, self.gpn)
 
     def take(self, slots: int, nodes: tuple[int, ...]) -> None:
@@ -221,23 +230,25 @@ class Running:
                     continue
                 first_end = -inf
             r = jobs[jid]
-            g = r.slots if r.slots <= gpn else gpn
-            if small:  # one node with room enough
-                fits = False
-                for n in r.nodes:
-                    after = freed[n] + g
-                    freed[n] = after
-                    if after >= want:
-                        fits = True
-                if fits:
+            rs = r.slots
+            if rs > gpn:  # a gang job held its nodes whole: they are whole again, and nothing else frees them
+                if small:
                     found = end
                     break
-            else:  # k whole nodes
-                for n in r.nodes:
-                    after = freed[n] + g
-                    freed[n] = after
-                    if after == gpn:
-                        wholes += 1
+                wholes += len(r.nodes)
+                if wholes >= k:
+                    found = end
+                    break
+                continue
+            n = r.nodes[0]
+            after = freed[n] + rs
+            freed[n] = after
+            if small:  # one node with room enough
+                if after >= want:
+                    found = end
+                    break
+            elif after == gpn:  # k whole nodes
+                wholes += 1
                 if wholes >= k:
                     found = end
                     break
@@ -332,27 +343,27 @@ class Queue:
 
 
 def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
-    """The policy's sort key (``policy.queue_order``'s) as (prefix(job), then submission, id)."""
+    """The policy's sort key (``policy.queue_order``'s): (its order's terms, then submission, id)."""
     classes = rules.classes
     order = rules.policy.order
     if order is Order.MULTIFACTOR:
         teams = {k[1] for k, g in queue._groups.items() if g.off < len(g.jobs)}
         teams.update(j.team for j in queue._singles.values())
         key = multifactor_key(classes, usage, rules.slurm_priority, now, teams)
-        return lambda j: (key(j),)
+        return lambda j: (key(j), j.submit_s, j.job_id)
     if order is Order.FIFO:
-        return lambda j: ()
+        return lambda j: (j.submit_s, j.job_id)
     if order is Order.PRIORITY:
-        return lambda j: (-classes[j.priority].priority,)
+        return lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id)
     if order is Order.SJF:
 
         def sjf(j: Job) -> tuple:
             rem = predicted_remaining(j, predict)
-            return (-classes[j.priority].priority, float("inf") if rem is None else rem)
+            return (-classes[j.priority].priority, float("inf") if rem is None else rem, j.submit_s, j.job_id)
 
         return sjf
     assert order is Order.FAIRSHARE, order
-    return lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0))
+    return lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id)
 
 
 def _order_signature(rules: Rules, usage: Mapping[str, float]) -> tuple | None:
@@ -383,7 +394,7 @@ def plan_pass(
     preempt or had room to backfill)."""
     gpn = pool.gpus_per_node
     classes = rules.classes
-    prefix = _key_maker(rules, usage, predict, now, queue)
+    keyf = _key_maker(rules, usage, predict, now, queue)
     sig = _order_signature(rules, usage)
     settled = queue._settled
     # Nothing has started or ended since the last pass (so the free GPUs, the quotas held and every
@@ -401,17 +412,12 @@ def plan_pass(
             for h in (*queue._fresh, *preempting, settled[2]):
                 if h is not None and id(h) not in looked and h.off < len(h.jobs):
                     looked.add(id(h))
-                    j = h.jobs[h.off]
-                    heap.append(((*prefix(j), j.submit_s, j.job_id), h, h.off))
+                    heap.append((keyf(h.jobs[h.off]), h, h.off))
         else:
-            for g in queue._live.values():
-                j = g.jobs[g.off]
-                heap.append(((*prefix(j), j.submit_s, j.job_id), g, g.off))
+            heap = [(keyf(g.jobs[g.off]), g, g.off) for g in queue._live.values()]
         for j in queue._singles.values():
-            heap.append(((*prefix(j), j.submit_s, j.job_id), None, 0))
-        plan = _pass(
-            now, gpn, run, queue, rules, predict, prefix, heap, (settled, looked) if settled and skip else None
-        )
+            heap.append((keyf(j), None, 0))
+        plan = _pass(now, gpn, run, queue, rules, predict, keyf, heap, (settled, looked) if settled and skip else None)
         if plan is not None:
             break
         skip = False  # the head or its reservation is not the last pass's: every group is looked at
@@ -431,7 +437,7 @@ def _pass(
     queue: Queue,
     rules: Rules,
     predict: Predictor,
-    prefix: Any,
+    keyf: Any,
     heap: list[tuple[tuple, Any, int]],
     skipping: tuple[Settled, set[int]] | None,
 ) -> tuple[Plan, list[Job], _Group | None, str | None] | None:
@@ -441,12 +447,14 @@ def _pass(
     reservation differs from the last pass's. Also the head's group, or its id when it is single."""
     policy = rules.policy
     classes = rules.classes
+    quotas = rules.quotas
+    margin = rules.backfill_margin_s
+    singles = queue._singles
     free = run.free
     heapq.heapify(heap)
-    # No job asks fewer slots; once even that many do not fit behind the head, only a preemption can start.
-    smallest = (
-        min((g.jobs[pos].slots if g is not None else queue._singles[k[-1]].slots) for k, g, pos in heap) if heap else 0
-    )
+    # No job behind the head asks fewer slots (set when the head is found, from the jobs still to be
+    # looked at); once even that many do not fit, only a preemption can start one.
+    smallest = 0
     starts: list[Start] = []
     victims_out: list[Job] = []
     quota_held: list[str] = []
@@ -470,11 +478,11 @@ def _pass(
         # Freed slots and quota: groups given up on may start again from the next job after this one
         # (a group's keys never fall along it; under multifactor its jobs' ages differ).
         for g in dead:
-            p = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (*prefix(j), j.submit_s, j.job_id))
+            p = bisect_right(g.jobs, key, lo=g.off, key=keyf)
             if p < len(g.jobs):
                 j = g.jobs[p]
                 smallest = min(smallest, j.slots)
-                heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, p))
+                heapq.heappush(heap, (keyf(j), g, p))
         dead.clear()
 
     def nothing_backfills() -> bool:
@@ -496,10 +504,52 @@ def _pass(
         heap[:] = keep
         return False
 
+    def behind_head() -> bool:
+        """Once the head is found: ``nothing_backfills()``, and else the heap cut down to the jobs that
+        may still start: single jobs, those of classes that may preempt, those of teams with a quota
+        (their turn records them held), and those that fit now and are predicted to end by the
+        reservation. Along a pass free slots only fall and predictions stay put (a preemption brings
+        the groups left out back from ``dead``), so each job left out would be given up on at its turn."""
+        nonlocal smallest
+        if shadow is None:  # no reservation: nothing backfills, and smallest is not read
+            return nothing_backfills()
+        keep = []
+        low = free.gpn * len(free.free)
+        top, wholes = free.top, free.count[gpn]
+        preempt = policy.preempt
+        for e in heap:
+            g = e[1]
+            if g is None:
+                low = min(low, singles[e[0][-1]].slots)
+                keep.append(e)
+                continue
+            j = g.jobs[e[2]]
+            n = j.slots
+            if n < low:
+                low = n
+            if preempt and classes[j.priority].preempts:
+                keep.append(e)
+            elif n <= top if n <= gpn else wholes * gpn >= n:  # it fits now (free.fits)
+                if quotas and quotas.get(j.team) is not None:
+                    keep.append(e)
+                    continue
+                p = predict(j)
+                if p is not None and now + j.overhead_s + max(p - j.done_s, 0.0) + margin <= shadow:
+                    keep.append(e)
+                else:
+                    dead.append(g)
+            else:
+                dead.append(g)
+        smallest = low if heap else 0
+        if len(keep) < len(heap):
+            heapq.heapify(keep)
+            heap[:] = keep
+        return nothing_backfills()
+
     try:
         while heap:
             key, g, pos = heapq.heappop(heap)
-            job = g.jobs[pos] if g is not None else queue._singles[key[-1]]
+            job = g.jobs[pos] if g is not None else singles[key[-1]]
             can_preempt = policy.preempt and classes[job.priority].preempts
             if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots)):
                 if g is not None:  # behind the head only a backfill could start it, and there is no room
@@ -509,7 +559,7 @@ def _pass(
             how: How | None = None
             stop = False
             need = footprint(job.slots, gpn)
-            cap = rules.quotas.get(job.team)
+            cap = quotas.get(job.team)
             over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
             if over:
                 vs = (
@@ -531,8 +581,8 @@ def _pass(
                     if nodes is not None and guard:
                         raise _Retry
                 elif shadow is not None:
-                    rem = predicted_remaining(job, predict)
-                    if rem is not None and now + job.overhead_s + rem + rules.backfill_margin_s <= shadow:
+                    p = predict(job)
+                    if p is not None and now + job.overhead_s + max(p - job.done_s, 0.0) + margin <= shadow:
                         nodes = free.place(job.slots)
                         how = How.BACKFILL
                 if nodes is None and can_preempt:
@@ -552,7 +602,7 @@ def _pass(
                         assert settled is not None
                         if (g, None if g is not None else job.job_id) != settled[2:4] or shadow != settled[4]:
                             raise _Retry
-                    stop = stop or nothing_backfills()
+                    stop = stop or behind_head()
             if nodes is not None:
                 assert how is not None
                 nxt = queue._take(job, g, pos)
@@ -560,8 +610,7 @@ def _pass(
                 run.add(started(job, now, nodes), predict(job))
                 starts.append(Start(job.job_id, nodes, how))
                 if g is not None and nxt < len(g.jobs):
-                    j = g.jobs[nxt]
-                    heapq.heappush(heap, ((*prefix(j), j.submit_s, j.job_id), g, nxt))
+                    heapq.heappush(heap, (keyf(g.jobs[nxt]), g, nxt))
                 if head is not None and nothing_backfills():
                     break
             elif g is not None:

@@ -40,7 +40,7 @@ from traingate.capacity.fairshare import advance
 from traingate.capacity.gang import footprint
 from traingate.capacity.incremental import Queue, Running, plan_pass
 from traingate.capacity.jobs import Job, requeued
-from traingate.capacity.policy import How, Plan, Policy, Rules, never_fits
+from traingate.capacity.policy import How, Order, Plan, Policy, Rules, never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
 from traingate.capacity.slurm_mode import planner_for
 
@@ -272,6 +272,8 @@ def _replay_pools(
 
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
+    # Fair-share usage is read only by the orders that rank teams by it; the others skip its decay.
+    fair = {st.name: st.rules.policy.order in (Order.FAIRSHARE, Order.MULTIFACTOR) for st in order}
 
     while i < n or any(st.run.jobs or st.waiting.byid for st in order):
         while ends and stale(ends[0]):
@@ -289,7 +291,8 @@ def _replay_pools(
                 tot.fragmented_gpu_s += st.stranded * in_window
                 for team, g in st.run.held.items():
                     tot.team_gpu_s[team] = tot.team_gpu_s.get(team, 0.0) + g * dt
-                st.usage = advance(st.usage, st.run.held, dt, half_life_s)
+                if fair[st.name]:
+                    st.usage = advance(st.usage, st.run.held, dt, half_life_s)
             t = nt
         while ends and ends[0][0] <= t:
             end = heapq.heappop(ends)
