@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,12 +131,11 @@ class Running:
         self.free = FreeIndex(nodes, gpus_per_node)
         self.jobs: dict[str, Job] = {}
         self.held: dict[str, int] = {}  # team -> GPUs held now
-        self._seq: dict[str, int] = {}
         self._n = 0
-        # Sorted lists (stale entries, whose seq is no longer the job's, are skipped and dropped in bulk):
-        self._ends: list[tuple[float, str, int]] = []  # (predicted end, id, seq) from _eoff: still ahead
-        self._eoff = 0
-        self._late: list[tuple[float, str, int]] = []  # (-start, id, seq): past its prediction or none
+        # Each running job has one entry in one of two sorted lists, taken out when it ends:
+        self._ends: list[tuple[float, str]] = []  # (predicted end, id): still ahead
+        self._late: list[tuple[float, str]] = []  # (-start, id): past its prediction or none
+        self._entry: dict[str, tuple[tuple[float, str], bool]] = {}  # id -> its entry, whether in _late
         # The last reservation: the head's slots, "now" it holds below, its answer. Dropped when a job
         # ends; kept when one starts that is predicted to end (not late) by the answer: released before
         # the answer and holding slots that were free, it moves the answer neither way, as long as "now"
@@ -150,31 +149,31 @@ class Running:
         self.held[job.team] = self.held.get(job.team, 0) + footprint(job.slots, self.gpn)
         self.jobs[job.job_id] = job
         self._n += 1
-        self._seq[job.job_id] = self._n
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
         end = None if rem is None else job.started_s + job.overhead_s + rem  # policy.predicted_end's sum
         c = self._cache
         if end is None or end <= job.started_s:
-            insort(self._late, (-job.started_s, job.job_id, self._n))
+            e = (-job.started_s, job.job_id)
+            insort(self._late, e)
+            self._entry[job.job_id] = (e, True)
             self._cache = None
         else:
-            insort(self._ends, (end, job.job_id, self._n), lo=self._eoff)
+            e = (end, job.job_id)
+            insort(self._ends, e)
+            self._entry[job.job_id] = (e, False)
             if c is not None:
                 if c[2] is None or end <= c[2]:
                     c[1] = min(c[1], end)
                 else:
                     self._cache = None
-        if len(self._ends) - self._eoff + len(self._late) > 2 * len(self.jobs) + 64:
-            seq = self._seq
-            self._ends = [e for e in self._ends[self._eoff :] if seq.get(e[1]) == e[2]]
-            self._eoff = 0
-            self._late = [e for e in self._late if seq.get(e[1]) == e[2]]
 
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
         self._cache = None
         job = self.jobs.pop(job_id)
-        del self._seq[job_id]
+        e, is_late = self._entry.pop(job_id)
+        lst = self._late if is_late else self._ends
+        del lst[bisect_left(lst, e)]
         self.free.release(job.slots, job.nodes)
         self.held[job.team] -= footprint(job.slots, self.gpn)
         return job
@@ -185,17 +184,18 @@ class Running:
         c = self._cache
         if c is not None and c[0] == job.slots and now < c[1]:
             return c[2]
-        ends, late, seq, jobs = self._ends, self._late, self._seq, self.jobs
+        ends, late, jobs, entry = self._ends, self._late, self.jobs, self._entry
         ne = len(ends)
-        i = self._eoff
-        while i < ne and ends[i][0] <= now:
-            _, jid, s = ends[i]
-            if seq.get(jid) == s:
-                insort(late, (-jobs[jid].started_s, jid, s))  # type: ignore[operator]
+        i = 0
+        while i < ne and ends[i][0] <= now:  # now past its predicted end: late from here on
+            jid = ends[i][1]
+            e = (-jobs[jid].started_s, jid)  # type: ignore[operator]
+            insort(late, e)
+            entry[jid] = (e, True)
             i += 1
-        if i > self._eoff:
+        if i:
             del ends[:i]
-            self._eoff = i = 0
+            i = 0
             ne = len(ends)
         gpn = self.gpn
         free = self.free.free
@@ -215,19 +215,15 @@ class Running:
         l_end = now + (now + late[0][0]) if nl else inf
         while i < ne or j < nl:
             if e_end <= l_end:
-                end, jid, s = e_end, ends[i][1], ends[i][2]
+                end, jid = e_end, ends[i][1]
                 i += 1
                 e_end = ends[i][0] if i < ne else inf
-                if seq.get(jid) != s:
-                    continue
                 if first_end == inf:
                     first_end = end
             else:
-                end, jid, s = l_end, late[j][1], late[j][2]
+                end, jid = l_end, late[j][1]
                 j += 1
                 l_end = now + (now + late[j][0]) if j < nl else inf
-                if seq.get(jid) != s:
-                    continue
                 first_end = -inf
             r = jobs[jid]
             rs = r.slots
