@@ -143,6 +143,9 @@ def _assert_bitwise_resume(runs: dict[str, Drill]) -> None:
     assert chain.history[-1].kind == "final" and chain.result()["status"] == "completed"
     assert chain.result()["resumed_from_step"] > 0
     assert_state_equal(ref.state(MAX), chain.state(MAX))
+    # What the stage's gate reads is the uninterrupted stage's too: the checkpoints carry its loss curve's ends.
+    summary = ("first_loss", "final_loss", "loss_decrease_fraction", "nonfinite_steps", "max_grad_norm")
+    assert {k: chain.result()["metrics"][k] for k in summary} == {k: ref.result()["metrics"][k] for k in summary}
     ref_samples, chain_samples = ref.samples(), chain.samples()
     assert sorted(chain_samples[0]) == list(range(1, MAX + 1))
     assert chain_samples == ref_samples, "the resumed run consumed a different sequence of sample ids"
