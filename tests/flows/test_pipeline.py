@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import PYTHON, ROOT, KeptRecords, paused_flow_runs
+from tgtest import ROOT, KeptRecords, paused_flow_runs
 
 from traingate.settings import Settings
 
@@ -108,19 +106,21 @@ def test_approval_gate_pauses_the_ladder_until_a_reviewer_answers(prefect_harnes
 
 
 def test_a_canary_with_zero_learning_rate_stops_before_full_and_the_cli_prints_the_failing_rule_and_exits_1(
-        prefect_api, state_dir, tiny_spec, tmp_path):
+        prefect_harness, state_dir, tiny_spec, capsys):
     """One ladder, `traingate run` on the session's Prefect server, read from both ends: what the
-    terminal shows, and what the flow left in MLflow and the run directory."""
-    p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), "--set", "optim.lr=0"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "TRAINGATE_STATE_DIR": str(state_dir),
-                            "PREFECT_HOME": str(tmp_path / "prefect"), **prefect_api})
-    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "pipeline STOPPED: gate after canary: FAILED: loss_decrease_fraction = " in p.stdout
-    assert "required >= 0.05" in p.stdout
-    assert "traingate run / MLflow parent run:" in p.stdout and "prefect flow run:" in p.stdout
-    run_id = re.search(r"traingate run / MLflow parent run: (\S+)", p.stdout).group(1)
-    summary = p.stdout.split("traingate run / MLflow parent run:")[1].splitlines()
+    terminal shows, and what the flow left in MLflow and the run directory. The command runs in this
+    process (`flows.cli.main`, whose return is the process's exit code): a `traingate` process of its
+    own would add only its interpreter and imports."""
+    from flows.cli import main
+
+    code = main(["run", str(tiny_spec()), "--set", "optim.lr=0"])
+    out, err = capsys.readouterr()
+    assert code == 1, out[-2000:] + err[-2000:]
+    assert "pipeline STOPPED: gate after canary: FAILED: loss_decrease_fraction = " in out
+    assert "required >= 0.05" in out
+    assert "traingate run / MLflow parent run:" in out and "prefect flow run:" in out
+    run_id = re.search(r"traingate run / MLflow parent run: (\S+)", out).group(1)
+    summary = out.split("traingate run / MLflow parent run:")[1].splitlines()
     assert [line.split()[0] for line in summary if re.match(r"  (unit|smoke|canary|full) ", line)] == \
         ["unit", "smoke", "canary"]
     client = _client()
