@@ -18,7 +18,9 @@ alone. ``TRAINGATE_BENCH_SLURM_WARM=1`` gives traingate's stages in (a) ``superv
 ``TRAINGATE_BENCH_SLURM_WARM=1``, else ``cold``), ``TRAINGATE_BENCH_SLURM_ROUNDS`` times (default 1; the order
 reversed every other round): ``cold`` (the default spec), ``warm`` (warm restarts; the zygote starts ahead of the
 batch step, as traingate submits it), ``late`` (warm restarts, the zygote started by the supervisor after the batch
-step's imports: the comparison for ``warm``).
+step's imports: the comparison for ``warm``); ``base:VARIANT`` runs VARIANT with the checkout at
+``TRAINGATE_BENCH_SLURM_BASELINE`` on the job's ``PYTHONPATH`` (its batch step, zygote, agent and ranks run that
+code: a change of theirs against the code before it, alternated in one invocation).
 
 Quick mode, (b) only: ``TRAINGATE_BENCH_SLURM_PARTS=quick python -m bench slurm`` is one bare job and the urgent
 stage cold and warm, in one invocation (about 3 minutes on an idle 2-core box).
@@ -292,11 +294,18 @@ def _urgent(state: Path, variant: str) -> dict[str, float]:
     stop = threading.Event()
     tv, _ = _start(victim, stop)
     _wait(lambda: _step(victim) >= 5, "the victim training on both nodes")
+    baseline = variant.startswith("base:")
+    variant = variant.removeprefix("base:")
     urgent = _job(state, f"urgent-{time.monotonic_ns()}", _tree(priority="urgent", warm=variant != "cold"))
     if variant == "late":
         LATE.add(urgent.run_id)
     load = os.getloadavg()[0]
+    if baseline:
+        os.environ["PYTHONPATH"] = BASELINE  # sbatch exports the submitter's environment to the job
     tu, bu = _start(urgent, threading.Event())
+    if baseline:
+        _wait(lambda: bool(_record(urgent)["jobs"]), "the urgent job's submission")
+        del os.environ["PYTHONPATH"]
     tu.join(400)
     stop.set()  # the victim's requeued job is stopped at a checkpoint: it is not measured
     tv.join(400)
@@ -305,9 +314,14 @@ def _urgent(state: Path, variant: str) -> dict[str, float]:
     times = _times(urgent, _record(urgent)["jobs"][0])
     times["load"] = load
     zlog = Path(urgent.stage_dir) / "zygote.log"
-    ready = re.search(r"zygote: ready on \S+ \(pid \d+\) at ([0-9.]+)", zlog.read_text() if zlog.exists() else "")
+    ready = re.search(
+        r"zygote: ready on \S+ \(pid \d+\) at ([0-9.]+)(?:, imports [0-9.]+ s, ([0-9.]+) CPU-s)?",
+        zlog.read_text() if zlog.exists() else "",
+    )
     if ready:
         times["zygote_ready"] = float(ready.group(1)) - _record(urgent)["jobs"][0]["submitted"]
+        if ready.group(2):
+            times["zygote_cpu"] = float(ready.group(2))
     out = "".join(p.read_text() for p in Path(victim.stage_dir).glob("slurm-*.out"))
     m = re.search(r"signalled at ([0-9.]+), tree stopped at ([0-9.]+).*\n(?:.*requeued job \S+ at ([0-9.]+))?", out)
     assert m, f"the victim {victim.run_id} was not preempted (did it end before the urgent job came?): {out[-2000:]}"
@@ -367,6 +381,7 @@ def _urgent_rows(runs: list[tuple[str, dict[str, float]]], bare: list[dict[str, 
         "(warm) the zygote's imports done, s after the urgent job's Slurm start",
         [u["zygote_ready"] - u["slurm_start"] if "zygote_ready" in u else None for _, u in runs],
     )
+    row("(warm) the zygote's CPU-s from its start to its imports done", [u.get("zygote_cpu") for _, u in runs])
     row("urgent submit -> urgent first step", [u["first_step"] for _, u in runs], True)
     row("the rest (first step - grace; goal <= 5 s)", [u["first_step"] - u["slurm_start"] for _, u in runs], True)
     if bare:
@@ -397,6 +412,11 @@ if QUICK:
     PARTS = ["bare", "urgent"]
 URGENT = os.environ.get("TRAINGATE_BENCH_SLURM_URGENT", "cold,warm" if QUICK else "warm" if WARM else "cold").split(",")
 ROUNDS = int(os.environ.get("TRAINGATE_BENCH_SLURM_ROUNDS", "1"))
+BASELINE = os.environ.get("TRAINGATE_BENCH_SLURM_BASELINE", "")
+if any(v.startswith("base:") for v in URGENT) and not Path(BASELINE, "traingate").is_dir():
+    raise SystemExit(
+        f"TRAINGATE_BENCH_SLURM_BASELINE={BASELINE!r}: a base: variant needs a checkout of traingate there"
+    )
 LATE: set[str] = set()  # run ids whose zygote the supervisor starts (variant "late"), not ahead of the batch step
 
 
