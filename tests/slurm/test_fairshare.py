@@ -25,7 +25,6 @@ from traingate.capacity.pools import parse_config
 from traingate.job.stagejob import derive
 from traingate.settings import Settings
 
-BIN = Path(PYTHON).parent
 POOL = "slurm-gpu"
 A, B = "vision", "language"
 
@@ -113,11 +112,18 @@ def test_when_a_saturated_pool_frees_the_team_that_used_less_starts_before_the_t
           f"until Slurm's fair-share factors ranked A below B, {time.monotonic() - t0:.0f} s in all")
 
 
-def test_pools_show_says_when_the_configs_half_life_differs_from_slurms_priority_decay_half_life(slurm, tmp_path):
+def test_pools_show_says_when_the_configs_half_life_differs_from_slurms_priority_decay_half_life(slurm, tmp_path,
+                                                                                                capsys):
+    from flows.cli import main
+
     def show(half_life_h: float) -> subprocess.CompletedProcess:
+        """`traingate pools show` in this process (a `traingate` process each would pay its imports again)."""
         config = tmp_path / f"pools-{half_life_h:g}.yaml"
         config.write_text(yaml.safe_dump(_pools(half_life_h)))
-        return subprocess.run([str(BIN / "traingate"), "pools", "show", str(config)], capture_output=True, text=True)
+        capsys.readouterr()
+        code = main(["pools", "show", str(config)])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["traingate", "pools", "show", str(config)], code, out, err)
 
     agreed = show(1.0)  # the test cluster's PriorityDecayHalfLife=01:00:00
     assert agreed.returncode == 0 and "half_life" not in agreed.stdout, agreed
