@@ -1,16 +1,19 @@
 """The shipped Prefect Automations (deployments/automations/alerts.yaml) on a real server.
 
-A real `prefect server start` (its triggers and actions services), a real Custom Webhook notification
-block pointing at an HTTP endpoint this test serves on loopback, the automations created with
-`prefect automation create --from-file` exactly as the file's header tells a user; then the events
-traingate's launch task emits for a critical alert and for a warning: the critical one reaches the
-webhook with the alert's message, the warning does not.
+The session's Prefect server (a real server with its triggers and actions services), a real Custom
+Webhook notification block pointing at an HTTP endpoint this test serves on loopback, the automations
+created with `prefect automation create --from-file` exactly as the file's header tells a user; then
+the events traingate's launch task emits for a critical alert and for a warning: the critical one
+reaches the webhook with the alert's message, the warning does not. The automations and the block are
+deleted afterwards: later tests on the same server emit alerts of their own.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
+import secrets
 import subprocess
 import threading
 import time
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tgtest import PYTHON, ROOT, free_port, prefect_api_at, prefect_server
+from tgtest import PYTHON, ROOT, free_port, prefect_api_at
 
 pytestmark = pytest.mark.slow
 
@@ -41,20 +44,22 @@ def _webhook() -> tuple[HTTPServer, "queue.Queue[dict]"]:
     return server, got
 
 
-def test_the_shipped_automation_notifies_a_critical_alert_and_not_a_warning(tmp_path, monkeypatch):
-    hook, received = _webhook()
-    with prefect_server(tmp_path) as server:
-        for k, v in server["env"].items():
-            if k.startswith("PREFECT_"):
-                monkeypatch.setenv(k, v)
-        from prefect.blocks.notifications import CustomWebhookNotificationBlock
+def test_the_shipped_automation_notifies_a_critical_alert_and_not_a_warning(prefect_api, tmp_path):
+    import yaml
+    from prefect import get_client
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-        with prefect_api_at(server["url"]):
-            block = CustomWebhookNotificationBlock(
-                name="tg-test", url=f"http://127.0.0.1:{hook.server_port}/notify", method="POST",
-                json_data={"subject": "{{subject}}", "body": "{{body}}"})
-            block_id = block.save("tg-test")
-            text = (ROOT / "deployments" / "automations" / "alerts.yaml").read_text()
+    hook, received = _webhook()
+    server = {"url": prefect_api["PREFECT_API_URL"],
+              "env": {**os.environ, **prefect_api, "PREFECT_HOME": str(tmp_path / "prefect-home")}}
+    text = (ROOT / "deployments" / "automations" / "alerts.yaml").read_text()
+    shipped = [a["name"] for a in yaml.safe_load(text)["automations"]]
+    block_name = f"tg-test-{secrets.token_hex(3)}"
+    with prefect_api_at(server["url"]):
+        block_id = CustomWebhookNotificationBlock(
+            name="tg-test", url=f"http://127.0.0.1:{hook.server_port}/notify", method="POST",
+            json_data={"subject": "{{subject}}", "body": "{{body}}"}).save(block_name)
+        try:
             spec = tmp_path / "alerts.yaml"
             spec.write_text(text.replace("00000000-0000-0000-0000-000000000000", str(block_id)))
             made = subprocess.run([str(Path(PYTHON).parent / "prefect"), "automation", "create", "-f", str(spec)],
@@ -98,4 +103,10 @@ def test_the_shipped_automation_notifies_a_critical_alert_and_not_a_warning(tmp_
                 except queue.Empty:
                     break
                 assert "stagnation" not in late["subject"] + late["body"], late
+        finally:
+            with get_client(sync_client=True) as c:
+                for automation in c.read_automations():
+                    if automation.name in shipped:
+                        c.delete_automation(automation.id)
+                c.delete_block_document(block_id)
     hook.shutdown()
