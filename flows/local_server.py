@@ -27,6 +27,7 @@ the auth string is stale: its process group is stopped and a new server started.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -461,31 +462,26 @@ def _seed(db: Path, cached: Path) -> bool:
 
 
 def _keep(db: Path, cached: Path) -> None:
-    """Cache a snapshot of the server's database ``db`` as ``cached`` if it holds nothing but what a start
-    writes (SQLite's backup: a consistent copy while the server has it open)."""
+    """Cache a snapshot of the server's database ``db`` as ``cached`` if the snapshot holds nothing but what a
+    start writes (SQLite's backup: a consistent copy while the server has the file open; checked on the copy,
+    so a write that lands meanwhile is either in it, and it is dropped, or not in it at all)."""
     cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-    src = sqlite3.connect(db)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     try:
-        tables = [row[0] for row in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        if any(src.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone() for t in set(tables) - STARTUP_TABLES):
-            return
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-        dst = sqlite3.connect(tmp)
-        try:
-            src.backup(dst)
+        with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(tmp)) as copy:
+            src.backup(copy)
+            tables = {row[0] for row in copy.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if any(copy.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone() for t in tables - STARTUP_TABLES):
+                return
             # One self-contained file (no write-ahead log beside it) that a byte copy reproduces; Prefect turns
             # the log on again when it opens the copy.
-            dst.execute("PRAGMA journal_mode = DELETE")
-        finally:
-            dst.close()
+            copy.execute("PRAGMA journal_mode = DELETE")
         os.replace(tmp, cached)
-    except (
-        sqlite3.OperationalError
-    ):  # the server holds a write lock longer than SQLite's 5 s wait: a later start caches
-        tmp.unlink(missing_ok=True)
+    except sqlite3.OperationalError:
+        pass  # the server held a write lock past SQLite's 5 s wait: a later start on a new file caches
     finally:
-        src.close()
+        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- start and stop
