@@ -36,7 +36,9 @@ from traingate.spec import load_spec
 from traingate.supervision.drill import _weights, compare_states, final_state
 from traingate.supervision.supervisor import Hooks, supervise
 
-pytestmark = pytest.mark.slow
+# Its own waits judge it (300 s for each event, DEADLINE_S for the runs to end, after a server, a bootstrap and a
+# deploy): at load 25-30 the scenario ran past pytest's default 600 s, preemption and all, still going.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 BIN = Path(PYTHON).parent
 POOL = "cpu-local"
