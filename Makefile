@@ -45,8 +45,10 @@ test-deps:
 # start the one-test end-to-end files last.
 XDIST := -n 3 --dist loadfile --no-loadscope-reorder
 
-## make test: the whole suite, slow end-to-end tests included
-test: setup test-deps
+## make test: the whole suite, slow end-to-end tests included. The venv (pip) and the Debian packages (apt)
+## install side by side: one waits on PyPI while the other unpacks.
+test:
+	$(MAKE) --no-print-directory -j2 setup test-deps
 	$(PY) -m pytest $(XDIST) -ra --durations=40
 
 ## make test-fast: the inner loop: everything but the slow tests (servers, torchrun, ladders) and the
