@@ -51,18 +51,10 @@ class Cli:
                                      stdout=open(self.out, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         return self.proc
 
-    def run_here(self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str
-                 ) -> subprocess.CompletedProcess:
-        """`traingate ARGS` in this process, on the CLI's state dir and without its injected faults: a command
-        that is not killed needs no process of its own, which would pay its interpreter and imports again."""
-        from flows.cli import main
-
-        monkeypatch.setenv("TRAINGATE_STATE_DIR", str(self.state))
-        monkeypatch.delenv("TRAINGATE_INJECT", raising=False)
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["traingate", *args], code, out, err)
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in self.env.items() if k != "TRAINGATE_INJECT"}
+        return subprocess.run([PYTHON, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
 
     def run_dir(self) -> Path | None:
         dirs = list((self.state / "runs").glob("*")) if (self.state / "runs").is_dir() else []
@@ -147,9 +139,8 @@ def _mlflow(cli: Cli) -> MlflowClient:
     return MlflowClient(f"sqlite:///{cli.state / 'mlflow.db'}")
 
 
-def _assert_resumed_to_the_end(cli: Cli, run_id: str, monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture) -> subprocess.CompletedProcess:
-    p = cli.run_here(monkeypatch, capsys, "resume", run_id)
+def _assert_resumed_to_the_end(cli: Cli, run_id: str) -> subprocess.CompletedProcess:
+    p = cli.run("resume", run_id)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
     assert "resume PASSED" in p.stdout and "model:           models:/" in p.stdout, p.stdout[-3000:]
     c = _mlflow(cli)
@@ -186,7 +177,7 @@ def _kill_cli_and_check(cli: Cli, stage: str, parent_left: tuple[str, ...] = ("R
 
 
 def test_sigkill_of_the_cli_mid_smoke_canary_and_full_leaves_no_process_and_each_resume_goes_on_to_the_end(
-        prefect_api, tiny_spec, tmp_path, monkeypatch, capsys):
+        prefect_api, tiny_spec, tmp_path):
     """One pipeline whose orchestrator is SIGKILLed three times: `traingate run` mid-smoke, then the
     `traingate resume` that took over mid-canary, then the next one mid-full. Run and resume drive the
     same ladder flow under the same guardian, so each kill checks what a kill of `run` in that stage
@@ -210,7 +201,7 @@ def test_sigkill_of_the_cli_mid_smoke_canary_and_full_leaves_no_process_and_each
             cli.cleanup()
         killed.append((stage, flow_run_id))
         command = ("resume", run_id)
-    _assert_resumed_to_the_end(cli, run_id, monkeypatch, capsys)
+    _assert_resumed_to_the_end(cli, run_id)
     client = _mlflow(cli)
     experiment = client.get_run(run_id).info.experiment_id
     for stage, flow_run_id in killed:
