@@ -44,7 +44,7 @@ _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read en
 # ---------------------------------------------------------------- thin entry (runs under torchrun)
 
 # What a zygote imports before it forks: torch, TorchDynamo (DDP's and the optimizer's constructors import
-# it: 2.2 CPU-s of the 4.5 here) and the training entry point.
+# it: about 2.4 CPU-s of 4.5 here) and the training entry point.
 PRELOADED = ("torch", "torch._dynamo", "traingate.runtime.train")
 
 
