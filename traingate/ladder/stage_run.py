@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from traingate.cost import charged
 from traingate.cost.ledger import total_usd
@@ -17,6 +18,8 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Status
 from traingate.ladder import outcomes
 from traingate.runtime.warm import Zygote
+from traingate.supervision.attempts import Attempt
+from traingate.supervision.checkpoints import latest_checkpoint
 from traingate.supervision.supervisor import Hooks, Supervision, supervise
 
 
@@ -31,21 +34,46 @@ def train(
     """Supervise ``job`` to its end; ``previous``: an interrupted supervision of it to resume; ``zygote``: one
     started for it ahead of time (its first supervision takes it over).
 
-    A fresh smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint,
-    then resumes and finishes. The first half's supervision is appended to ``before`` (it is charged too).
+    A smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint, then
+    resumes and finishes. The first half's supervision is appended to ``before`` (it is charged too).
+    A smoke stage interrupted before its half-way checkpoint (a budget's pause, a Ctrl-C, even before
+    its first step) resumes into the same two halves: its first half continues ``previous``.
     """
-    if job.stage == "smoke" and not job.is_script and previous is None:
-        half = max(1, job.max_steps // 2)
+    if job.stage == "smoke" and not job.is_script and (half := _half_way_ahead(job, previous)) is not None:
         info(f"smoke: part 1 stops at step {half} with a checkpoint; part 2 resumes from it")
-        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks, zygote=zygote)
+        first = supervise(dataclasses.replace(job, stop_at_step=half), hooks, resumed=previous, zygote=zygote)
         if first.status != Status.COMPLETED:
             return first
-        before.append(first)
-        first_half = outcomes.charged_attempts(job, first)
-        # The second half's supervisor.json holds only its own attempts: the first half's charge stays in
-        # charged.json, so `traingate watch` and the run's budget keep counting it.
+        first_half = outcomes.charged_attempts(job, first)  # ``previous``'s attempts, then its own
+        earlier = first_half[: len(first_half) - len(first.attempts)]
+        # The second half's supervisor.json holds only its own attempts: the first half's charge (with
+        # ``previous``'s) stays in charged.json, so `traingate watch` and the run's budget keep counting it.
         charged.record(Path(job.stage_dir), [a.to_record() for a in first_half], final=False)
         if job.budget_usd is not None:  # the second half's budget counts what the first half held
-            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + total_usd(first_half))
+            # spent_before_usd already holds ``previous``'s attempts (the run's charged stages).
+            own = total_usd(first_half[len(earlier) :])
+            job = dataclasses.replace(job, spent_before_usd=job.spent_before_usd + own)
+        if earlier:  # charged with the stage's result as well
+            state = files.read_supervisor_state(Path(job.stage_dir))
+            kept = state.attempts[: len(earlier)] if state is not None else []
+            first = dataclasses.replace(first, attempts=[*map(_attempt, kept), *first.attempts])
+        before.append(first)
         zygote = None  # the first half's supervision stopped it
+        previous = None
     return supervise(job, hooks, resumed=previous, zygote=zygote)
+
+
+def _half_way_ahead(job: StageJob, previous: files.SupervisorState | None) -> int | None:
+    """The smoke stage's half-way step when its first half is still to run: a fresh stage, or a resumed one
+    with no checkpoint at or past it (a resume from step 0 would prove no resume). None: only the rest is."""
+    half = max(1, job.max_steps // 2)
+    if previous is None:
+        return half
+    step, _ = latest_checkpoint(job.checkpoint_uri)
+    return half if step is None or step < half else None
+
+
+def _attempt(record: dict[str, Any]) -> Attempt:
+    """An attempt as supervisor.json holds it, for charging with the supervision that followed it."""
+    names = {f.name for f in dataclasses.fields(Attempt)}
+    return Attempt(**{k: v for k, v in record.items() if k in names})

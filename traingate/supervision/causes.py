@@ -12,6 +12,8 @@ the training process names its own errors with :mod:`traingate.runtime.failures`
 >>> c = classify(Evidence(returncode=1, last_words=[LastWords(0, "user_error", "KeyError: 'x'", 1.0, 64)]))
 >>> c.cause, c.retryable
 (<Cause.USER_ERROR: 'user_error'>, False)
+>>> classify(Evidence(returncode=-15, stop_requested=True)).cause  # the stop reached a rank still starting
+<Cause.PREEMPTED: 'preempted'>
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ _TORCHRUN_SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)")
 # Last-words causes that are only an echo of another rank's failure.
 _ECHOES = {Cause.WORKER_LOST}
 _LOST = "rank {rank} ended without last words (killed); its peers' SIGTERM was torchrun stopping the group"
+# What the supervisor's stop of a tree sends: SIGTERM, then SIGKILL to what outlives the grace.
+_STOP_SIGNALS = {signal.SIGTERM.value, signal.SIGKILL.value}
+NOT_CHECKPOINTED = "stopped on request before its emergency checkpoint"
 # Failures torchrun may answer with an in-place restart of the group; any other needs the supervisor
 # (a bug or NaN must stop, an OOM restarts with a smaller batch, a full disk stays full).
 # A preemption of the group is one too: its agent (traingate.runtime.agent) outlives the SIGTERM.
@@ -124,6 +129,10 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     signals = [int(s) for s in _TORCHRUN_SIGNAL.findall(root) or _TORCHRUN_SIGNAL.findall(tail)]
     if ev.returncode < 0:
         signals.append(-ev.returncode)
+    if signals and ev.stop_requested and set(signals) <= _STOP_SIGNALS:
+        # The supervisor's own stop (SIGTERM, SIGKILL after the grace) ended a rank before its handler
+        # could checkpoint (a rank still starting up): the stop asked for, not a lost worker.
+        return out(Cause.PREEMPTED, f"{NOT_CHECKPOINTED}: a rank ended by signal {signals[0]} ({_signame(signals[0])})")
     if signals:
         return out(Cause.WORKER_LOST, f"a rank was killed by signal {signals[0]} ({_signame(signals[0])})")
     if not ev.writes_result and ev.returncode > 0:

@@ -294,7 +294,8 @@ class _Run:
             return self.finish(result, Status.FAILED, err, watch.stop, Cause.ALERT)
         if watch.stop is not None:
             # Stopped from outside (or paused by an alert): leave the checkpoint for a resume, do not restart.
-            written = "written" if verdict.cause == Cause.PREEMPTED else "NOT confirmed"
+            checkpointed = verdict.cause == Cause.PREEMPTED and not verdict.detail.startswith(causes.NOT_CHECKPOINTED)
+            written = "written" if checkpointed else "NOT confirmed"
             how = "paused by alert" if watch.alert_stop is not None else "preempted:"
             err = (
                 f"{how} {watch.stop}; emergency checkpoint {written} ({verdict.detail}); "
