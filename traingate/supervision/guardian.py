@@ -6,7 +6,10 @@ guardian is a tiny separate process (``python -m traingate.supervision.guardian 
 that remembers the orchestrator's descendants every half second; once the orchestrator is
 gone it sends them SIGTERM (training ranks write their emergency checkpoint, torchrun stops
 its group, the server shuts down), waits ``GRACE`` seconds, and SIGKILLs what is left.
-psutil compares start times, so a recycled pid is never signalled.
+psutil compares start times, so a recycled pid is never signalled. The descendants are read from
+``/proc/PID/task/*/children`` (what Linux records of each process's children), so one look costs what the
+orchestrator's tree holds, not a read of every process on the machine as a parent-pid scan does; where
+the kernel does not provide that file, psutil's scan is used.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 import psutil
 
 POLL_S = 0.5
+_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def start(grace_s: float, pid: int | None = None) -> subprocess.Popen:
@@ -51,6 +55,39 @@ def is_guardian(p: psutil.Process) -> bool:
         return False
 
 
+def descendant_pids(pid: int) -> set[int]:
+    """The pids of ``pid``'s descendants, from the kernel's per-thread child lists (a process whose parent
+    exits is the init process's or a subreaper's from then on, and is not listed, as with a parent-pid scan).
+
+    >>> child = subprocess.Popen(["sleep", "5"])
+    >>> child.pid in descendant_pids(os.getpid())
+    True
+    >>> child.kill(); child.wait()
+    -9
+    """
+    if not _PROC_CHILDREN:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                    kids = f.read().split()
+            except OSError:
+                continue
+            for kid in map(int, kids):
+                if kid not in found:
+                    found.add(kid)
+                    todo.append(kid)
+    return found
+
+
 def guard(pid: int, grace_s: float, poll_s: float = POLL_S) -> int:
     """Watch ``pid``; return how many of its descendants had to be stopped after it died."""
     try:
@@ -64,9 +101,11 @@ def guard(pid: int, grace_s: float, poll_s: float = POLL_S) -> int:
             if owner.status() == psutil.STATUS_ZOMBIE:
                 break
             # A new session changes nothing about parentage: torchrun's workers are found through torchrun.
-            for child in owner.children(recursive=True):
-                if child.pid != me:
-                    seen.setdefault(child.pid, child)
+            for child in descendant_pids(pid) - seen.keys() - {me}:
+                try:
+                    seen[child] = psutil.Process(child)  # its start time, so a recycled pid is never signalled
+                except psutil.NoSuchProcess:
+                    pass
         except psutil.NoSuchProcess:
             break
         seen = {pid: p for pid, p in seen.items() if p.is_running()}
