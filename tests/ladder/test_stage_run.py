@@ -1,6 +1,6 @@
-"""The smoke stage's two halves when a resume continues it: a smoke stage paused before its half-way
-checkpoint (a budget pause that lands during start-up on a busy machine leaves no checkpoint at all)
-resumes into the same halves, so its gate's ``resumed_from_step`` shows a real stop and resume.
+"""The smoke stage's two halves when a resume continues it: a smoke stage paused before its first
+checkpoint (a budget pause that lands during start-up on a busy machine leaves none at all) resumes
+into the same halves, so its gate's ``resumed_from_step`` shows a real stop and resume.
 
 Real processes: the stage is resumed through stage_run.train, as the launch task and the Slurm batch
 step call it, with real torchrun launches of the tiny digits recipe."""

@@ -36,8 +36,8 @@ def train(
 
     A smoke stage of a recipe proves the wiring end to end: it stops half way at a checkpoint, then
     resumes and finishes. The first half's supervision is appended to ``before`` (it is charged too).
-    A smoke stage interrupted before its half-way checkpoint (a budget's pause, a Ctrl-C, even before
-    its first step) resumes into the same two halves: its first half continues ``previous``.
+    A smoke stage interrupted before it saved a checkpoint (a budget's pause that reached it during start-up
+    on a busy machine) resumes into the same two halves: its first half continues ``previous``.
     """
     if job.stage == "smoke" and not job.is_script and (half := _half_way_ahead(job, previous)) is not None:
         info(f"smoke: part 1 stops at step {half} with a checkpoint; part 2 resumes from it")
@@ -65,12 +65,13 @@ def train(
 
 def _half_way_ahead(job: StageJob, previous: files.SupervisorState | None) -> int | None:
     """The smoke stage's half-way step when its first half is still to run: a fresh stage, or a resumed one
-    with no checkpoint at or past it (a resume from step 0 would prove no resume). None: only the rest is."""
+    that left no checkpoint past step 0 (resumed from step 0 it would prove no resume). None: the resume
+    continues from its checkpoint, which is a resume already (its earlier launches stay in its record)."""
     half = max(1, job.max_steps // 2)
     if previous is None:
         return half
     step, _ = latest_checkpoint(job.checkpoint_uri)
-    return half if step is None or step < half else None
+    return half if not step else None
 
 
 def _attempt(record: dict[str, Any]) -> Attempt:
