@@ -51,7 +51,7 @@ from pathlib import Path
 
 import psutil
 
-from traingate.settings import PREFECT_SERVER_VAR
+from traingate.settings import PREFECT_DB_CACHE_VAR, PREFECT_SERVER_VAR
 
 MODE_VAR = PREFECT_SERVER_VAR
 DIR_NAME = "prefect-server"
@@ -62,8 +62,7 @@ LOCK = "lock"
 AUTH_VAR = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH_VAR = "PREFECT_API_AUTH_STRING"
 KEY_VAR = "PREFECT_SERVER_ENCRYPTION_KEY"
-# Where migrated, empty Prefect databases are cached (see `database_from_cache`); unset: under the state dir.
-CACHE_VAR = "TRAINGATE_PREFECT_DB_CACHE"
+CACHE_VAR = PREFECT_DB_CACHE_VAR
 CACHE_DIR = "prefect-db-cache"
 # What a server started on a copy of a cached database skips: the copy is at this Prefect's last migration
 # and holds the block types it registers.

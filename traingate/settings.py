@@ -39,6 +39,8 @@ CHECKPOINT_URI_VAR = "TRAINGATE_CHECKPOINT_URI"
 OPTUNA_STORAGE_VAR = "TRAINGATE_OPTUNA_STORAGE"
 # which Prefect server a CLI command uses without PREFECT_API_URL (flows/local_server.py): kept | temporary
 PREFECT_SERVER_VAR = "TRAINGATE_PREFECT_SERVER"
+# Where migrated, empty Prefect databases are cached (flows.local_server.db_cache_dir); unset: under the state dir.
+PREFECT_DB_CACHE_VAR = "TRAINGATE_PREFECT_DB_CACHE"
 S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
 # Every location a user or a pool sets; a pool's job template carries the ones that are set.
 LOCATION_VARS = (
