@@ -51,7 +51,7 @@ from pathlib import Path
 
 import psutil
 
-from traingate.settings import PREFECT_DB_CACHE_VAR, PREFECT_SERVER_VAR
+from traingate.settings import PREFECT_DB_CACHE_VAR, PREFECT_SERVER_VAR, environment
 
 MODE_VAR = PREFECT_SERVER_VAR
 DIR_NAME = "prefect-server"
@@ -432,16 +432,8 @@ def temporary_server_start(db_url: str, state_dir: Path) -> Iterator[None]:
         yield
         return
     seeding = seed_database(db, db_cache_dir(state_dir))
-    saved = {k: os.environ.get(k) for k in seeding.env}
-    os.environ.update(seeding.env)
-    try:
+    with environment(seeding.env):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     seeding.started()
 
 

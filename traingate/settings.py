@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -345,3 +346,26 @@ def checkpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> 
             f"generate a new one (checkpoints signed with it are then refused) or set {CHECKPOINT_KEY_VAR}"
         )
     return key
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block; after it each of those variables is what it was
+    before (unset if it was unset). Other variables are left as the block leaves them.
+
+    >>> with environment({"TG_DOCTEST_VAR": "1"}):
+    ...     os.environ["TG_DOCTEST_VAR"]
+    '1'
+    >>> "TG_DOCTEST_VAR" in os.environ
+    False
+    """
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

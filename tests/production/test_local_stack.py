@@ -30,6 +30,7 @@ from tgtest import PYTHON, ROOT, TINY_DIGITS, free_port, prefect_api_at, stop_tr
 
 sys.path.insert(0, str(ROOT / "infra"))
 import local_stack  # noqa: E402
+from traingate.settings import environment  # noqa: E402
 
 BIN = Path(PYTHON).parent
 SCRIPT = ROOT / "infra" / "local-stack.sh"
@@ -139,17 +140,9 @@ def _as_client(stack, mlflow_user: tuple[str, str] | None = None):
     
     creds = stack["creds"]
     user, password = mlflow_user or (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"])
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
-    try:
-        with prefect_api_at(creds["PREFECT_API_URL"], PREFECT_API_AUTH_STRING=creds["PREFECT_API_AUTH_STRING"]):
-            yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment({"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}), \
+            prefect_api_at(creds["PREFECT_API_URL"], PREFECT_API_AUTH_STRING=creds["PREFECT_API_AUTH_STRING"]):
+        yield
 
 
 def _s3(stack):
