@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from traingate.cost import charged
 from traingate.cost.ledger import total_usd
@@ -56,7 +55,7 @@ def train(
         if earlier:  # charged with the stage's result as well
             state = files.read_supervisor_state(Path(job.stage_dir))
             kept = state.attempts[: len(earlier)] if state is not None else []
-            first = dataclasses.replace(first, attempts=[*map(_attempt, kept), *first.attempts])
+            first = dataclasses.replace(first, attempts=[*map(Attempt.from_record, kept), *first.attempts])
         before.append(first)
         zygote = None  # the first half's supervision stopped it
         previous = None
@@ -72,9 +71,3 @@ def _half_way_ahead(job: StageJob, previous: files.SupervisorState | None) -> in
         return half
     step, _ = latest_checkpoint(job.checkpoint_uri)
     return half if not step else None
-
-
-def _attempt(record: dict[str, Any]) -> Attempt:
-    """An attempt as supervisor.json holds it, for charging with the supervision that followed it."""
-    names = {f.name for f in dataclasses.fields(Attempt)}
-    return Attempt(**{k: v for k, v in record.items() if k in names})

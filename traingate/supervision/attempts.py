@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,14 @@ class Attempt:
     @property
     def start_step(self) -> int | None:
         return self.start_steps.get(0)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Attempt:
+        """An attempt as ``supervisor.json`` holds it (fields this version does not know are left out)."""
+        return cls(**{k: v for k, v in record.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(f.name for f in fields(Attempt))
 
 
 @dataclass

@@ -8,7 +8,7 @@ what Slurm did when the supervisor could not (cancelled, timed out, the batch st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from traingate.capacity.slurm import SIGNALLED, AccountedJob, Ending, ending
@@ -17,8 +17,6 @@ from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
 from traingate.launch.proc import ProcResult
 from traingate.supervision.supervisor import TAIL_LINES, Attempt, Supervision
-
-_ATTEMPT_FIELDS = {f.name for f in fields(Attempt)}
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def supervision_of(
     last log lines); ``status``/``cause``/``error`` override the verdict where Slurm's ending decides."""
     final = (state.final if state else None) or {}
     recorded = state.attempts if state else []
-    attempts = [Attempt(**{k: v for k, v in a.items() if k in _ATTEMPT_FIELDS}) for a in recorded]
+    attempts = [Attempt.from_record(a) for a in recorded]
     proc = ProcResult(
         returncode=acct.exit_code if acct.exit_code is not None else -(acct.signal or 0),
         duration_s=float(acct.elapsed_s or 0),
