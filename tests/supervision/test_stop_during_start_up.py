@@ -13,6 +13,7 @@ SUMMARY = ["Root Cause (first observed failure):", "  exitcode  : -15 (pid: 4242
 def test_the_supervisors_own_sigterm_during_start_up_is_a_preemption_without_a_checkpoint_not_a_lost_worker():
     verdict = classify(Evidence(returncode=1, log_tail=SUMMARY, stop_requested=True, world_size=1))
     assert verdict.cause == Cause.PREEMPTED and verdict.detail.startswith(NOT_CHECKPOINTED), verdict
+    assert verdict.not_checkpointed
     assert "signal 15 (SIGTERM)" in verdict.detail
     # Its SIGKILL after the grace is the stop's as well.
     assert classify(Evidence(returncode=-9, stop_requested=True, world_size=1)).cause == Cause.PREEMPTED

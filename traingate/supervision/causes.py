@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from traingate.job.files import LastWords
 from traingate.job.vocab import RETRYABLE, Cause, Status
@@ -62,6 +62,8 @@ class Classification:
     cause: Cause | None  # None: completed
     retryable: bool
     detail: str
+    # A stop the supervisor asked for ended a rank before its handler could write the emergency checkpoint.
+    not_checkpointed: bool = False
 
     @property
     def completed(self) -> bool:
@@ -132,7 +134,8 @@ def classify(ev: Evidence, oom_retry: bool = False) -> Classification:
     if signals and ev.stop_requested and set(signals) <= _STOP_SIGNALS:
         # The supervisor's own stop (SIGTERM, SIGKILL after the grace) ended a rank before its handler
         # could checkpoint (a rank still starting up): the stop asked for, not a lost worker.
-        return out(Cause.PREEMPTED, f"{NOT_CHECKPOINTED}: a rank ended by signal {signals[0]} ({_signame(signals[0])})")
+        detail = f"{NOT_CHECKPOINTED}: a rank ended by signal {signals[0]} ({_signame(signals[0])})"
+        return replace(out(Cause.PREEMPTED, detail), not_checkpointed=True)
     if signals:
         return out(Cause.WORKER_LOST, f"a rank was killed by signal {signals[0]} ({_signame(signals[0])})")
     if not ev.writes_result and ev.returncode > 0:

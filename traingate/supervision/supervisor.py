@@ -294,7 +294,7 @@ class _Run:
             return self.finish(result, Status.FAILED, err, watch.stop, Cause.ALERT)
         if watch.stop is not None:
             # Stopped from outside (or paused by an alert): leave the checkpoint for a resume, do not restart.
-            checkpointed = verdict.cause == Cause.PREEMPTED and not verdict.detail.startswith(causes.NOT_CHECKPOINTED)
+            checkpointed = verdict.cause == Cause.PREEMPTED and not verdict.not_checkpointed
             written = "written" if checkpointed else "NOT confirmed"
             how = "paused by alert" if watch.alert_stop is not None else "preempted:"
             err = (
