@@ -191,3 +191,40 @@ def test_a_trial_a_dead_driver_asked_for_but_never_started_is_requeued_instead_o
     assert trials[0].state == TrialState.FAIL
     assert [t.system_attrs.get("failed_trial") for t in trials].count(0) == 1
     assert len(result.finished) == 2 and len(keys) == 2
+
+
+def test_a_trial_whose_heartbeat_thread_stalls_past_the_grace_period_is_not_failed_by_its_own_driver(
+        tmp_path, monkeypatch):
+    import contextlib
+    import time
+
+    from traingate.sweep import driver
+
+    # A heartbeat thread that beats once and then never gets to again: what a starved thread or a long
+    # SQLite write lock looks like.
+    def stalled(study, trial, every_s):
+        study._storage.record_heartbeat(trial._trial_id)
+        return contextlib.nullcontext()
+    monkeypatch.setattr(driver, "heartbeat", stalled)
+    sw = _sweep(sampler="random", n_trials=2, max_concurrent=2)
+    stale_seen = []
+    study = _study(tmp_path, sw, on_stale=lambda t: stale_seen.append(t.number), heartbeat=True)
+
+    def run(trial, params):
+        time.sleep(sw.grace_s + 2)
+        return TrialOutcome("completed", values=[1.0])
+    result = drive(study, sw, run, poll_s=0.05)
+    assert stale_seen == []
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2 and len(result.finished) == 2
+
+
+def test_a_trial_another_driver_failed_while_it_ran_here_leaves_the_sweep_running(tmp_path, caplog):
+    sw = _sweep(sampler="random", n_trials=1)
+    study = _study(tmp_path, sw, heartbeat=True)
+
+    def run(trial, params):  # another driver judged it stale mid-run and failed it
+        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        return TrialOutcome("completed", values=[1.0])
+    drive(study, sw, run, poll_s=0.05)  # raised UpdateFinishedTrialError out of the sweep before
+    assert study.trials[0].state == TrialState.FAIL and "outcome" not in study.trials[0].user_attrs
+    assert "judged stale and re-queued by another driver" in caplog.text

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,10 +120,10 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
     Optuna judges staleness by heartbeats, and a trial's heartbeat starts when it runs: a driver killed
     between ``ask()`` and naming the trial (its ``trial_key``, set right after) leaves a RUNNING trial
     that never beats and would hold a place in the budget forever. Older than the grace period, it is
-    failed and handed to the storage's failed-trial callback (the same re-queue as a stale trial).
+    failed and handed to the storage's stale-trial callback (the same re-queue as a stale trial).
     """
     storage = compat_optuna.storage(study)
-    callback = getattr(storage, "get_failed_trial_callback", lambda: None)()
+    callback = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if (
@@ -162,26 +162,55 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float):
         t.join(timeout=every_s + 5)
 
 
+def _beat_own(study: optuna.Study, trials: Iterable[optuna.Trial]) -> None:
+    """Record a heartbeat for each trial this driver is running (no-op without RDB heartbeats).
+
+    Called right before the stale check: this driver is alive, so its trials are, even where their
+    heartbeat thread fell more than the grace period behind (a starved thread on a loaded box, a
+    long SQLite write lock). Without it the driver would fail and re-queue a trial it is running.
+    """
+    storage = compat_optuna.storage(study)
+    if not hasattr(storage, "record_heartbeat") or not getattr(storage, "get_heartbeat_interval", lambda: None)():
+        return
+    for t in trials:
+        storage.record_heartbeat(compat_optuna.trial_id(t))
+
+
 def _tell(study: optuna.Study, trial: optuna.Trial, fut: Future) -> None:
     try:
         outcome: TrialOutcome = fut.result()
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _taken_over(trial)
+        return
     except Exception as e:  # noqa: BLE001 - the trial is recorded as FAIL with the error; the sweep goes on
         log.error("trial %d raised %s: %s", trial.number, type(e).__name__, e)
         outcome = TrialOutcome(Status.FAILED, error=f"{type(e).__name__}: {e}", end_ts=time.time())
-    trial.set_user_attr("outcome", outcome.to_dict())  # one write: every storage commit costs an fsync
-    if outcome.state == Status.COMPLETED:
-        values = outcome.values or []
-        study.tell(trial, values if len(values) > 1 else values[0])
-    elif outcome.state == Status.PRUNED:
-        study.tell(trial, state=TrialState.PRUNED)
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+    try:
+        trial.set_user_attr("outcome", outcome.to_dict())  # one write: every storage commit costs an fsync
+        if outcome.state == Status.COMPLETED:
+            values = outcome.values or []
+            study.tell(trial, values if len(values) > 1 else values[0])
+        elif outcome.state == Status.PRUNED:
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _taken_over(trial)
+        return
     log.info(
         "trial %d %s after %d steps%s",
         trial.number,
         outcome.state,
         outcome.steps,
         f": {outcome.error}" if outcome.error else "",
+    )
+
+
+def _taken_over(trial: optuna.Trial) -> None:
+    log.warning(
+        "trial %d was judged stale and re-queued by another driver while it ran here "
+        "(its heartbeat fell more than sweep.grace_s behind); its re-queued copy stands for it",
+        trial.number,
     )
 
 
@@ -219,6 +248,7 @@ def drive(study: optuna.Study, sweep: SweepSpec, run_trial: RunTrial, poll_s: fl
     try:
         while True:
             with _quiet():
+                _beat_own(study, inflight.values())
                 _fail_orphans(study, sweep.grace_s)
                 optuna.storages.fail_stale_trials(study)
             tally = Tally.of(study)
