@@ -19,9 +19,9 @@ import pytest
 from tgtest import ROOT
 
 COMPAT_MODULES = {"prefect": "tasks/compat_prefect.py", "mlflow": "traingate/tracking/compat_mlflow.py",
-                  "optuna": "traingate/sweep/compat_optuna.py"}
+                  "optuna": "traingate/sweep/compat_optuna.py", "torch": "traingate/runtime/compat_torch.py"}
 # The private names the compat modules wrap: nothing else may reach for them directly.
-PRIVATE_NAMES = {"_trial_id", "_storage", "_tracking_client", "_metric_objs"}
+PRIVATE_NAMES = {"_trial_id", "_storage", "_tracking_client", "_metric_objs", "_terminate_process_handler", "_delay"}
 
 
 def _pin(dist: str) -> str:
@@ -41,6 +41,51 @@ def test_each_compat_module_is_written_for_the_installed_pinned_version(dist, mo
     assert version(dist) == _pin(dist) == pinned, (
         f"{dist}: installed {version(dist)}, pyproject pins {_pin(dist)}, {module} was checked against {pinned}; "
         f"re-check what {module} relies on before moving its PINNED")
+
+
+def test_torch_compat_module_is_written_for_the_installed_pinned_version():
+    from traingate.runtime import compat_torch
+
+    installed = version("torch").split("+")[0]  # the CPU wheel's local label (+cpu) is not part of the pin
+    assert installed == _pin("torch") == compat_torch.PINNED, (
+        f"torch: installed {installed}, pyproject pins {_pin('torch')}, traingate.runtime.compat_torch was checked "
+        f"against {compat_torch.PINNED}; re-check what it relies on before moving its PINNED")
+
+
+def test_one_node_rendezvous_keeps_its_event_names_and_drops_only_the_start_up_jitter(monkeypatch):
+    from torch.distributed.elastic.multiprocessing import api as elastic_api
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from traingate.runtime import compat_torch
+
+    assert compat_torch.torch_terminate_handler is elastic_api._terminate_process_handler
+    names: list[str] = []
+    delays: list[object] = []
+    record = dynamic_rendezvous.construct_and_record_rdzv_event
+    monkeypatch.setattr(dynamic_rendezvous, "construct_and_record_rdzv_event",
+                        lambda **kw: (names.append(kw["name"]), record(**kw))[1])
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: delays.append(seconds))
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", dynamic_rendezvous.get_method_name)
+
+    def two_rounds(run_id: str) -> tuple[list[str], list[object]]:
+        names.clear()
+        delays.clear()
+        handler = get_rendezvous_handler(RendezvousParameters(
+            backend="c10d", endpoint="localhost:0", run_id=run_id, min_nodes=1, max_nodes=1, timeout=60))
+        try:
+            ranks = [handler.next_rendezvous().rank for _ in range(2)]  # the group's start and its first restart
+        finally:
+            handler.shutdown()
+        assert ranks == [0, 0]
+        return list(names), list(delays)
+
+    torch_names, torch_delays = two_rounds(f"compat-{uuid.uuid4().hex[:8]}")
+    assert torch_delays == [(0, 0.3), (0, 0.3)]  # round 0 jitters twice: the start and the first restart
+    compat_torch.fast_one_node_rendezvous()
+    fast_names, fast_delays = two_rounds(f"compat-{uuid.uuid4().hex[:8]}")
+    assert fast_delays == []
+    assert fast_names == torch_names and "DynamicRendezvousHandler.next_rendezvous" in fast_names
 
 
 def test_prefect_lease_api_holds_renews_and_releases_slots_as_the_sweep_uses_it(prefect_harness):
@@ -154,6 +199,6 @@ def test_no_module_outside_the_compat_modules_touches_a_private_api():
     compat = {ROOT / p for p in COMPAT_MODULES.values()}
     found = [use for pkg in ("traingate", "flows", "tasks") for path in sorted((ROOT / pkg).rglob("*.py"))
              if path not in compat for use in _private_uses(path)]
-    assert not found, "private API of prefect/mlflow/optuna outside its compat module:\n" + "\n".join(found)
+    assert not found, "private API of prefect/mlflow/optuna/torch outside its compat module:\n" + "\n".join(found)
     # The scan itself finds what it is meant to find.
     assert all(_private_uses(ROOT / p) for p in COMPAT_MODULES.values())

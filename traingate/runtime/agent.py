@@ -34,15 +34,16 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import api as elastic_api
 
 from traingate.job import envvars, files
+from traingate.runtime import compat_torch
 from traingate.runtime.watchdog import StopFlag
 
-_torch_handler = elastic_api._terminate_process_handler
 _nodes: list[str] = []  # the group's --nnodes, as main() parsed it
+_ONE_NODE = ("1", "1:1")
 
 
 def stop_reason() -> str | None:
     """Why a SIGTERM to this agent must stop the group (None: a preemption, restart it in place)."""
-    if _nodes and _nodes[0] not in ("1", "1:1"):
+    if _nodes and _nodes[0] not in _ONE_NODE:
         return f"the group spans {_nodes[0]} nodes"
     pid = envvars.supervisor_pid()
     stage_dir = envvars.stage_dir()
@@ -72,13 +73,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             with contextlib.suppress(psutil.Error):
                 w.send_signal(signal.SIGTERM)
         return
-    _torch_handler(signum, frame)
+    compat_torch.torch_terminate_handler(signum, frame)
 
 
 def main(argv: list[str] | None = None) -> None:
-    # torchrun registers its handler by this module-level name each time it starts a group.
-    elastic_api._terminate_process_handler = _on_signal
+    compat_torch.set_terminate_handler(_on_signal)
     _nodes[:] = [torchrun.parse_args(argv).nnodes]
+    if _nodes[0] in _ONE_NODE:
+        compat_torch.fast_one_node_rendezvous()  # every in-place restart is a rendezvous
     try:
         torchrun.main(argv)
     except elastic_api.SignalException as e:
