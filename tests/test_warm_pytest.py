@@ -7,6 +7,7 @@ import os
 
 from tgtest import PYTHON
 
+from tasks.unit import CONTRACT_PRELOAD
 from traingate.launch.warm_pytest import WarmPytest
 
 
@@ -61,3 +62,25 @@ def test_a_discarded_warm_interpreter_is_gone():
     warm = WarmPytest.start(PYTHON, _env(), [])
     warm.discard()
     assert warm.popen.poll() == -9  # killed: it had started nothing
+
+
+def test_the_contract_tests_interpreter_has_loaded_what_an_optimizer_constructor_imports(tmp_path):
+    # An optimizer's constructor imports TorchDynamo: loaded ahead, the contract tests do not wait on it.
+    (tmp_path / "test_opt.py").write_text(
+        "import sys\nimport torch\n\n"
+        "def test_no_import_left():\n"
+        "    before = set(sys.modules)\n"
+        "    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+        "    assert sorted(set(sys.modules) - before) == []\n"
+    )
+    warm = WarmPytest.start(PYTHON, _env(), CONTRACT_PRELOAD)
+    lines: list[str] = []
+    result = warm.run(
+        ["-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}", "test_opt.py"],
+        _env(),
+        str(tmp_path),
+        tmp_path / "pytest.log",
+        timeout_s=300,
+        on_line=lines.append,
+    )
+    assert result.returncode == 0, "\n".join(lines)
