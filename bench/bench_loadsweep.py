@@ -11,12 +11,14 @@ generated once and then load-scaled by compressing or stretching its arrivals
 
 At each load: mean and p95 wait of each policy, their ratios to fifo+backfill, utilisation, and per
 class the mean and the worst wait (the starvation check). Policies: fifo+backfill (Slurm's default),
-the pools config's default (fairshare + its backfill and preemption switches), and the other
-preemption setting, so the preemption default is decided on the same sweep.
+the pools config's default (fairshare + its backfill and preemption switches, +aged with its starvation
+bound), the other preemption setting, so the preemption default is decided on the same sweep, and
+the default without +aged (class order alone), so is the starvation bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from pathlib import Path
@@ -108,9 +110,10 @@ def _figures(res: SimResult) -> dict[str, float]:
 def main() -> str:
     config = load_config(ROOT / "examples" / "pools.yaml")
     default = Policy.default(config.scheduling)
-    other = Policy(default.order, default.backfill, not default.preempt)
+    other = dataclasses.replace(default, preempt=not default.preempt)
+    unaged = dataclasses.replace(default, aged=False)
     base = Policy.parse("fifo+backfill")
-    policies = [base, default, other] + [Policy.parse(p) for p in EXTRA]
+    policies = [base, default, other] + ([unaged] if default.aged else []) + [Policy.parse(p) for p in EXTRA]
     text = (
         f"{N_JOBS}-job traces, seeds 0-{SEEDS - 1}, on {POOL} ({config.pools[POOL].capacity} GPUs); "
         f"default = {default.name}; waits in hours, ratios to {base.name} (means over seeds)\n"

@@ -38,6 +38,8 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.pools)
     default = Policy.default(config.scheduling)
     policies = [Policy.parse(p) for p in (args.policies or ",".join(COMPARED)).split(",") if p.strip()]
+    if args.policies is None and default not in policies:
+        policies.append(default)  # the comparison shows what the pools run
     if not policies:
         raise CapacityError("--policies is empty; name at least one, e.g. --policies fifo,fairshare+backfill")
     if args.half_life_h is not None and not args.half_life_h > 0:

@@ -30,6 +30,7 @@ def test_the_three_classes_always_exist_and_a_config_may_add_one():
     ({"pools": {"p": POOL}, "priority_classes": {"vip": {"priority": 100}}}, "same as class 'urgent'"),
     ({"pools": {"p": POOL}, "default_class": "vip"}, "default_class = 'vip': not a priority class"),
     ({"pools": {"p": POOL}, "scheduling": {"half_life_h": 0}}, "scheduling.half_life_h = 0"),
+    ({"pools": {"p": POOL}, "scheduling": {"starvation_bound_h": -1}}, "scheduling.starvation_bound_h = -1"),
     ({"pools": {"p": POOL}, "schedule": {}}, "schedule = {}: Extra inputs are not permitted"),
 ])
 def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(tree, message):

@@ -6,7 +6,7 @@ import pytest
 from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import (How, Order, Policy, Rules, choose_victims, never_fits, queue_order,
                                        reserve, schedule)
-from traingate.capacity.pools import CapacityError, PoolConfig, _default_classes
+from traingate.capacity.pools import CapacityError, PoolConfig, _default_classes, parse_config
 
 CLASSES = _default_classes()
 POOL = PoolConfig(gpus_per_node=4, nodes=2, price_per_gpu_hour=1.0, worker="process")
@@ -58,6 +58,76 @@ def test_policy_names_parse_and_bad_ones_name_the_fix():
         Policy.parse("lifo")
     with pytest.raises(CapacityError, match="'backfil' is not a modifier"):
         Policy.parse("fifo+backfil")
+
+
+# ------------------------------------------------------------------ aged order (the starvation bound)
+
+H = 3600.0
+
+
+def aged_rules(name, bound_h=24.0):
+    return Rules(Policy.parse(name), CLASSES, {}, starvation_bound_s=bound_h * H)
+
+
+def test_an_aged_order_serves_jobs_past_the_starvation_bound_first_oldest_first_whatever_their_class():
+    w = [job("u", submit=49 * H, cls="urgent"), job("p", submit=40 * H, cls="production"),
+         job("r2", submit=20 * H), job("r1", submit=10 * H, team="heavy"), job("p0", submit=25 * H, cls="production")]
+    usage = {"heavy": 100.0}
+    # At 50 h with a 24 h bound: r1 (waited 40 h), p0 (25 h) and r2 (30 h) are past it, oldest first;
+    # then class order and fair share as without the bound.
+    aged = queue_order(w, Policy.parse("fairshare+aged"), CLASSES, usage, est, now=50 * H, starvation_bound_s=24 * H)
+    assert [j.job_id for j in aged] == ["r1", "r2", "p0", "u", "p"]
+    plain = queue_order(w, Policy.parse("fairshare"), CLASSES, usage, est, now=50 * H)
+    assert [j.job_id for j in plain] == ["u", "p0", "p", "r2", "r1"]
+    # Before anyone reaches the bound the aged order is the class order.
+    early = queue_order(w, Policy.parse("fairshare+aged"), CLASSES, usage, est, now=49 * H, starvation_bound_s=48 * H)
+    assert [j.job_id for j in early] == [j.job_id for j in plain]
+
+
+def test_a_research_job_past_the_bound_takes_the_free_gpu_a_newer_production_job_takes_without_it():
+    busy = [run(job("x", slots=4), 0.0, (0,)), run(job("y", slots=3), 0.0, (1,))]  # one GPU free, on node 1
+    w = [job("r", submit=0.0), job("p", submit=90 * H, cls="production")]
+    now = 100 * H
+    aged = schedule(now, POOL, busy, w, aged_rules("fairshare+aged+backfill+preempt"), {}, est)
+    assert [(s.job_id, s.nodes) for s in aged.starts] == [("r", (1,))] and aged.head == "p"
+    plain = schedule(now, POOL, busy, w, aged_rules("fairshare+backfill+preempt"), {}, est)
+    assert [(s.job_id, s.nodes) for s in plain.starts] == [("p", (1,))] and plain.head == "r"
+
+
+def test_an_aged_wide_job_is_the_head_and_holds_its_reservation_against_newer_higher_class_jobs():
+    # The aged 8-GPU job is first in order but cannot start: it becomes the head, reserved when both
+    # running jobs have ended (100 s from now); the production job predicted to run past that does not backfill.
+    busy = [run(job("x", slots=4, est=1000.0), 50 * H - 950.0, (0,)), run(job("y", slots=2, est=100.0), 50 * H, (1,))]
+    w = [job("wide", slots=8, submit=0.0), job("p", slots=2, submit=49 * H, cls="production", est=600.0)]
+    aged = schedule(50 * H, POOL, busy, w, aged_rules("fairshare+aged+backfill"), {}, est)
+    assert aged.head == "wide" and aged.reserved_s == 50 * H + 100.0 and aged.starts == ()
+    plain = schedule(50 * H, POOL, busy, w, aged_rules("fairshare+backfill"), {}, est)
+    assert [s.job_id for s in plain.starts] == ["p"] and plain.head == "wide"
+
+
+def test_aged_policy_names_parse_and_orders_that_age_already_are_refused():
+    assert Policy.parse("fairshare+backfill+aged+preempt") == Policy(Order.FAIRSHARE, True, True, aged=True)
+    assert Policy.parse("sjf+aged").name == "sjf+aged"
+    with pytest.raises(CapacityError, match=r"'fifo\+aged': fifo serves the oldest first already; drop \+aged"):
+        Policy.parse("fifo+aged")
+    with pytest.raises(CapacityError, match="multifactor ages by its weight_age; drop"):
+        Policy.parse("multifactor+aged+backfill")
+
+
+def test_the_configs_starvation_bound_makes_the_default_aged_and_null_switches_it_off():
+    pools = {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}}
+    on = parse_config({"pools": pools, "scheduling": {"starvation_bound_h": 12}})
+    assert Policy.default(on.scheduling).name == "fairshare+aged+backfill+preempt"
+    assert Rules.of(Policy.default(on.scheduling), on, "p").starvation_bound_s == 12 * H
+    assert Rules.of(Policy.parse("fairshare+backfill"), on, "p").starvation_bound_s is None
+    off = parse_config({"pools": pools, "scheduling": {"starvation_bound_h": None}})
+    assert Policy.default(off.scheduling).name == "fairshare+backfill+preempt"
+    with pytest.raises(CapacityError) as e:
+        Rules.of(Policy.parse("fairshare+aged"), off, "p")
+    assert str(e.value) == (
+        "policy fairshare+aged: +aged needs a starvation bound, but scheduling.starvation_bound_h is null; "
+        "set it (hours, e.g. 24) or drop +aged"
+    )
 
 
 # ------------------------------------------------------------------ gang and strict order

@@ -24,15 +24,15 @@ def main(argv: list[str]) -> int:
 def test_simulate_prints_the_comparison_and_writes_table_plots_and_schedules(tmp_path, capsys):
     trace = tmp_path / "t.csv"
     rc = main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-h100", "--generate", "120", "--seed", "3",
-               "--policies", "fifo,fairshare+backfill+preempt", "--out", str(tmp_path / "out")])
+               "--policies", "fifo,fairshare+aged+backfill+preempt", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "generated 120 jobs" in out and "| fifo | " in out and "fairshare+backfill+preempt" in out
+    assert "generated 120 jobs" in out and "| fifo | " in out and "fairshare+aged+backfill+preempt" in out
     assert "| 1.00 | 1.00 |" in out          # FIFO against itself
-    assert "| fairshare+backfill+preempt (config default) | " in out
+    assert "| fairshare+aged+backfill+preempt (config default) | " in out
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["figures.csv", "ratios.png", "schedule-fairshare+backfill+preempt.csv", "schedule-fifo.csv",
-                       "table.md", "team_share.png", "timeseries-fairshare+backfill+preempt.csv",
+    assert written == ["figures.csv", "ratios.png", "schedule-fairshare+aged+backfill+preempt.csv",
+                       "schedule-fifo.csv", "table.md", "team_share.png", "timeseries-fairshare+aged+backfill+preempt.csv",
                        "timeseries-fifo.csv", "timeseries.png", "wait_cdf.png", "waits_by_size.csv"]
     assert (tmp_path / "out" / "wait_cdf.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "out" / "timeseries.png").read_bytes()[:4] == b"\x89PNG"

@@ -23,6 +23,7 @@ def _config(gpn: int, nodes: int):
             "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 2.0, "worker": "docker"}},
             "quotas": {"vision": {"p": gpn * nodes * 5 // 8}, "speech": {"p": gpn * nodes // 2}},
             "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+            "scheduling": {"starvation_bound_h": 1},  # short: jobs cross it along these traces
         }
     )
 
@@ -62,7 +63,7 @@ def _schedule_of(res):
     return [(r.job_id, r.attempts, r.preempted_at, r.limit_stops, r.end_s) for r in res.records]
 
 
-@pytest.mark.parametrize("name", COMPARED)
+@pytest.mark.parametrize("name", (*COMPARED, "fairshare+aged+backfill+preempt"))
 @pytest.mark.parametrize(("gpn", "nodes", "estimates"), [(4, 4, False), (8, 6, True)])
 def test_the_incremental_pass_replays_every_attempt_as_the_straightforward_schedule_does(name, gpn, nodes, estimates):
     cfg = _config(gpn, nodes)
@@ -89,6 +90,7 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
             "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
             "quotas": quotas,
             "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+            "scheduling": {"starvation_bound_h": 1},  # short: jobs cross it along these traces
         }
     )
     rows = generate(
@@ -120,7 +122,8 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
         )
         for k, r in enumerate(rows)
     ]
-    for name in ("fifo+backfill", "fifo+backfill+preempt", "sjf+backfill", "fairshare+backfill+preempt", "priority"):
+    for name in ("fifo+backfill", "fifo+backfill+preempt", "sjf+backfill", "fairshare+backfill+preempt", "priority",
+                 "fairshare+aged+backfill+preempt", "sjf+aged+backfill"):
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
         assert _schedule_of(fast) == _schedule_of(slow), name

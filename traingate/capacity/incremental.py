@@ -31,10 +31,10 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 from typing import Any
 
-from traingate.capacity.estimate import Predictor, predicted_remaining
+from traingate.capacity.estimate import Predictor
 from traingate.capacity.gang import footprint, nodes_needed
 from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, multifactor_key, schedule
+from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, order_key, schedule
 from traingate.capacity.pools import PoolConfig
 
 
@@ -339,39 +339,34 @@ class Queue:
 
 
 def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
-    """The policy's sort key (``policy.queue_order``'s): (its order's terms, then submission, id)."""
-    classes = rules.classes
-    order = rules.policy.order
-    if order is Order.MULTIFACTOR:
+    """The policy's sort key (``policy.order_key``, as ``policy.queue_order`` sorts by it)."""
+    teams: set[str] = set()
+    if rules.policy.order is Order.MULTIFACTOR:
         teams = {k[1] for k, g in queue._groups.items() if g.off < len(g.jobs)}
         teams.update(j.team for j in queue._singles.values())
-        key = multifactor_key(classes, usage, rules.slurm_priority, now, teams)
-        return lambda j: (key(j), j.submit_s, j.job_id)
-    if order is Order.FIFO:
-        return lambda j: (j.submit_s, j.job_id)
-    if order is Order.PRIORITY:
-        return lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id)
-    if order is Order.SJF:
-
-        def sjf(j: Job) -> tuple:
-            rem = predicted_remaining(j, predict)
-            return (-classes[j.priority].priority, float("inf") if rem is None else rem, j.submit_s, j.job_id)
-
-        return sjf
-    assert order is Order.FAIRSHARE, order
-    return lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id)
+    return order_key(
+        rules.policy, rules.classes, usage, predict, now, rules.slurm_priority, teams, rules.starvation_bound_s
+    )
 
 
-def _order_signature(rules: Rules, usage: Mapping[str, float]) -> tuple | None:
+def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue: Queue) -> tuple | None:
     """What the waiting jobs' order depends on besides the jobs and their predictions: nothing under
-    fifo, priority and sjf; the teams' fair-share ranking; None under multifactor (ages move it)."""
+    fifo, priority and sjf; the teams' fair-share ranking; None under multifactor (ages move it). Under
+    ``+aged`` also which groups' first jobs and single jobs are past the starvation bound (a group is
+    ranked by its first job, and a job crossing the bound moves ahead)."""
     order = rules.policy.order
     if order is Order.MULTIFACTOR:
         return None
-    if order is not Order.FAIRSHARE:
-        return ()
-    rank = {v: i for i, v in enumerate(sorted({0.0, *usage.values()}))}
-    return (rank[0.0], *sorted((t, rank[v]) for t, v in usage.items()))
+    sig: tuple = ()
+    if order is Order.FAIRSHARE:
+        rank = {v: i for i, v in enumerate(sorted({0.0, *usage.values()}))}
+        sig = (rank[0.0], *sorted((t, rank[v]) for t, v in usage.items()))
+    if rules.policy.aged and rules.starvation_bound_s is not None:
+        cutoff = now - rules.starvation_bound_s
+        aged = {j.job_id for j in queue._singles.values() if j.submit_s <= cutoff}
+        aged.update(g.jobs[g.off].job_id for g in queue._live.values() if g.jobs[g.off].submit_s <= cutoff)
+        sig = (sig, frozenset(aged))
+    return sig
 
 
 def plan_pass(
@@ -391,7 +386,7 @@ def plan_pass(
     gpn = pool.gpus_per_node
     classes = rules.classes
     keyf = _key_maker(rules, usage, predict, now, queue)
-    sig = _order_signature(rules, usage)
+    sig = _order_signature(rules, usage, now, queue)
     settled = queue._settled
     # Nothing has started or ended since the last pass (so the free GPUs, the quotas held and every
     # waiting job's prediction are as they were), and the waiting jobs keep their order: then the

@@ -10,6 +10,11 @@ The pass walks the queue in the policy's order:
   (:mod:`traingate.capacity.fairshare`), then submission order; ``multifactor`` Slurm's
   priority/multifactor number, highest first (:func:`multifactor_key`: QOS, fair-share and age
   factors times their weights, so a class is not always ahead of a lower one), then submission order.
+- **aged** (``+aged``, with ``priority``, ``sjf`` or ``fairshare``) — a starvation bound: a waiting job
+  submitted at least ``scheduling.starvation_bound_h`` ago ranks ahead of every job submitted since,
+  oldest first, whatever its class, team or prediction; the order's own terms rank the rest. Under
+  sustained overload the queue's oldest are served in submission order (FIFO's tail), while class and
+  fair share still decide among the jobs that have not waited that long.
 - **gang** — a job starts only when all of its slots fit at once (:mod:`traingate.capacity.gang`).
 - **quotas** — a job whose team would exceed its cap on the pool is passed over; the jobs behind
   it go on. (A preempting class may instead preempt its own team's lower-class jobs.)
@@ -36,7 +41,14 @@ from dataclasses import dataclass
 from traingate.capacity.estimate import Predictor, predicted_remaining
 from traingate.capacity.gang import footprint, free_per_node, place, release, take
 from traingate.capacity.jobs import Job, at_risk_s, started
-from traingate.capacity.pools import CapacityError, PoolConfig, PriorityClass, SchedulingConfig, SlurmPriorityConfig
+from traingate.capacity.pools import (
+    CapacityConfig,
+    CapacityError,
+    PoolConfig,
+    PriorityClass,
+    SchedulingConfig,
+    SlurmPriorityConfig,
+)
 
 
 class Order(str, enum.Enum):  # noqa: UP042 - str(Order.FIFO) stays 'Order.FIFO'
@@ -49,38 +61,56 @@ class Order(str, enum.Enum):  # noqa: UP042 - str(Order.FIFO) stays 'Order.FIFO'
 
 @dataclass(frozen=True)
 class Policy:
-    """A queue order plus two switches. Named like ``fairshare+backfill+preempt``."""
+    """A queue order plus three switches. Named like ``fairshare+aged+backfill+preempt``."""
 
     order: Order
     backfill: bool = False
     preempt: bool = False
+    aged: bool = False  # the starvation bound (Rules.starvation_bound_s) ranks the long-waiting first
 
     @property
     def name(self) -> str:
-        return self.order.value + ("+backfill" if self.backfill else "") + ("+preempt" if self.preempt else "")
+        return (
+            self.order.value
+            + ("+aged" if self.aged else "")
+            + ("+backfill" if self.backfill else "")
+            + ("+preempt" if self.preempt else "")
+        )
 
     @classmethod
     def parse(cls, text: str) -> Policy:
-        """``ORDER[+backfill][+preempt]``, e.g. ``sjf``, ``fifo+backfill``, ``fairshare+backfill+preempt``."""
+        """``ORDER[+aged][+backfill][+preempt]``, e.g. ``sjf``, ``fifo+backfill``,
+        ``fairshare+aged+backfill+preempt``."""
         head, *mods = text.strip().split("+")
         orders = [o.value for o in Order]
         if head not in orders:
             raise CapacityError(
                 f"policy {text!r}: {head!r} is not an order; use one of {orders}, "
-                f"optionally with +backfill and/or +preempt"
+                f"optionally with +aged, +backfill and/or +preempt"
             )
-        bad = [m for m in mods if m not in ("backfill", "preempt")] or [m for m in set(mods) if mods.count(m) > 1]
+        bad = [m for m in mods if m not in ("aged", "backfill", "preempt")] or [
+            m for m in set(mods) if mods.count(m) > 1
+        ]
         if bad:
             raise CapacityError(
                 f"policy {text!r}: {bad[0]!r} is not a modifier (or is repeated); "
-                f"use +backfill and/or +preempt once each"
+                f"use +aged, +backfill and/or +preempt once each"
             )
-        return cls(Order(head), backfill="backfill" in mods, preempt="preempt" in mods)
+        if "aged" in mods and head in (Order.FIFO.value, Order.MULTIFACTOR.value):
+            why = "serves the oldest first already" if head == Order.FIFO.value else "ages by its weight_age"
+            raise CapacityError(f"policy {text!r}: {head} {why}; drop +aged")
+        return cls(Order(head), backfill="backfill" in mods, preempt="preempt" in mods, aged="aged" in mods)
 
     @classmethod
     def default(cls, scheduling: SchedulingConfig) -> Policy:
-        """The policy a pool runs: fair share, with the config's backfill and preemption switches."""
-        return cls(Order.FAIRSHARE, backfill=scheduling.backfill, preempt=scheduling.preemption)
+        """The policy a pool runs: fair share, with the config's backfill and preemption switches, aged
+        when the config sets a starvation bound."""
+        return cls(
+            Order.FAIRSHARE,
+            backfill=scheduling.backfill,
+            preempt=scheduling.preemption,
+            aged=scheduling.starvation_bound_h is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,26 @@ class Rules:
     slurm_priority: SlurmPriorityConfig = SlurmPriorityConfig()  # the multifactor order's weights
     # A backfilled job must end this long before the head's reservation (Slurm mode: its bf_resolution).
     backfill_margin_s: float = 0.0
+    # An ``aged`` policy's starvation bound: a job submitted this long ago ranks ahead (see the module's doc).
+    starvation_bound_s: float | None = None
+
+    @classmethod
+    def of(cls, policy: Policy, config: CapacityConfig, pool: str, teams: Iterable[str] = ()) -> Rules:
+        """The rules ``policy`` runs under on ``pool`` of ``config``; ``teams``: the teams with jobs there
+        (with entitlements, an unlisted team's quota is the default one)."""
+        bound_h = config.scheduling.starvation_bound_h
+        if policy.aged and bound_h is None:
+            raise CapacityError(
+                f"policy {policy.name}: +aged needs a starvation bound, but scheduling.starvation_bound_h is "
+                f"null; set it (hours, e.g. 24) or drop +aged"
+            )
+        return cls(
+            policy,
+            config.priority_classes,
+            config.quotas_on(pool, list(teams)),
+            config.simulator.restart_cost_s,
+            starvation_bound_s=None if bound_h is None or not policy.aged else bound_h * 3600.0,
+        )
 
 
 class How(str, enum.Enum):  # noqa: UP042 - str(How.X) stays 'How.X'
@@ -126,26 +176,67 @@ def queue_order(
     predict: Predictor,
     now: float = 0.0,
     weights: SlurmPriorityConfig | None = None,
+    starvation_bound_s: float | None = None,
 ) -> list[Job]:
     """The waiting jobs in the order the policy serves them (a queue view shows this order);
-    ``now`` and ``weights`` matter to the ``multifactor`` order only."""
+    ``now`` matters to the ``multifactor`` order and an aged one, ``weights`` to ``multifactor``,
+    ``starvation_bound_s`` to an aged one."""
+    teams = {j.team for j in waiting} if policy.order is Order.MULTIFACTOR else ()
+    return sorted(waiting, key=order_key(policy, classes, usage, predict, now, weights, teams, starvation_bound_s))
+
+
+def order_key(
+    policy: Policy,
+    classes: Mapping[str, PriorityClass],
+    usage: Mapping[str, float],
+    predict: Predictor,
+    now: float = 0.0,
+    weights: SlurmPriorityConfig | None = None,
+    teams: Iterable[str] = (),
+    starvation_bound_s: float | None = None,
+) -> Callable[[Job], tuple]:
+    """The sort key of :func:`queue_order`: the order's terms, then submission time, then the job's id
+    (last, so a key names its job). ``teams``: the waiting jobs' teams (``multifactor`` only).
+
+    Along jobs of one class and team in submission order the key never falls (the simulator's queue
+    groups, :mod:`traingate.capacity.incremental`, rely on it); under ``+aged`` too, as the aged are the
+    earliest submitted.
+
+    >>> from traingate.capacity.pools import _default_classes
+    >>> aged = order_key(Policy(Order.PRIORITY, aged=True), _default_classes(), {}, lambda j: None, 30.0,
+    ...                  starvation_bound_s=20.0)
+    >>> old, new = Job("old", "t", "research", "p", 1, 5.0), Job("new", "t", "urgent", "p", 1, 15.0)
+    >>> [j.job_id for j in sorted([new, old], key=aged)]   # old has waited 25 s >= 20: ahead of urgent
+    ['old', 'new']
+    """
     order = policy.order
     if order is Order.MULTIFACTOR:
-        key = multifactor_key(classes, usage, weights or SlurmPriorityConfig(), now, {j.team for j in waiting})
-        return sorted(waiting, key=lambda j: (key(j), j.submit_s, j.job_id))
+        mf = multifactor_key(classes, usage, weights or SlurmPriorityConfig(), now, teams)
+        return lambda j: (mf(j), j.submit_s, j.job_id)
     if order is Order.FIFO:
-        return sorted(waiting, key=lambda j: (j.submit_s, j.job_id))
+        return lambda j: (j.submit_s, j.job_id)
+    base: Callable[[Job], tuple]
     if order is Order.PRIORITY:
-        return sorted(waiting, key=lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id))
-    if order is Order.SJF:
+        base = lambda j: (-classes[j.priority].priority, j.submit_s, j.job_id)  # noqa: E731
+    elif order is Order.SJF:
 
-        def sjf_key(j: Job) -> tuple:
+        def base(j: Job) -> tuple:
             rem = predicted_remaining(j, predict)
             return (-classes[j.priority].priority, math.inf if rem is None else rem, j.submit_s, j.job_id)
 
-        return sorted(waiting, key=sjf_key)
-    assert order is Order.FAIRSHARE, order
-    return sorted(waiting, key=lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id))
+    else:
+        assert order is Order.FAIRSHARE, order
+        base = lambda j: (-classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id)  # noqa: E731
+    if not policy.aged:
+        return base
+    assert starvation_bound_s is not None, f"policy {policy.name}: an aged order needs its starvation bound"
+    cutoff = now - starvation_bound_s
+
+    def aged(j: Job) -> tuple:
+        # (0, ...) sorts before (1, ...): the aged first, oldest first; the rest by the order's own terms.
+        return (0, j.submit_s, j.job_id) if j.submit_s <= cutoff else (1, *base(j))
+
+    return aged
 
 
 def multifactor_key(
@@ -352,7 +443,9 @@ def schedule(
         live[job.job_id] = started(job, now, nodes)
         starts.append(Start(job.job_id, nodes, how))
 
-    for job in queue_order(waiting, policy, rules.classes, usage, predict, now, rules.slurm_priority):
+    for job in queue_order(
+        waiting, policy, rules.classes, usage, predict, now, rules.slurm_priority, rules.starvation_bound_s
+    ):
         need = footprint(job.slots, gpn)
         cap = rules.quotas.get(job.team)
         over = 0 if cap is None else max(0, held.get(job.team, 0) + need - cap)

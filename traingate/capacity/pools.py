@@ -178,6 +178,12 @@ class SchedulingConfig(_Section):
     half_life_h: float = Field(default=24.0, gt=0, description="fair share: usage loses half its weight after this")
     backfill: bool = Field(default=True, description="EASY backfill behind a blocked job")
     preemption: bool = Field(default=True, description="classes with preempts: true may stop lower classes")
+    starvation_bound_h: float | None = Field(
+        default=24.0,
+        gt=0,
+        description="a job submitted this long ago and still waiting ranks ahead of every later one, oldest first, "
+        "whatever its class (the default policy's +aged); null: class order always",
+    )
 
 
 class SlurmPriorityConfig(_Section):

@@ -117,12 +117,7 @@ class Decision:
 def rules_for(cfg: CapacityConfig, pool: str, teams: Sequence[str] = ()) -> Rules:
     """The rules of ``pool``; ``teams``: the teams with jobs there (with entitlements, an unlisted team's
     quota is the default one)."""
-    return Rules(
-        Policy.default(cfg.scheduling),
-        cfg.priority_classes,
-        cfg.quotas_on(pool, teams),
-        restart_cost_s=cfg.simulator.restart_cost_s,
-    )
+    return Rules.of(Policy.default(cfg.scheduling), cfg, pool, teams)
 
 
 def _predict(job: Job) -> float | None:
@@ -195,7 +190,12 @@ def decide(me: str, entries: Sequence[Entry], cfg: CapacityConfig, now: float, u
     waiting = [e.job() for e in on_pool if e.state == WAITING]
     rules = rules_for(cfg, mine.pool, [e.team for e in on_pool])
     plan = schedule(now, pool, running, waiting, rules, usage, _predict)
-    order = [j.job_id for j in queue_order(waiting, rules.policy, rules.classes, usage, _predict)]
+    order = [
+        j.job_id
+        for j in queue_order(
+            waiting, rules.policy, rules.classes, usage, _predict, now, starvation_bound_s=rules.starvation_bound_s
+        )
+    ]
     position = order.index(me) + 1
     for s in plan.starts:
         if s.job_id == me:

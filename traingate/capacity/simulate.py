@@ -148,10 +148,7 @@ def simulate(
             names,
             [tj for tj in trace if tj.job.pool in names],
             config,
-            {
-                n: Rules(policy, config.priority_classes, config.quotas_on(n), config.simulator.restart_cost_s)
-                for n in names
-            },
+            {n: Rules.of(policy, config, n) for n in names},
             h * 3600.0,
             planner or planner_for(policy, config) or plan_pass,
         )
