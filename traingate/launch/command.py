@@ -7,6 +7,11 @@ from traingate.job.stagejob import StageJob
 from traingate.launch.nodes import fan_out_command
 from traingate.recipes.script import build_command, torchrun_args
 
+# How often torchrun's agent polls its workers: a worker's exit (a preempted rank's, after its emergency checkpoint)
+# waits half of it on average before the group restarts in place. torch's default is 0.1 s; 0.05 s costs the agent
+# about 0.5% of a core (measured: 2 workers, +0.11 CPU-s per 10 s at 0.02 s).
+MONITOR_INTERVAL_S = 0.05
+
 
 def stage_command(job: StageJob, python: str, zygote_socket: str | None = None) -> list[str]:
     """The command of one launch of ``job``: a user's script, one process, or a torchrun group.
@@ -50,12 +55,13 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         return [python, *tail]
     # The agent is torchrun that leaves without torch's teardown once its group is stopped, and on one node
     # restarts the group in place after a preemption (traingate.runtime.agent); its supervisor, which tells a
-    # preemption from a stop, runs beside it.
+    # preemption from a stop, runs beside it. It looks at its workers every MONITOR_INTERVAL_S.
     return [
         python,
         "-m",
         "traingate.runtime.agent",
         *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
         f"--max-restarts={job.inplace_restarts}",
+        f"--monitor-interval={MONITOR_INTERVAL_S}",
         *tail,
     ]
