@@ -7,6 +7,7 @@ from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import (How, Order, Policy, Rules, choose_victims, never_fits, queue_order,
                                        reserve, schedule)
 from traingate.capacity.pools import CapacityError, PoolConfig, _default_classes, parse_config
+from traingate.capacity.queue import RUNNING, Entry, decide
 
 CLASSES = _default_classes()
 POOL = PoolConfig(gpus_per_node=4, nodes=2, price_per_gpu_hour=1.0, worker="process")
@@ -128,6 +129,21 @@ def test_the_configs_starvation_bound_makes_the_default_aged_and_null_switches_i
         "policy fairshare+aged: +aged needs a starvation bound, but scheduling.starvation_bound_h is null; "
         "set it (hours, e.g. 24) or drop +aged"
     )
+
+
+def test_the_local_engine_decides_by_the_same_bound_and_shows_the_aged_job_first_in_its_queue():
+    now = 1_000_000.0
+    tree = {"pools": {"p": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}}}
+    busy = Entry("x", "x", "full", "a", "research", "p", 1, submit_s=0.0, state=RUNNING, beat_s=now, started_s=0.0,
+                 nodes=(0,))
+    old = Entry("old", "old", "full", "a", "research", "p", 1, submit_s=now - 2 * H, beat_s=now)
+    new = Entry("new", "new", "full", "b", "production", "p", 1, submit_s=now - 60.0, beat_s=now)
+    on = parse_config({**tree, "scheduling": {"starvation_bound_h": 1}})
+    d_old, d_new = (decide(j, [busy, old, new], on, now, {}) for j in ("old", "new"))
+    assert (d_old.start, d_old.position, d_new.start, d_new.position) == (True, 1, False, 2)
+    off = parse_config({**tree, "scheduling": {"starvation_bound_h": None}})
+    d_old, d_new = (decide(j, [busy, old, new], off, now, {}) for j in ("old", "new"))
+    assert (d_old.start, d_old.position, d_new.start, d_new.position) == (False, 2, True, 1)
 
 
 # ------------------------------------------------------------------ gang and strict order
