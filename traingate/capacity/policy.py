@@ -231,9 +231,17 @@ def order_key(
         return base
     assert starvation_bound_s is not None, f"policy {policy.name}: an aged order needs its starvation bound"
     cutoff = now - starvation_bound_s
+    # (0, ...) sorts before (1, ...): the aged first, oldest first; the rest by the order's own terms.
+    if order is Order.FAIRSHARE:  # the default policy's key, spelled out: a replay computes it per job per pass
+
+        def aged_fairshare(j: Job) -> tuple:
+            if j.submit_s <= cutoff:
+                return (0, j.submit_s, j.job_id)
+            return (1, -classes[j.priority].priority, usage.get(j.team, 0.0), j.submit_s, j.job_id)
+
+        return aged_fairshare
 
     def aged(j: Job) -> tuple:
-        # (0, ...) sorts before (1, ...): the aged first, oldest first; the rest by the order's own terms.
         return (0, j.submit_s, j.job_id) if j.submit_s <= cutoff else (1, *base(j))
 
     return aged
