@@ -96,7 +96,15 @@ def render(cfg, live, history, now: float, only: str | None = None, slurm_jobs=(
         rules = rules_for(cfg, name, [e.team for e in mine])
         for e in [
             next(w for w in waiting if w.job_id == j.job_id)
-            for j in queue_order([w.job() for w in waiting], rules.policy, rules.classes, usage, _predict)
+            for j in queue_order(
+                [w.job() for w in waiting],
+                rules.policy,
+                rules.classes,
+                usage,
+                _predict,
+                now,
+                starvation_bound_s=rules.starvation_bound_s,
+            )
         ]:
             d = decide(e.job_id, mine, cfg, now, usage)
             est = (

@@ -320,3 +320,18 @@ def test_a_job_of_another_os_user_is_refused_in_one_line_instead_of_waiting_fore
     assert "refuses this OS user" in line and "TRAINGATE_STATE_DIR" in line and "\n" not in line
     proc.terminate()
     proc.wait(10)
+
+
+def test_the_queue_view_lists_a_job_past_the_starvation_bound_first_and_starts_it_before_a_newer_production_job():
+    from flows.cli.queue import render
+
+    now = time.time()
+    busy = Entry("x-full", "x", "full", "a", "research", "p", 1, submit_s=now - 3 * 3600, state=RUNNING, beat_s=now,
+                 started_s=now - 3 * 3600, nodes=(0,))
+    old = Entry("old-full", "old", "full", "a", "research", "p", 1, submit_s=now - 2 * 3600, beat_s=now)
+    new = Entry("new-full", "new", "full", "b", "production", "p", 1, submit_s=now - 60, beat_s=now)
+    for bound, first, second in ((1, "old-full", "new-full"), (None, "new-full", "old-full")):
+        text = render(_cfg(2, scheduling={"starvation_bound_h": bound}), [busy, old, new], {}, now)
+        waiting = [line.split() for line in text.splitlines() if line.lstrip().startswith("#")]
+        assert [(w[0], w[1]) for w in waiting] == [("#1", first), ("#2", second)], text
+        assert "start now" in " ".join(waiting[0]) and "start now" not in " ".join(waiting[1]), text
