@@ -43,6 +43,10 @@ PREFECT_SERVER_VAR = "TRAINGATE_PREFECT_SERVER"
 # Where migrated, empty Prefect databases are cached (flows.local_server.db_cache_dir); unset: under the state dir.
 PREFECT_DB_CACHE_VAR = "TRAINGATE_PREFECT_DB_CACHE"
 S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
+# The socket of a process worker's flow-run zygote (flows/warm_engine.py); unset: flow runs start cold.
+ENGINE_SOCKET_VAR = "TRAINGATE_ENGINE_SOCKET"
+# Where a deployment's pull step puts the code (deployments/prefect.yaml: set_working_directory).
+CODE_DIR_VAR = "TRAINGATE_CODE_DIR"
 # Every location a user or a pool sets; a pool's job template carries the ones that are set.
 LOCATION_VARS = (
     STATE_DIR_VAR,

@@ -36,6 +36,7 @@ from prefect.workers.process import ProcessWorker
 from prefect_docker.worker import DockerWorker
 from pydantic import SecretStr
 
+from flows.warm_engine import ENGINE_COMMAND
 from tasks import slots
 from traingate.capacity import slurm, slurm_cli
 from traingate.capacity.pools import CapacityConfig, CapacityError, Engine, PoolConfig, load_config
@@ -176,7 +177,11 @@ def _template(
 ) -> dict[str, Any]:
     env = os.environ if env is None else env
     if pool.worker == "process":
-        return ProcessWorker.get_default_base_job_template()
+        base = ProcessWorker.get_default_base_job_template()
+        # A flow run forked from the worker's pre-imported zygote when its wrapper started one, else (no
+        # zygote) exactly Prefect's own `python -m prefect.engine`: flows/warm_engine.py.
+        base["variables"]["properties"]["command"]["default"] = ENGINE_COMMAND
+        return base
     if not image:
         raise CapacityError(
             f"pools.{pool_name}.worker = {pool.worker}: a container pool needs the training image; "

@@ -3,6 +3,7 @@ deployments/prefect.yaml, a real process worker, and flow runs triggered through
 RunSpec given as a plain mapping (no spec file for the worker)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -36,15 +37,20 @@ def deployed(server, tmp_path):
     deployments from deployments/prefect.yaml, and one worker on the pool."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.workers.process import ProcessWorker
+
+    from flows.cli.pools import job_template
+    from traingate.capacity.pools import parse_config
 
     state = tmp_path / "worker-state"
-    env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT)}
+    # `python` of the pool's command (flows/warm_engine.py) is this interpreter, as in the training image.
+    env = {**server["env"], "TRAINGATE_CODE_DIR": str(ROOT), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    pool = parse_config({"pools": {"cpu-local": {"gpus_per_node": 2, "nodes": 1, "price_per_gpu_hour": 0,
+                                                 "worker": "process"}}}).pools["cpu-local"]
     # The deploying shell has no state dir of its own: where state lives is the worker's to say.
     env.pop("TRAINGATE_STATE_DIR", None)
     with prefect_api_at(server["url"]), get_client(sync_client=True) as c:
         c.create_work_pool(WorkPoolCreate(name="cpu-local", type="process",
-                                          base_job_template=ProcessWorker.get_default_base_job_template()))
+                                          base_job_template=job_template(pool, None, "cpu-local")))
         c.upsert_global_concurrency_limit_by_name("cpu-local", 2)
     p = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
                         "--name", "ladder-cpu", "--name", "ladder-resume"],
@@ -54,7 +60,9 @@ def deployed(server, tmp_path):
     worker_env = {**env, "TRAINGATE_STATE_DIR": str(state), "PREFECT_WORKER_QUERY_SECONDS": "2"}
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
+        # Wrapped as infra/docker-compose.yml wraps it: its flow runs are forked from a pre-imported zygote.
+        worker = subprocess.Popen([PYTHON, "-m", "flows.warm_engine", "--worker",
+                                   str(BIN / "prefect"), "worker", "start", "--pool", "cpu-local", "--type", "process"],
                                   env=worker_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
@@ -111,7 +119,7 @@ def test_ladder_deployment_runs_a_spec_mapping_and_a_resume_through_the_api(depl
 
     # A run of a RunSpec mapping stopped after smoke, continued at canary by the resume deployment.
     spec = yaml.safe_load(TINY_DIGITS)
-    _trigger("ladder/ladder-cpu", {"spec": spec, "until": "smoke"}, deployed["worker_log"])
+    first = _trigger("ladder/ladder-cpu", {"spec": spec, "until": "smoke"}, deployed["worker_log"])
     client = MlflowClient(Settings.from_env({"TRAINGATE_STATE_DIR": str(deployed["state"])}).tracking_uri)
     (stopped,) = _pipeline_runs(client).values()
     assert stopped.info.status == "FINISHED"
@@ -119,8 +127,11 @@ def test_ladder_deployment_runs_a_spec_mapping_and_a_resume_through_the_api(depl
     assert stopped.data.params["optim.lr"] == "0.05"  # the mapping's value, not the deployment's demo spec
     assert _stages(client, stopped) == {"unit", "smoke"}
     run_id = stopped.info.run_id
-    _trigger("ladder/ladder-resume", {"resume_from": {"run_id": run_id, "stage": "canary"}, "until": "canary"},
-             deployed["worker_log"])
+    second = _trigger("ladder/ladder-resume", {"resume_from": {"run_id": run_id, "stage": "canary"}, "until": "canary"},
+                      deployed["worker_log"])
+    # Both flow runs' processes were forked from the worker's zygote (flows/warm_engine.py), not started cold.
+    log = deployed["worker_log"].read_text()
+    assert all(f"for flow run {r.id}" in log for r in (first, second)), tail(deployed["worker_log"])
     runs = _pipeline_runs(client)
     assert list(runs) == [run_id], "a resume continues the run; it opens no new one"
     resumed = runs[run_id]

@@ -34,6 +34,7 @@ def test_a_pools_flow_runs_get_the_bootstraps_locations_merged_with_the_deployme
     from prefect.workers.process import ProcessJobConfiguration
 
     from flows.cli.pools import job_template
+    from flows.warm_engine import ENGINE_COMMAND
 
     cfg = parse_config(POOLS)
     env = {"TRAINGATE_STATE_DIR": "/srv/traingate", "TRAINGATE_TRACKING_URI": "http://mlflow:5000",
@@ -53,6 +54,7 @@ def test_a_pools_flow_runs_get_the_bootstraps_locations_merged_with_the_deployme
     plain = asyncio.run(ProcessJobConfiguration.from_template_and_values(
         job_template(cfg.pools["cpu-local"], None, "cpu-local", locations), {}))
     assert plain.env == locations
+    assert plain.command == ENGINE_COMMAND  # a process pool's flow runs start through flows/warm_engine.py
 
 
 @pytest.mark.parametrize("state, why", [(None, "TRAINGATE_STATE_DIR is not set"), ("", "TRAINGATE_STATE_DIR is not set"),

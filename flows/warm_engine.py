@@ -1,0 +1,448 @@
+"""A process pool's flow runs forked from a pre-imported parent instead of started cold.
+
+A process worker starts each flow run as ``python -m prefect.engine``: Python, Prefect, the ladder's
+module (MLflow and pandas with it) and, for a built-in recipe's data snapshot, torch; 5-6 CPU-s, on the
+path from a UI trigger to the first training step. Started as the worker's wrapper::
+
+    python -m flows.warm_engine --worker prefect worker start --pool cpu-local --type process
+
+this module starts a zygote beside the worker (``--serve``), which imports all of that once, and execs the
+worker with ``TRAINGATE_ENGINE_SOCKET`` naming the zygote's socket. The pool's command
+(``traingate pools bootstrap`` writes it into a process pool's job template) is the thin entry
+``python -m flows.warm_engine``: it hands the zygote its environment, working directory and
+stdin/stdout/stderr (SCM_RIGHTS); the forked child takes them (its own session), refreshes Prefect's
+settings and logging from that environment and runs ``prefect.engine`` as ``python -m prefect.engine``
+would, atexit handlers included. The entry relays SIGTERM and SIGINT to the child and ends as it ended
+(a death by a signal re-raised as the same signal), so the worker sees the flow run's process as it would
+see a cold one. A child whose entry is gone (SIGKILLed) kills itself.
+
+The entry starts cold (``exec python -m prefect.engine``) when no zygote answers, when the request's
+``TRAINGATE_CODE_DIR`` is not the code the zygote imported, and when a file of that code changed since the
+zygote imported it; on a changed file the zygote also restarts itself, so the next flow run is warm on
+the new code. A zygote serves only its own worker (the socket sits in a directory only its user can
+enter) and ends when the worker does.
+
+Wire format, entry -> zygote: ``!I`` length + JSON ``{env, cwd}``, fds 0-2 attached. Zygote/child ->
+entry: ``!ci`` records: ``R`` refused (start cold), ``P`` pid, ``X`` exit code, ``S`` signal number.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import json
+import os
+import runpy
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
+
+_LEN = struct.Struct("!I")
+_REC = struct.Struct("!ci")
+_RELAYED = (signal.SIGTERM, signal.SIGINT)
+# What a cold flow-run process of the ladder imports before its first task: Prefect's engine, the flows
+# (MLflow, pandas, the tasks and the core library with them) and torch (a built-in recipe's data snapshot).
+PRELOADED = ("prefect.engine", "flows.pipeline", "flows.stage", "torch")
+# Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
+# through pyarrow under pandas, re-creates itself in a child).
+_FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
+CODE_ROOT = Path(__file__).resolve().parent.parent
+# A process pool's command (its job template's default): this module's thin entry.
+ENGINE_COMMAND = "python -m flows.warm_engine"
+
+
+# ---------------------------------------------------------------- thin entry (the pool's command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"] and len(argv) == 3:
+        return serve(argv[1], int(argv[2]))
+    if argv[:1] == ["--worker"] and len(argv) > 1:
+        return worker(argv[1:])
+    if argv:
+        print(
+            "python -m flows.warm_engine: usage: (no arguments: run the flow run of PREFECT__FLOW_RUN_ID), "
+            "--worker COMMAND..., --serve SOCKET WORKER_PID",
+            file=sys.stderr,
+        )
+        return 64
+    path = os.environ.get(ENGINE_SOCKET_VAR)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if not path:
+            raise OSError("no zygote")
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return _cold()
+    pid: list[int] = []
+    pending: list[int] = []
+
+    def relay(signum: int, frame: object) -> None:
+        if not pid:
+            pending.append(signum)  # delivered once the child exists
+            return
+        try:
+            os.kill(pid[0], signum)
+        except ProcessLookupError:
+            pass  # it exited already; its status is on its way
+
+    for sig in _RELAYED:
+        signal.signal(sig, relay)
+    request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    try:
+        conn.sendmsg(
+            [_LEN.pack(len(request)) + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))]
+        )
+    except OSError:
+        conn.close()
+        return _cold()
+    reader = conn.makefile("rb")
+    while True:
+        record = reader.read(_REC.size)
+        if len(record) < _REC.size:
+            if not pid:  # the zygote went away before a child existed: start here, cold but correct
+                conn.close()
+                for sig in _RELAYED:
+                    signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
+                if pending:
+                    return 128 + pending[0]
+                return _cold()
+            return _die(signal.SIGKILL)  # the child and its zygote are gone without a word: it was killed
+        kind, value = _REC.unpack(record)
+        if kind == b"R":
+            conn.close()
+            if pending:
+                return 128 + pending[0]
+            return _cold()
+        if kind == b"P":
+            pid.append(value)
+            for waiting in pending:
+                relay(waiting, None)
+        elif kind == b"X":
+            return value
+        elif kind == b"S":
+            return _die(value)
+
+
+def _cold() -> int:
+    """Become ``python -m prefect.engine``, the command a process worker runs by default (same pid)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "prefect.engine"])
+    return 70  # not reached: execv returns only by raising
+
+
+def _die(signum: int) -> int:
+    """End this process by ``signum``, as the flow run's process did."""
+    if signum != signal.SIGKILL:
+        signal.signal(signum, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    return 128 + signum  # not reached for a fatal signal
+
+
+# ---------------------------------------------------------------- the worker's wrapper
+
+
+def worker(command: list[str]) -> int:
+    """Start a zygote, then become ``COMMAND`` (exec: same pid, so the worker's signals and exit are its own)
+    with the zygote's socket in its environment, which its flow runs inherit."""
+    home = tempfile.mkdtemp(prefix="tg-engine-")  # 0700: only this user reaches the socket
+    path = os.path.join(home, "zygote.sock")
+    env = dict(os.environ)
+    # A zygote must be single-threaded when it forks; torch's OpenMP pool starts at import when the count is
+    # unset. Only the zygote's own environment: its children take their entry's.
+    subprocess.Popen(
+        [sys.executable, "-m", "flows.warm_engine", "--serve", path, str(os.getpid())],
+        env={**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")},
+        stdin=subprocess.DEVNULL,
+        cwd=str(CODE_ROOT),
+    )
+    env[ENGINE_SOCKET_VAR] = path
+    os.execvpe(command[0], command, env)
+    return 70  # not reached
+
+
+# ---------------------------------------------------------------- zygote
+
+
+def serve(path: str, worker_pid: int) -> int:
+    """Bind ``path``, import the flow-run stack once, then fork a flow run per request while ``worker_pid``
+    (this zygote's parent) lives. The socket is bound before the imports: an entry that arrives meanwhile
+    waits in the backlog instead of starting cold beside the importing zygote."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C stops the worker; this ends with it
+    if os.path.exists(path):
+        os.unlink(path)  # a restart on changed code (its own socket)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    started = time.time()
+    gc.disable()  # the imports make objects and no garbage; frozen after them, no later collection walks them
+    for name in PRELOADED:
+        importlib.import_module(name)
+    gc.freeze()
+    gc.enable()
+    extra = _extra_threads()
+    if extra:
+        print(f"flow-run zygote: threads {extra} after the imports; not serving, flow runs start cold", file=sys.stderr)
+        listener.close()
+        os.unlink(path)
+        return 3
+    code = _code_files()
+    print(
+        f"flow-run zygote: ready on {path} (pid {os.getpid()}), imports {time.time() - started:.2f} s, "
+        f"{time.process_time():.2f} CPU-s, {len(code)} code files watched",
+        file=sys.stderr,
+        flush=True,
+    )
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == worker_pid:
+        ready, _, _ = select.select([listener.fileno(), wake[0]], [], [], 0.5)
+        if wake[0] in ready:
+            _drain(wake[0])
+        if listener.fileno() in ready:
+            conn, _ = listener.accept()
+            changed = _fork_flow_run(conn, listener, wake, children, code)
+            if changed:  # the code on disk is not what this zygote imported: start again on the new code
+                listener.close()
+                _reap(children)
+                os.execv(sys.executable, [sys.executable, "-m", "flows.warm_engine", "--serve", path, str(worker_pid)])
+        _reap(children)
+    listener.close()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    return 0
+
+
+def _extra_threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name not in _FORK_SAFE_THREADS:
+            names.append(name)
+    return names
+
+
+def _code_files() -> dict[str, tuple[int, int]]:
+    """(mtime, size) of every imported module file of this checkout: what a forked flow run would run."""
+    out = {}
+    root = str(CODE_ROOT) + os.sep
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and file.startswith(root) and os.sep + ".venv" + os.sep not in file:
+            try:
+                st = os.stat(file)
+            except OSError:
+                continue
+            out[file] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def _changed(code: dict[str, tuple[int, int]]) -> str | None:
+    for file, seen in code.items():
+        try:
+            st = os.stat(file)
+        except OSError:
+            return file
+        if (st.st_mtime_ns, st.st_size) != seen:
+            return file
+    return None
+
+
+def _drain(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 512):
+                return
+        except BlockingIOError:
+            return
+
+
+def _fork_flow_run(
+    conn: socket.socket,
+    listener: socket.socket,
+    wake: tuple[int, int],
+    children: dict[int, socket.socket],
+    code: dict[str, tuple[int, int]],
+) -> bool:
+    """Fork a flow run for the request on ``conn`` or refuse it (the entry starts cold); True when a file of the
+    imported code changed."""
+    conn.settimeout(10.0)
+    try:
+        request, fds = _read_request(conn)
+    except (OSError, ValueError) as e:
+        print(f"flow-run zygote: bad request: {e}", file=sys.stderr, flush=True)
+        conn.close()
+        return False
+    conn.settimeout(None)
+    code_dir = request["env"].get(CODE_DIR_VAR)
+    changed = _changed(code)
+    why = None
+    if changed:
+        why = f"{changed} changed since it was imported"
+    elif not code_dir or Path(code_dir).resolve() != CODE_ROOT:
+        why = f"{CODE_DIR_VAR}={code_dir!r} is not {CODE_ROOT}, the code it imported"
+    if why:
+        print(f"flow-run zygote: a flow run starts cold: {why}", file=sys.stderr, flush=True)
+        for fd in fds:
+            os.close(fd)
+        try:
+            conn.sendall(_REC.pack(b"R", 0))
+        except OSError:
+            pass
+        conn.close()
+        return changed is not None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_flow_run(conn, listener, wake, children, request, fds)  # ends in os._exit
+        finally:
+            os._exit(70)  # an exception escaped the flow run's own handling (EX_SOFTWARE)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    print(
+        f"flow-run zygote: forked {pid} for flow run {request['env'].get('PREFECT__FLOW_RUN_ID')}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
+def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) - len(payload) % 4]))
+    if len(data) < _LEN.size or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"expected a length and 3 fds, got {len(data)} bytes and {len(fds)} fds")
+    (size,) = _LEN.unpack(data[: _LEN.size])
+    body = data[_LEN.size :]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("request cut short")
+        body += more
+    return json.loads(body), fds
+
+
+def _become_flow_run(
+    conn: socket.socket,
+    listener: socket.socket,
+    wake: tuple[int, int],
+    children: dict[int, socket.socket],
+    request: dict,
+    fds: list[int],
+) -> None:
+    """In the forked child: take the entry's place (session, fds, environment, cwd) and run the flow run."""
+    listener.close()
+    for other in children.values():
+        other.close()
+    signal.set_wakeup_fd(-1)
+    for fd in wake:
+        os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()  # the entry relays its signals; a group-wide one must not reach this child twice
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [sys.argv[0]]
+    # Prefect read its settings and set up logging from the zygote's environment at import; a cold process
+    # reads the flow run's.
+    sys.modules["prefect.context"].refresh_global_settings_context()
+    sys.modules["prefect.logging.configuration"].setup_logging(incremental=False)
+    torch = sys.modules["torch"]
+    if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    conn.sendall(_REC.pack(b"P", os.getpid()))
+    done = threading.Event()
+
+    def entry_gone() -> None:
+        # The entry sends nothing after its request: EOF means it died (the worker's SIGKILL). A flow run
+        # nobody waits for must not go on.
+        try:
+            conn.recv(1)
+        except OSError:
+            pass
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=entry_gone, name="engine-entry-watch", daemon=True).start()
+    code = 0
+    try:
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    # What interpreter shutdown does before it ends a cold process: wait for non-daemon threads, then the
+    # atexit handlers (Prefect's log and event workers flush there).
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    done.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        conn.sendall(_REC.pack(b"X", code))
+    except OSError:
+        pass  # the entry is gone; nobody is left to tell
+    os._exit(code)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is None:
+            continue
+        if os.WIFSIGNALED(status):  # a child that exited has said so itself; a signal it could not report
+            try:
+                conn.sendall(_REC.pack(b"S", os.WTERMSIG(status)))
+            except OSError:
+                pass
+        conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
