@@ -181,6 +181,11 @@ def simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--half-life-h", type=float, help="fair-share half-life (default: the config's scheduling.half_life_h)"
     )
+    p.add_argument(
+        "--placement",
+        help="where jobs go on a pool whose trace jobs ask fractions of a GPU (shared GPUs): bestfit or fgd "
+        "(default: the config's simulator.placement)",
+    )
     p.add_argument("--out", help="output directory (default: <state dir>/simulate/<trace name>)")
     g = p.add_argument_group("generate a trace first (into TRACE.csv, which must not exist)")
     g.add_argument(
@@ -200,9 +205,7 @@ def simulate(p: argparse.ArgumentParser) -> None:
         help="jobs sampled from the trace (gpus may be a fraction of one GPU) arrive and stay until their demand "
         "reaches each pool's capacity; report the unallocated and fragmented GPU share at each fill level",
     )
-    f.add_argument(
-        "--placements", default="bestfit,fgd", help="comma-separated: bestfit, fgd (default: both, compared)"
-    )
+    f.add_argument("--placements", help="comma-separated: bestfit, fgd (default: both, compared)")
     f.add_argument("--fill-runs", type=int, default=5, help="samples per placement, seeds --seed.. (default 5)")
 
 

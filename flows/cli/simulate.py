@@ -11,7 +11,7 @@ from traingate.capacity.figures import figures, timeseries
 from traingate.capacity.fill import fill, fill_table, parse_placements, write_fill
 from traingate.capacity.load import LOAD_RANGE, at_load, offered_load
 from traingate.capacity.policy import Policy
-from traingate.capacity.pools import CapacityConfig, CapacityError, load_config
+from traingate.capacity.pools import CapacityConfig, CapacityError, Placement, load_config
 from traingate.capacity.report import (
     COMPARED,
     plot_fill,
@@ -21,7 +21,7 @@ from traingate.capacity.report import (
     write_schedule,
     write_timeseries,
 )
-from traingate.capacity.simulate import simulate
+from traingate.capacity.simulate import TraceJob, simulate
 from traingate.capacity.trace import TraceParams, generate, read_trace, write_trace
 from traingate.settings import Settings
 
@@ -49,7 +49,15 @@ def _run(args: argparse.Namespace) -> int:
         _generate(args, config, trace_path)
     if args.fill:
         return _fill(args, config, trace_path)
+    if args.placements is not None:
+        raise CapacityError(
+            "--placements compares placements in the fill experiment (--fill); the replay takes one: --placement NAME"
+        )
     trace = read_trace(trace_path, config, args.pool)
+    config = _with_placement(config, args.placement, trace)
+    shared = any(tj.job.milli for tj in trace)
+    if shared and args.policies is None:
+        policies = [p for p in policies if not p.preempt]  # a preemption frees whole GPUs: none on shared GPUs
     recorded = offered_load(trace, config) if len({tj.job.submit_s for tj in trace}) > 1 else None
     if args.load is not None and args.generate is None:
         trace = at_load(trace, config, args.load)
@@ -63,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         results,
         f"{len(trace)} jobs from {trace_path.name} on "
         + ", ".join(f"{p} ({config.pools[p].capacity} GPUs)" for p in pools)
-        + _load_note(recorded, args.load if args.generate is None else None),
+        + _load_note(recorded, args.load if args.generate is None else None)
+        + (f"; shared GPUs placed {config.simulator.placement}, no +preempt" if shared else ""),
         default,
         figs,
     )
@@ -87,10 +96,12 @@ def _fill(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) ->
             raise CapacityError(f"{flag} does nothing with --fill (it compares placements, not policies); drop it")
     if args.load is not None and args.generate is None:
         raise CapacityError("--load does nothing with --fill (jobs arrive until the pool is full); drop it")
-    placements = parse_placements(args.placements)
+    if args.placement is not None:
+        raise CapacityError("--placement places the replay's jobs; --fill compares placements: --placements A,B")
+    placements = parse_placements(args.placements or ",".join(Placement))
     if args.fill_runs < 1:
         raise CapacityError(f"--fill-runs = {args.fill_runs}: must be at least 1")
-    trace = read_trace(trace_path, config, args.pool, shared_gpus=True)
+    trace = read_trace(trace_path, config, args.pool)
     out = Path(args.out) if args.out else Settings.from_env().state_dir / "simulate" / trace_path.stem
     out.mkdir(parents=True, exist_ok=True)
     curves = []
@@ -109,6 +120,23 @@ def _fill(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) ->
     print(text)
     print(f"written: {out / 'fill.md'}, fill.csv, fill.png in {out}")
     return 0
+
+
+def _with_placement(config: CapacityConfig, name: str | None, trace: list[TraceJob]) -> CapacityConfig:
+    """``config`` with ``--placement`` as its ``simulator.placement``; a warning when no job asks a
+    fraction of a GPU (whole GPUs are placed best fit on a pool without shared GPUs)."""
+    if name is None:
+        return config
+    if name not in {p.value for p in Placement}:
+        raise CapacityError(f"--placement {name!r} is not a placement policy; use one of {', '.join(Placement)}")
+    if not any(tj.job.milli for tj in trace):
+        print(
+            f"traingate simulate: warning: --placement {name} does nothing here: no job asks a fraction of a GPU, "
+            f"and whole GPUs on pools without shared GPUs are placed best fit",
+            file=sys.stderr,
+        )
+    sim = config.simulator.model_copy(update={"placement": Placement(name)})
+    return config.model_copy(update={"simulator": sim})
 
 
 def _generate(args: argparse.Namespace, config: CapacityConfig, trace_path: Path) -> None:

@@ -34,7 +34,6 @@ def test_the_estimate_column_is_read_and_an_empty_cell_means_no_estimate(tmp_pat
 @pytest.mark.parametrize("text, message", [
     ("job_id,submit_s,gpus\n", "line 1: column 'duration_s' is missing"),
     ("job_id,submit_s,duration_s,gpus,user\n", "line 1: column 'user' is not a trace column"),
-    ("job_id,submit_s,duration_s,gpus\nj1,0,60,0.5\n", "line 2: gpus = '0.5': slots are whole GPUs, at least 1; round up to 1"),
     ("job_id,submit_s,duration_s,gpus\nj1,0,60,two\n", "line 2: gpus = 'two': not a number"),
     ("job_id,submit_s,duration_s,gpus\nj1,-5,60,1\n", "line 2: submit_s = '-5': must be >= 0"),
     ("job_id,submit_s,duration_s,gpus\nj1,0,0,1\n", "line 2: duration_s = '0': must be > 0"),

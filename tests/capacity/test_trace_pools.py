@@ -19,10 +19,10 @@ CFG = parse_config(
 )
 
 
-def read(tmp_path, text, shared=False):
+def read(tmp_path, text):
     path = tmp_path / "t.csv"
     path.write_text(text)
-    return read_trace(path, CFG, shared_gpus=shared)
+    return read_trace(path, CFG)
 
 
 def test_a_pools_column_lists_the_pools_a_job_accepts_the_first_being_its_own(tmp_path):
@@ -36,10 +36,10 @@ def test_a_gpu_types_column_maps_each_gpu_model_to_every_pool_of_that_model(tmp_
     assert tj.accepts == ("a100-east", "a100-west", "h100")
 
 
-def test_shared_gpu_requests_keep_their_fraction_and_hold_one_slot(tmp_path):
-    a, b = read(tmp_path, "job_id,submit_s,duration_s,gpus,pool\nj1,0,60,0.25,h100\nj2,0,60,4,h100\n", shared=True)
-    assert (a.gpus, a.job.slots) == (0.25, 1)
-    assert (b.gpus, b.job.slots) == (None, 4)
+def test_shared_gpu_requests_keep_their_fraction_in_thousandths_of_one_slot(tmp_path):
+    a, b = read(tmp_path, "job_id,submit_s,duration_s,gpus,pool\nj1,0,60,0.25,h100\nj2,0,60,4,h100\n")
+    assert (a.gpus, a.job.slots, a.job.milli) == (0.25, 1, 250)
+    assert (b.gpus, b.job.slots, b.job.milli) == (None, 4, 0)
 
 
 BAD = [
@@ -63,11 +63,5 @@ BAD = [
 @pytest.mark.parametrize(("text", "line"), BAD)
 def test_bad_pools_or_fractions_are_one_line_naming_the_row_and_column(tmp_path, text, line):
     with pytest.raises(CapacityError) as e:
-        read(tmp_path, text, shared=True)
+        read(tmp_path, text)
     assert line in str(e.value) and "\n" not in str(e.value)
-
-
-def test_the_replay_refuses_a_fraction_and_points_to_the_fill_experiment(tmp_path):
-    with pytest.raises(CapacityError, match=r"gpus = '0.5': slots are whole GPUs, at least 1; round up to 1 "
-                                            r"\(`traingate simulate --fill` packs fractions onto shared GPUs\)"):
-        read(tmp_path, "job_id,submit_s,duration_s,gpus,pool\nj1,0,60,0.5,h100\n")

@@ -49,7 +49,7 @@ def decayed_usage(
 
 
 def advance(
-    usage: Mapping[str, float], gpus_held: Mapping[str, int], dt_s: float, half_life_s: float
+    usage: Mapping[str, float], gpus_held: Mapping[str, float], dt_s: float, half_life_s: float
 ) -> dict[str, float]:
     """Usage ``dt_s`` seconds later, each team having held ``gpus_held[team]`` GPUs throughout."""
     d = 2.0 ** (-dt_s / half_life_s)

@@ -41,6 +41,7 @@ BSLD_BOUND_S = 10.0
 ALL = "all"  # the scope of every pool together
 # (largest GPU count in the bucket, its name); a job falls in the first bucket that holds it.
 SIZE_BUCKETS: tuple[tuple[float, str], ...] = (
+    (0.999, "<1"),  # a share of a GPU (requests are thousandths)
     (1, "1"),
     (2, "2"),
     (4, "3-4"),

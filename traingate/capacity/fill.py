@@ -31,25 +31,19 @@ Placement policies (``Placement``):
 
 from __future__ import annotations
 
-import enum
 from bisect import insort
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from traingate.capacity.pools import CapacityError
+from traingate.capacity.pools import CapacityError, Placement
 
 MILLI = 1000  # a GPU in thousandths: shared requests are packed in these units
 DEFAULT_RUNS = 5
 LEVELS = 100  # the fill curve's points: arrived demand 1%, 2%, ... 100% of capacity
-
-
-class Placement(enum.StrEnum):
-    BESTFIT = "bestfit"
-    FGD = "fgd"
 
 
 def parse_placements(text: str) -> list[Placement]:
@@ -132,8 +126,23 @@ class Cluster:
         """Place a job of ``size`` thousandths; False (nothing changed) when it fits nowhere."""
         if size > MILLI * self.gpn:
             return self._place_whole_nodes(size)
-        best: tuple[tuple[float, ...], State, State] | None = None
-        for state, idx in self._nodes.items():
+        best = self.choose(size, policy)
+        if best is None:
+            return False
+        state, after, node, _ = best
+        self.move(node, state, after)
+        self.allocated += size
+        return True
+
+    def choose(
+        self, size: int, policy: Placement, among: Iterable[tuple[State, Sequence[int]]] | None = None
+    ) -> tuple[State, State, int, int] | None:
+        """Where a job of ``size`` thousandths (at most a node) goes: the node's state, the state it
+        becomes, the node (the lowest of those in that state) and what is left where it went (free on
+        the GPU it shares, or wholly free GPUs on the node); None when it fits nowhere. ``among``:
+        (state, nodes in it) to choose from, every node by default."""
+        best: tuple[tuple[float, ...], State, State, int, int] | None = None
+        for state, idx in self._nodes.items() if among is None else among:
             for after, left in _candidates(state, size):
                 # Best fit: the least free left on the GPU shared (fractions) or the node, then the node's free.
                 tight = (left, sum(after), idx[0])
@@ -145,13 +154,8 @@ class Cluster:
                 else:
                     score = tight
                 if best is None or score < best[0]:
-                    best = (score, state, after)
-        if best is None:
-            return False
-        _, state, after = best
-        self._move(state, after, self._nodes[state][0])
-        self.allocated += size
-        return True
+                    best = (score, state, after, idx[0], left)
+        return None if best is None else best[1:]
 
     def _place_whole_nodes(self, size: int) -> bool:
         k = -(-size // (MILLI * self.gpn))
@@ -159,11 +163,12 @@ class Cluster:
         if len(free) < k:
             return False
         for node in free[:k]:
-            self._move((MILLI,) * self.gpn, (0,) * self.gpn, node)
+            self.move(node, (MILLI,) * self.gpn, (0,) * self.gpn)
         self.allocated += k * self.gpn * MILLI  # the whole nodes are held, as the replay's footprint has it
         return True
 
-    def _move(self, state: State, after: State, node: int) -> None:
+    def move(self, node: int, state: State, after: State) -> None:
+        """Node ``node`` goes from ``state`` to ``after`` (its fragmentation counted again)."""
         idx = self._nodes[state]
         idx.remove(node)
         if not idx:

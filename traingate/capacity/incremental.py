@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from traingate.capacity.estimate import Predictor
+from traingate.capacity.fill import MILLI
 from traingate.capacity.gang import footprint, nodes_needed
 from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, order_key, schedule
@@ -44,7 +45,7 @@ class FreeIndex:
     def __init__(self, nodes: int, gpus_per_node: int) -> None:
         self.gpn = gpus_per_node
         self.free = [gpus_per_node] * nodes
-        self.total = nodes * gpus_per_node
+        self.total: float = nodes * gpus_per_node  # whole GPUs here; with fractions in SharedFreeIndex
         self.count = [0] * (gpus_per_node + 1)
         self.count[gpus_per_node] = nodes
         # by_free[f]: node indices that had f free when pushed; an entry whose node no longer has f is stale.
@@ -77,8 +78,9 @@ class FreeIndex:
             heapq.heappop(h)
         return h[0]
 
-    def place(self, slots: int) -> tuple[int, ...] | None:
-        """Same answer as :func:`traingate.capacity.gang.place` on ``free``."""
+    def place(self, slots: int, milli: int = 0) -> tuple[int, ...] | None:
+        """Same answer as :func:`traingate.capacity.gang.place` on ``free``. ``milli`` (a request below
+        one GPU) is for pools with shared GPUs (``traingate.capacity.shared``): here it is always 0."""
         gpn = self.gpn
         if slots <= gpn:
             for f in range(slots, gpn + 1):
@@ -98,7 +100,7 @@ class FreeIndex:
             heapq.heappush(h, i)
         return tuple(got)
 
-    def fits(self, slots: int) -> bool:
+    def fits(self, slots: int, milli: int = 0) -> bool:
         """Whether :meth:`place` would find nodes."""
         if slots <= self.gpn:
             return slots <= self.top
@@ -116,7 +118,7 @@ class FreeIndex:
             self._set(n, self.free[n] + g)
         self.total += g * len(nodes)
 
-    def fragmented(self, head_slots: int | None) -> int:
+    def fragmented(self, head_slots: int | None) -> float:
         """Same answer as :func:`traingate.capacity.gang.fragmented` on ``free``."""
         if head_slots is None or self.total < head_slots or self.place(head_slots) is not None:
             return 0
@@ -126,11 +128,13 @@ class FreeIndex:
 class Running:
     """The running jobs of one pool, the GPUs each team holds, and each job's predicted end."""
 
+    shared = False  # whether its GPUs may be shared by requests below one GPU (traingate.capacity.shared)
+
     def __init__(self, nodes: int, gpus_per_node: int) -> None:
         self.gpn = gpus_per_node
         self.free = FreeIndex(nodes, gpus_per_node)
         self.jobs: dict[str, Job] = {}
-        self.held: dict[str, int] = {}  # team -> GPUs held now
+        self.held: dict[str, float] = {}  # team -> GPUs held now
         self._n = 0
         # Each running job has one entry in one of two sorted lists, taken out when it ends:
         self._ends: list[tuple[float, str]] = []  # (predicted end, id): still ahead
@@ -145,8 +149,7 @@ class Running:
     def add(self, job: Job, predicted_s: float | None) -> None:
         """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
         assert job.started_s is not None
-        self.free.take(job.slots, job.nodes)
-        self.held[job.team] = self.held.get(job.team, 0) + footprint(job.slots, self.gpn)
+        self._take(job)
         self.jobs[job.job_id] = job
         self._n += 1
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
@@ -174,9 +177,17 @@ class Running:
         e, is_late = self._entry.pop(job_id)
         lst = self._late if is_late else self._ends
         del lst[bisect_left(lst, e)]
+        self._release(job)
+        return job
+
+    def _take(self, job: Job) -> None:
+        """``job``'s GPUs are held: taken from the free ones and counted for its team."""
+        self.free.take(job.slots, job.nodes)
+        self.held[job.team] = self.held.get(job.team, 0) + footprint(job.slots, self.gpn)
+
+    def _release(self, job: Job) -> None:
         self.free.release(job.slots, job.nodes)
         self.held[job.team] -= footprint(job.slots, self.gpn)
-        return job
 
     def reserve(self, job: Job, now: float) -> float | None:
         """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now:
@@ -277,7 +288,7 @@ class Queue:
 
     def __init__(self) -> None:
         self.byid: dict[str, Job] = {}
-        self._groups: dict[tuple[str, str, int, bool], _Group] = {}
+        self._groups: dict[tuple[str, str, int, int, bool], _Group] = {}
         self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
@@ -296,7 +307,7 @@ class Queue:
         if not (plain or discredited):
             self._singles[job.job_id] = job
             return
-        k = (job.priority, job.team, job.slots, discredited)
+        k = (job.priority, job.team, job.slots, job.milli, discredited)
         g = self._groups.get(k)
         if g is None:
             g = self._groups[k] = _Group(job.priority)
@@ -447,6 +458,7 @@ def _pass(
     margin = rules.backfill_margin_s
     singles = queue._singles
     free = run.free
+    shared = run.shared
     heapq.heapify(heap)
     # No job behind the head asks fewer slots (set when the head is found, from the jobs still to be
     # looked at); once even that many do not fit, only a preemption can start one.
@@ -485,7 +497,7 @@ def _pass(
         """Whether no job behind the head may start but by preempting; then, without preemption, the
         pass is over, and with it the groups whose class cannot preempt are given up on at once (as
         each would be when reached: a preemption brings them back from ``dead``)."""
-        if shadow is not None and free.fits(smallest):
+        if shadow is not None and (shared or free.fits(smallest)):
             return False
         if not policy.preempt:
             return True
@@ -507,7 +519,9 @@ def _pass(
         reservation. Along a pass free slots only fall and predictions stay put (a preemption brings
         the groups left out back from ``dead``), so each job left out would be given up on at its turn."""
         nonlocal smallest
-        if shadow is None:  # no reservation: nothing backfills, and smallest is not read
+        # No reservation: nothing backfills, and smallest is not read. Shared GPUs: a request below one
+        # GPU may fit beside others where no whole GPU is free, so the slot counts below do not tell.
+        if shadow is None or shared:
             return nothing_backfills()
         keep = []
         low = free.gpn * len(free.free)
@@ -547,20 +561,27 @@ def _pass(
             key, g, pos = heapq.heappop(heap)
             job = g.jobs[pos] if g is not None else singles[key[-1]]
             can_preempt = policy.preempt and classes[job.priority].preempts
-            if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots)):
+            if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots, job.milli)):
                 if g is not None:  # behind the head only a backfill could start it, and there is no room
                     dead.append(g)
                 continue
             nodes: tuple[int, ...] | None = None
             how: How | None = None
             stop = False
-            need = footprint(job.slots, gpn)
+            need = job.milli / MILLI if job.milli else footprint(job.slots, gpn)
             cap = quotas.get(job.team)
             over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
             if over:
                 vs = (
                     choose_victims(
-                        job, now, free.free, list(run.jobs.values()), gpn, classes, over, rules.restart_cost_s
+                        job,
+                        now,
+                        free.free,
+                        list(run.jobs.values()),
+                        gpn,
+                        classes,
+                        math.ceil(over),
+                        rules.restart_cost_s,
                     )
                     if can_preempt
                     else None
@@ -569,17 +590,17 @@ def _pass(
                     quota_held.append(job.job_id)
                 else:
                     evict(vs, key)
-                    nodes, how = free.place(job.slots), How.PREEMPTION
+                    nodes, how = free.place(job.slots, job.milli), How.PREEMPTION
             else:
                 if head is None:
-                    nodes = free.place(job.slots)
+                    nodes = free.place(job.slots, job.milli)
                     how = How.IN_ORDER
                     if nodes is not None and guard:
                         raise _Retry
                 elif shadow is not None:
                     p = predict(job)
                     if p is not None and now + job.overhead_s + max(p - job.done_s, 0.0) + margin <= shadow:
-                        nodes = free.place(job.slots)
+                        nodes = free.place(job.slots, job.milli)
                         how = How.BACKFILL
                 if nodes is None and can_preempt:
                     vs = choose_victims(
@@ -587,7 +608,7 @@ def _pass(
                     )
                     if vs is not None:
                         evict(vs, key)
-                        nodes, how = free.place(job.slots), How.PREEMPTION
+                        nodes, how = free.place(job.slots, job.milli), How.PREEMPTION
                 if nodes is None and head is None:
                     head, head_group = job, g
                     if policy.backfill:

@@ -36,6 +36,9 @@ class Job:
     overhead_s: float = 0.0
     done_s: float = 0.0  # durable work from earlier attempts: the next attempt resumes from here
     attempt: int = 0  # 0 = first attempt; +1 per preemption
+    # A request below one GPU in thousandths of a GPU (500: half of one), packed onto a GPU it shares
+    # with others (the replay's shared GPUs, traingate.capacity.shared); ``slots`` is then 1. 0: whole GPUs.
+    milli: int = 0
 
 
 def started(job: Job, now: float, nodes: tuple[int, ...], extra_overhead_s: float = 0.0) -> Job:
@@ -54,6 +57,7 @@ def started(job: Job, now: float, nodes: tuple[int, ...], extra_overhead_s: floa
         job.overhead_s + extra_overhead_s,
         job.done_s,
         job.attempt,
+        job.milli,
     )
 
 

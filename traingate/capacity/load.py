@@ -47,7 +47,9 @@ def offered_load(trace: Sequence[TraceJob], config: CapacityConfig) -> float:
         raise CapacityError("the trace has no jobs; its offered load is undefined")
     pools = {p for tj in trace for p in tj.accepts}
     gpus = sum(config.pools[p].capacity for p in pools)
-    asked = sum(footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node) * tj.duration_s for tj in trace)
+    asked = sum(
+        (tj.gpus or footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node)) * tj.duration_s for tj in trace
+    )
     submits = [tj.job.submit_s for tj in trace]
     span = max(submits) - min(submits)
     if span <= 0:

@@ -37,6 +37,14 @@ class Engine(StrEnum):
     SLURM = "slurm"
 
 
+class Placement(StrEnum):
+    """Where a job goes among the nodes and GPUs that fit it, on a pool with shared GPUs
+    (:mod:`traingate.capacity.fill` defines both)."""
+
+    BESTFIT = "bestfit"
+    FGD = "fgd"
+
+
 class SlurmPool(_Section):
     """Where a Slurm pool's jobs go. The controller is the one the worker's host reaches through the
     Slurm CLI (``SLURM_CONF`` in its environment); accounts are teams, QOS are priority classes."""
@@ -216,6 +224,10 @@ class SimulatorConfig(_Section):
     )
     slurm_priority: SlurmPriorityConfig = Field(
         default_factory=SlurmPriorityConfig, description="the weights of the multifactor order (Slurm mode)"
+    )
+    placement: Placement = Field(
+        default=Placement.BESTFIT,
+        description="where the replay places jobs on a pool whose trace jobs ask fractions of a GPU: bestfit or fgd",
     )
 
 

@@ -37,11 +37,13 @@ import numpy as np
 
 from traingate.capacity.estimate import HistoryEstimator
 from traingate.capacity.fairshare import advance
+from traingate.capacity.fill import MILLI, Workload
 from traingate.capacity.gang import footprint
 from traingate.capacity.incremental import Queue, Running, plan_pass
 from traingate.capacity.jobs import Job, requeued
 from traingate.capacity.policy import How, Order, Plan, Policy, Rules, never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError, PoolConfig
+from traingate.capacity.shared import SharedRunning
 from traingate.capacity.slurm_mode import planner_for
 
 
@@ -54,8 +56,8 @@ class TraceJob:
     # Slurm job submitted to several partitions; once started it belongs to that pool: a requeued
     # attempt resumes there and its figures count there.
     pools: tuple[str, ...] = ()
-    # A request below one GPU (e.g. 0.5): the fill experiment packs it onto a shared GPU
-    # (traingate.capacity.fill); ``job.slots`` holds it rounded up to a whole GPU. None: whole GPUs.
+    # A request below one GPU as the trace wrote it (e.g. 0.5; ``job.milli`` holds it in thousandths):
+    # the replay and the fill experiment pack it onto a shared GPU. None: whole GPUs (``job.slots``).
     gpus: float | None = None
 
     @property
@@ -69,8 +71,8 @@ class JobRecord:
     team: str
     priority: str
     pool: str
-    slots: int
-    footprint: int
+    slots: float  # GPUs asked: a fraction below one GPU as asked (thousandths)
+    footprint: float  # GPUs held while it runs: a fraction as asked, whole nodes for a job wider than one
     submit_s: float
     duration_s: float
     first_start_s: float | None = None
@@ -107,7 +109,8 @@ class PoolTotals:
     # when the queue empties whatever the policy, would only dilute them.
     window_s: float = 0.0
     window_busy_gpu_s: float = 0.0
-    fragmented_gpu_s: float = 0.0  # see gang.fragmented
+    # see gang.fragmented; on a pool with shared GPUs, SharedFreeIndex.fragmented (fill's measure)
+    fragmented_gpu_s: float = 0.0
     team_gpu_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -131,6 +134,13 @@ def simulate(
     """Replay ``trace`` under ``policy``. ``half_life_h`` overrides the config's fair-share half-life;
     ``planner`` one pass (``incremental.plan_pass``'s signature; tests pass one over ``policy.schedule``;
     default: ``plan_pass``, in Slurm mode for the ``multifactor`` order, see ``slurm_mode.planner_for``)."""
+    if any(tj.job.milli for tj in trace):
+        if policy.preempt:
+            raise CapacityError(
+                f"policy {policy.name}: the trace asks fractions of a GPU, and a preemption frees whole GPUs; "
+                f"the replay does not preempt on shared GPUs: drop +preempt or round the fractions up to 1"
+            )
+        assert planner is None, "jobs on shared GPUs are planned by plan_pass only"
     for tj in trace:
         why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
         for name in tj.pools[1:]:
@@ -183,6 +193,16 @@ def _linked_pools(trace: Sequence[TraceJob]) -> list[list[str]]:
     return sorted(groups.values())
 
 
+def _running(name: str, trace: Sequence[TraceJob], config: CapacityConfig) -> Running:
+    """The running jobs of pool ``name``: on shared GPUs (placed by ``simulator.placement``) when a job
+    that accepts it asks a fraction of a GPU, the fragmentation measured against the sizes asked there."""
+    pool = config.pools[name]
+    asks = [tj.gpus if tj.gpus is not None else tj.job.slots for tj in trace if name in tj.accepts]
+    if not any(tj.job.milli for tj in trace if name in tj.accepts):
+        return Running(pool.nodes, pool.gpus_per_node)
+    return SharedRunning(pool.nodes, pool.gpus_per_node, Workload.of(asks), config.simulator.placement)
+
+
 @dataclass
 class _PoolState:
     """One pool of a replay: its running jobs, queue, fair-share usage, totals and window."""
@@ -194,7 +214,7 @@ class _PoolState:
     run: Running
     waiting: Queue = field(default_factory=Queue)
     usage: dict[str, float] = field(default_factory=dict)  # team -> decayed GPU-hours
-    stranded: int = 0
+    stranded: float = 0.0
     start_t: float = 0.0  # first and last submission of the jobs that accept it
     window_end: float = 0.0
     last_t: float = 0.0  # its last job's end
@@ -217,7 +237,7 @@ def _replay_pools(
             config.pools[n],
             rules[n],
             PoolTotals(n, config.pools[n].capacity, config.pools[n].price_per_gpu_hour),
-            Running(config.pools[n].nodes, config.pools[n].gpus_per_node),
+            _running(n, trace, config),
         )
         for n in names
     }
@@ -237,8 +257,8 @@ def _replay_pools(
             tj.job.team,
             tj.job.priority,
             tj.job.pool,
-            tj.job.slots,
-            footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node),
+            tj.job.milli / MILLI if tj.job.milli else tj.job.slots,
+            tj.job.milli / MILLI if tj.job.milli else footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node),
             tj.job.submit_s,
             tj.duration_s,
         )
@@ -350,7 +370,9 @@ def _replay_pools(
                             for name in multi[job.job_id]:
                                 if name != st.name:
                                     states[name].waiting.pop(job.job_id)
-                            r.pool, r.footprint = st.name, footprint(r.slots, st.pool.gpus_per_node)
+                            r.pool = st.name
+                            if not job.milli:
+                                r.footprint = footprint(job.slots, st.pool.gpus_per_node)
                     r.attempts.append((t, s.nodes, s.how.value))
                 # Slots freed by a preemption may let a job the pass already passed over start.
                 if not plan.preempted:

@@ -4,11 +4,11 @@ Format: CSV in UTF-8 with a header, separated by commas, semicolons or tabs (the
 the header into trace columns). Required columns ``job_id,submit_s,duration_s,gpus``; optional
 ``team,priority,est_duration_s`` and one of ``pool`` (one pool), ``pools`` (the pools a job accepts,
 separated by ``|``) or ``gpu_types`` (the GPU models it accepts, separated by ``|``: every pool whose
-``gpu`` is one of them). ``gpus`` is whole GPUs for the replay; the fill experiment also takes a
-fraction of one GPU (``0.25``), packed onto a shared GPU. A missing ``team`` column means team
-``default``; a missing ``priority`` the config's ``default_class``; no pool column the pool passed
-as ``default_pool`` (needed only when the config has several). ``est_duration_s`` is the
-submitter's prediction; when it is absent the simulator predicts from the trace's history
+``gpu`` is one of them). ``gpus`` is whole GPUs or a fraction of one GPU (``0.25``), which the
+replay and the fill experiment pack onto a shared GPU (:mod:`traingate.capacity.shared`). A missing
+``team`` column means team ``default``; a missing ``priority`` the config's ``default_class``; no
+pool column the pool passed as ``default_pool`` (needed only when the config has several).
+``est_duration_s`` is the submitter's prediction; when it is absent the simulator predicts from the trace's history
 (:mod:`traingate.capacity.estimate`).
 
 The generator (:func:`generate`) draws a trace shaped by two published characterisations:
@@ -17,8 +17,7 @@ The generator (:func:`generate`) draws a trace shaped by two published character
   GPU Clusters", NSDI'22 (two months of Alibaba PAI, ~6,700 GPUs): most jobs ask for a fraction
   of a GPU or one GPU; distributed jobs need gang scheduling; about 65% of jobs recur (the same
   job submitted again and again). Here: ``small_sizes`` puts 70% of jobs at 1 GPU (by default no
-  fractions: the replay takes whole GPUs; sizes below 1 draw shared-GPU requests for the fill
-  experiment); ``recurring_fraction`` 0.65 of jobs are repeats of a
+  fractions; sizes below 1 draw shared-GPU requests); ``recurring_fraction`` 0.65 of jobs are repeats of a
   ``templates`` set (same team, class, size; duration within ``recur_jitter`` of the template's).
 - Hu et al., "Characterization of Large Language Model Development in the Datacenter", NSDI'24
   (Shanghai AI Lab's Acme): a heavy tail, about 3.2% of jobs (pretraining) take about 94% of the
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from traingate.capacity.fill import to_milli
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import never_fits
 from traingate.capacity.pools import CapacityConfig, CapacityError
@@ -64,12 +64,10 @@ MAX_DURATION_S = 366 * 86400.0
 MAX_GPUS = 1_000_000
 
 
-def read_trace(
-    path: str | Path, config: CapacityConfig, default_pool: str | None = None, shared_gpus: bool = False
-) -> list[TraceJob]:
+def read_trace(path: str | Path, config: CapacityConfig, default_pool: str | None = None) -> list[TraceJob]:
     """Read and check a trace against the config; the first problem is one ``CapacityError`` line
-    naming the file, line, column, value and fix. ``shared_gpus``: ``gpus`` may be a fraction of one
-    GPU (the fill experiment packs such requests onto shared GPUs; the replay takes whole GPUs only).
+    naming the file, line, column, value and fix. ``gpus`` may be a fraction of one GPU (the replay
+    and the fill experiment pack such requests onto shared GPUs).
 
     The file is UTF-8 (a UTF-8 byte-order mark is skipped); the delimiter is the one of comma,
     semicolon or tab that splits the header into trace columns.
@@ -113,7 +111,7 @@ def read_trace(
             if len(row) != len(header):
                 raise CapacityError(_width(path, line, row, header, delimiter))
             cells = dict(zip(header, (c.strip() for c in row)))
-            jobs.append(_row(path, line, cells, config, pool_fallback, seen, shared_gpus))
+            jobs.append(_row(path, line, cells, config, pool_fallback, seen))
     except csv.Error as e:
         raise CapacityError(
             f"{path} line {reader.line_num}: not CSV ({e}); quote fields that hold the delimiter or a line break"
@@ -219,7 +217,6 @@ def _row(
     config: CapacityConfig,
     pool_fallback: str | None,
     seen: set[str],
-    shared_gpus: bool = False,
 ) -> TraceJob:
     def bad(col: str, why: str) -> CapacityError:
         return CapacityError(f"{path} line {line}: {col} = {cells.get(col, '')!r}: {why}")
@@ -263,12 +260,6 @@ def _row(
             "gpus",
             f"a request above one GPU is whole GPUs (a fraction below 1 shares a GPU); round up to {math.ceil(gpus_f)}",
         )
-    if not shared_gpus and (not gpus_f.is_integer() or gpus_f < 1):
-        raise bad(
-            "gpus",
-            f"slots are whole GPUs, at least 1; round up to {max(1, math.ceil(gpus_f))} "
-            f"(`traingate simulate --fill` packs fractions onto shared GPUs)",
-        )
     if not gpus_f > 0:
         raise bad("gpus", "must be > 0: a fraction of one GPU like 0.25, or whole GPUs like 1 or 8")
     est: float | None = None
@@ -290,6 +281,7 @@ def _row(
         submit_s=submit,
         est_duration_s=est,
         checkpoint_every_s=config.simulator.checkpoint_every_s,
+        milli=0 if gpus_f.is_integer() else to_milli(gpus_f),
     )
     for p in pools:
         why = never_fits(dataclasses.replace(job, pool=p), config.pools, config.priority_classes, config.quotas)

@@ -1,0 +1,114 @@
+"""The replay on shared GPUs: requests below one GPU packed beside others, placed best fit or by FGD."""
+
+from __future__ import annotations
+
+import csv
+import random
+
+import pytest
+
+from flows.cli import main
+from traingate.capacity.jobs import Job
+from traingate.capacity.policy import Policy
+from traingate.capacity.pools import CapacityError, Placement, parse_config
+from traingate.capacity.simulate import TraceJob, simulate, summarize
+
+
+def config(nodes: int, gpus_per_node: int, placement: str = "bestfit"):
+    return parse_config(
+        {
+            "pools": {
+                "p": {"gpus_per_node": gpus_per_node, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "process"}
+            },
+            "simulator": {"placement": placement},
+        }
+    )
+
+
+def job(jid: str, submit: float, gpus: float, duration: float, est: float | None = None) -> TraceJob:
+    share = round(gpus * 1000) if gpus < 1 else 0
+    j = Job(jid, "t", "research", "p", max(1, int(gpus)), submit, est_duration_s=est, milli=share)
+    return TraceJob(j, duration, (), gpus if share else None)
+
+
+def starts(res) -> dict[str, float | None]:
+    return {r.job_id: r.first_start_s for r in res.records}
+
+
+def test_jobs_asking_quarters_of_a_gpu_share_one_instead_of_queueing_for_whole_ones():
+    res = simulate([job(f"q{k}", 0.0, 0.25, 100.0) for k in range(4)], config(1, 1), Policy.parse("fifo"))
+    assert starts(res) == {f"q{k}": 0.0 for k in range(4)}
+    assert [r.footprint for r in res.records] == [0.25] * 4
+    assert res.pools[0].busy_gpu_s == 100.0  # four quarters for 100 s: one GPU's worth, counted exactly
+    assert summarize(res).utilisation == 1.0
+
+
+def test_a_gpu_partly_used_by_fractions_is_not_free_for_a_whole_gpu_job_and_a_fraction_backfills_beside_it():
+    # One node of two GPUs. a (0.5) runs 0-100 on GPU 0; b asks both GPUs and waits for a, its reservation
+    # 100; c (1 GPU, says 150 s) would end past it and waits; d (0.5, says 50 s) backfills beside a.
+    trace = [
+        job("a", 0.0, 0.5, 100.0, est=100.0),
+        job("b", 1.0, 2, 10.0, est=10.0),
+        job("c", 2.0, 1, 150.0, est=150.0),
+        job("d", 3.0, 0.5, 50.0, est=50.0),
+    ]
+    res = simulate(trace, config(1, 2), Policy.parse("fifo+backfill"))
+    assert starts(res) == {"a": 0.0, "b": 100.0, "c": 110.0, "d": 3.0}
+    assert res.pools[0].busy_gpu_s == 0.5 * 100 + 2 * 10 + 150 + 0.5 * 50
+
+
+# One node of two GPUs; the trace asks 0.4 and 0.6. Best fit puts b on a's GPU (0.2 left there, which
+# neither size can use), so d waits for a or b to end; FGD puts b on the other GPU and d fits at once.
+CRAFTED = [job("a", 0.0, 0.4, 1000.0), job("b", 1.0, 0.4, 500.0), job("c", 2.0, 0.6, 1000.0), job("d", 3.0, 0.6, 10.0)]
+
+
+def test_bestfit_and_fgd_place_a_crafted_trace_differently_and_fgd_strands_less():
+    res = {p: simulate(CRAFTED, config(1, 2, p), Policy.parse("fifo")) for p in ("bestfit", "fgd")}
+    assert starts(res["bestfit"]) == {"a": 0.0, "b": 1.0, "c": 2.0, "d": 501.0}
+    assert starts(res["fgd"]) == {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}
+    assert summarize(res["fgd"]).fragmented_gpus < summarize(res["bestfit"]).fragmented_gpus
+
+
+def test_the_placement_flag_of_simulate_changes_where_jobs_go_and_preemption_is_left_out(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus\n"
+        + "".join(f"{j.job.job_id},{j.job.submit_s},{j.duration_s},{j.gpus}\n" for j in CRAFTED)
+    )
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  p: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 1.0, worker: process}\n")
+    d_start = {}
+    for placement in ("bestfit", "fgd"):
+        out = tmp_path / placement
+        args = ["simulate", str(trace), "--pools", str(pools), "--placement", placement, "--out", str(out)]
+        assert main(args) == 0
+        rows = {r["job_id"]: r for r in csv.DictReader((out / "schedule-fifo.csv").open())}
+        d_start[placement] = float(rows["d"]["first_start_s"])
+        table = (out / "table.md").read_text()
+        assert f"shared GPUs placed {placement}, no +preempt" in table and "+preempt |" not in table
+    assert d_start == {"bestfit": 501.0, "fgd": 3.0}
+    assert main(["simulate", str(trace), "--pools", str(pools), "--placement", "worst", "--out", str(tmp_path)]) == 2
+    assert "--placement 'worst' is not a placement policy; use one of bestfit, fgd" in capsys.readouterr().err
+
+
+def test_preemption_on_a_trace_with_fractions_is_refused_in_one_line():
+    with pytest.raises(
+        CapacityError, match=r"^policy fifo\+preempt: the trace asks fractions of a GPU.*drop \+preempt"
+    ):
+        simulate(CRAFTED, config(1, 2), Policy.parse("fifo+preempt"))
+
+
+def sampled(seed: int, n: int = 300) -> list[TraceJob]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for k in range(n):
+        t += rng.expovariate(1 / 20)
+        out.append(job(f"j{k}", t, rng.choice([0.4, 0.6]), rng.expovariate(1 / 600) + 1))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fgd_leaves_less_fragmented_capacity_than_bestfit_on_a_trace_sampled_with_fractions(seed):
+    trace = sampled(seed)
+    frag = {p: summarize(simulate(trace, config(4, 4, p), Policy.parse("fifo"))).fragmented_gpus for p in Placement}
+    assert frag[Placement.FGD] < frag[Placement.BESTFIT]
