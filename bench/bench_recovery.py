@@ -11,6 +11,10 @@ manifest) to the first resumed step. Goodput = useful steps / steps executed; th
 is the undisturbed run's wall time over the disturbed one's, and each fault of the goodput run is
 charged what it cost: its time to recovery plus the steps it lost at the undisturbed step time.
 
+A preemption restarted in place is also split at the marks its processes leave: the emergency
+checkpoint's manifest, torchrun's agent seeing the group's exit and finishing its rendezvous (its own
+log lines: the bench runs the agent with ``LOGLEVEL=INFO``), then the restarted rank 0's timeline.
+
 Everything is measured twice in one invocation: cold starts (each worker a fresh interpreter) and
 warm restarts (``supervision.warm_restarts``: workers forked from a pre-imported zygote, see
 :mod:`traingate.runtime.warm`). With warm restarts, "imports" is the forked worker's own start-up
@@ -18,8 +22,11 @@ warm restarts (``supervision.warm_restarts``: workers forked from a pre-imported
 """
 from __future__ import annotations
 
+import os
+import re
 import statistics
 import time
+from datetime import datetime
 from pathlib import Path
 
 from traingate.job.stagejob import JobKind, derive
@@ -43,6 +50,18 @@ MTTR_FAULTS = {
 GOODPUT_EVERY = 15
 GOODPUT_STEPS = 90
 PHASES = ("to new process", "imports", "rendezvous", "build + load", "first step")
+# A preemption restarted in place, from its emergency checkpoint to the first resumed step: where each part ends.
+INPLACE_PARTS = (
+    "rank 0's exit seen by the agent",
+    "agent's rendezvous",
+    "thin entry + fork (worker started)",
+    "worker's own start",
+    "process group",
+    "build + checkpoint load",
+    "first step",
+)
+_AGENT_LINE = re.compile(
+    r"^[IWE](\d{4} \d\d:\d\d:\d\d\.\d+) .*\] \[default\] (Worker group FAILED|Rendezvous complete)")
 
 
 def _spec(max_steps: int, warm: bool):
@@ -93,7 +112,40 @@ def _checkpoint_to_step(sup: Supervision, fired: list[dict], stage_dir: Path) ->
     return out
 
 
+def _agent_marks(stage_dir: Path, year: int) -> list[tuple[float, str]]:
+    """torchrun's agent's restart marks from the stage's output: (epoch seconds, "Worker group FAILED" or
+    "Rendezvous complete"). Its lines carry local time to the microsecond, without the year."""
+    out = []
+    for line in (stage_dir / "stdout.log").read_text(errors="replace").splitlines():
+        if m := _AGENT_LINE.match(line):
+            out.append((datetime.strptime(f"{year}{m[1]}", "%Y%m%d %H:%M:%S.%f").timestamp(), m[2]))
+    return out
+
+
+def _inplace_parts(sup: Supervision, fired: list[dict], stage_dir: Path) -> list[list[float]]:
+    """Per preemption restarted in place: seconds in each of INPLACE_PARTS, from its emergency checkpoint."""
+    out = []
+    for m in fired:
+        ended = next((a for a in sup.attempts if a.ended_at and a.ended_at >= m["time"]), None)
+        nxt = next((a for a in sup.attempts if ended is not None and a.number == ended.number + 1), None)
+        if ended is None or nxt is None or not nxt.inplace or not nxt.first_step_time or ended.end_step is None:
+            continue
+        manifest = stage_dir / "checkpoints" / f"step_{ended.end_step:08d}" / "manifest.json"
+        agent = _agent_marks(stage_dir, time.localtime(m["time"]).tm_year)
+        seen = next((t for t, what in agent if what == "Worker group FAILED" and t >= m["time"]), None)
+        rdzv = next((t for t, what in agent if what == "Rendezvous complete" and seen and t >= seen), None)
+        t = nxt.timeline
+        if not manifest.exists() or seen is None or rdzv is None or not {"process_start", "imported", "rendezvous",
+                                                                          "loaded"} <= set(t):
+            continue
+        marks = [manifest.stat().st_mtime, seen, rdzv, t["process_start"], t["imported"], t["rendezvous"], t["loaded"],
+                 nxt.first_step_time]
+        out.append([b - a for a, b in zip(marks, marks[1:])])
+    return out
+
+
 def main(modes: tuple[bool, ...] = (False, True)) -> str:
+    os.environ.setdefault("LOGLEVEL", "INFO")  # torchrun's agent logs its restart decision and rendezvous
     work = Settings.from_env().ensure().state_dir / "bench" / "recovery" / time.strftime("%Y%m%d-%H%M%S")
     return "\n\n".join(_tables(work, warm) for warm in modes)
 
@@ -104,6 +156,7 @@ def _tables(work: Path, warm: bool) -> str:
             "", "| fault kind | classified as | faults | mean time to recovery (s) | min-max (s) | mean steps lost | "
             + " | ".join(f"{p} (s)" for p in PHASES) + " |", "|---" * (6 + len(PHASES)) + "|"]
     after_ckpt = "not measured"
+    split_rows: list[str] = []
     for kind, faults in MTTR_FAULTS.items():
         sup, _, fired = _run(work, f"{mode}-mttr-{kind}", 60, faults, warm)
         recs = [r for r in records(sup, fired) if r.recovery_s is not None]
@@ -118,7 +171,14 @@ def _tables(work: Path, warm: bool) -> str:
         if kind == "term":
             c2s = _checkpoint_to_step(sup, list({m["fault"]: m for m in fired}.values()), work / f"{mode}-mttr-{kind}")
             after_ckpt = ", ".join(f"{x:.2f}" for x in c2s) or "none recovered"
+            parts = _inplace_parts(sup, list({m["fault"]: m for m in fired}.values()), work / f"{mode}-mttr-{kind}")
+            split_rows = [f"| {name} | " + " | ".join(f"{p[i]:.3f}" for p in parts) + " |"
+                          for i, name in enumerate(INPLACE_PARTS)] if parts else []
     rows += ["", f"Preemption (term): emergency checkpoint written -> first resumed step: {after_ckpt} s"]
+    if split_rows:
+        rows += ["", "Where each in-place preemption's time went, from its emergency checkpoint (s):", "",
+                 "| part | " + " | ".join(f"term #{i + 1}" for i in range(split_rows[0].count("|") - 2)) + " |",
+                 "|---" * (split_rows[0].count("|") - 1) + "|", *split_rows]
 
     kinds = ["kill", "term", "stop"]
     plan = [f"{kinds[i % 3]}@{s}" + (":1" if kinds[i % 3] in ("kill", "stop") else "")
