@@ -8,6 +8,7 @@ import random
 import pytest
 
 from flows.cli import main
+from traingate.capacity.figures import figures
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import CapacityError, Placement, parse_config
@@ -41,6 +42,9 @@ def test_jobs_asking_quarters_of_a_gpu_share_one_instead_of_queueing_for_whole_o
     assert [r.footprint for r in res.records] == [0.25] * 4
     assert res.pools[0].busy_gpu_s == 100.0  # four quarters for 100 s: one GPU's worth, counted exactly
     assert summarize(res).utilisation == 1.0
+    pool = figures(res)[0]
+    assert pool.asked_gpu_h == pool.held_gpu_h == 100.0 / 3600
+    assert pool.waits_by_size["<1"].jobs == 4
 
 
 def test_a_gpu_partly_used_by_fractions_is_not_free_for_a_whole_gpu_job_and_a_fraction_backfills_beside_it():

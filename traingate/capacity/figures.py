@@ -77,6 +77,7 @@ class Figures:
     bsld_p95: float
     bsld_max: float
     makespan_s: float
+    asked_gpu_h: float  # each job's GPUs asked x its work: a fraction as asked, whole nodes for a job wider than one
     held_gpu_h: float
     utilisation: float
     preemptions: int  # attempts stopped to make room
@@ -222,6 +223,7 @@ def _figures(
         bsld_p95=float(np.percentile(bsld, 95)),
         bsld_max=float(bsld.max()),
         makespan_s=float(end.max() - submit.min()) if mask.any() else 0.0,
+        asked_gpu_h=float((sched.footprint[mask] * work).sum()) / 3600.0,
         held_gpu_h=float(held.sum()) / 3600.0,
         utilisation=held_in_window / room if room > 0 else 0.0,
         preemptions=int(stops.sum()),

@@ -104,6 +104,7 @@ class Cluster:
         self._nodes: dict[State, list[int]] = {(MILLI,) * gpus_per_node: list(range(nodes))}
         self._expected: dict[State, float] = {}
         self._stranded: dict[State, int] = {}
+        self._candidates: dict[tuple[State, int], list[tuple[State, int]]] = {}
         self.fragmented = 0  # free capacity no job size of the workload can use
 
     def expected_fragmentation(self, state: State) -> float:
@@ -143,7 +144,10 @@ class Cluster:
         (state, nodes in it) to choose from, every node by default."""
         best: tuple[tuple[float, ...], State, State, int, int] | None = None
         for state, idx in self._nodes.items() if among is None else among:
-            for after, left in _candidates(state, size):
+            cands = self._candidates.get((state, size))
+            if cands is None:
+                cands = self._candidates[state, size] = _candidates(state, size)
+            for after, left in cands:
                 # Best fit: the least free left on the GPU shared (fractions) or the node, then the node's free.
                 tight = (left, sum(after), idx[0])
                 if policy is Placement.FGD:

@@ -128,7 +128,7 @@ def by_size_table(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]
     unit, div = _unit([w.p95_s for f in totals for w in f.waits_by_size.values()])
     lines = [
         "| policy | "
-        + " | ".join(f"{b} GPU{'s' if b != '1' else ''}: jobs, mean / p95 wait ({unit})" for b in buckets)
+        + " | ".join(f"{b} GPU{'s' if b not in ('1', '<1') else ''}: jobs, mean / p95 wait ({unit})" for b in buckets)
         + " |",
         "|---" * (len(buckets) + 1) + "|",
     ]
@@ -167,7 +167,8 @@ def report(
 
 FIGURE_COLUMNS = (
     "policy,pool,jobs,capacity_gpus,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s,bsld_mean,bsld_p95,"
-    "bsld_max,makespan_s,held_gpu_h,utilisation,preemptions,preemptive_starts,lost_gpu_h,limit_stops,lost_limit_gpu_h"
+    "bsld_max,makespan_s,asked_gpu_h,held_gpu_h,utilisation,preemptions,preemptive_starts,lost_gpu_h,limit_stops,"
+    "lost_limit_gpu_h"
 ).split(",")
 SIZE_COLUMNS = "policy,pool,gpus,jobs,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s".split(",")
 
@@ -189,7 +190,10 @@ def write_figures(results: Sequence[SimResult], figs: Sequence[Sequence[Figures]
                 w = _waits_cells(g.waits)
                 w0.writerow(
                     [r.policy.name, g.scope, w[0], g.capacity, *w[1:]]
-                    + [_num(x) for x in (g.bsld_mean, g.bsld_p95, g.bsld_max, g.makespan_s, g.held_gpu_h)]
+                    + [
+                        _num(x)
+                        for x in (g.bsld_mean, g.bsld_p95, g.bsld_max, g.makespan_s, g.asked_gpu_h, g.held_gpu_h)
+                    ]
                     + [_num(g.utilisation), g.preemptions, g.preemptive_starts, _num(g.lost_gpu_h)]
                     + [g.limit_stops, _num(g.lost_limit_gpu_h)]
                 )

@@ -48,6 +48,8 @@ class SharedFreeIndex(FreeIndex):
         self.free_milli = nodes * gpus_per_node * MILLI
         self.total = float(nodes * gpus_per_node)  # GPUs, with fractions
         self.held_by: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]] = {}  # job -> nodes, GPUs, each's share
+        # place's answers by size (thousandths) while no GPU changes: a pass asks for the same sizes again and again
+        self._answers: dict[int, tuple[int, ...] | None] = {}
 
     def state(self, node: int) -> tuple[int, ...]:
         return tuple(sorted(self.gpus[node]))
@@ -55,8 +57,12 @@ class SharedFreeIndex(FreeIndex):
     def place(self, slots: int, milli: int = 0) -> tuple[int, ...] | None:
         if slots > self.gpn:
             return super().place(slots)  # whole nodes, the lowest wholly free ones
-        best = self.cluster.choose(milli or slots * MILLI, self.placement)
-        return None if best is None else (best[2],)
+        size = milli or slots * MILLI
+        if size in self._answers:
+            return self._answers[size]
+        best = self.cluster.choose(size, self.placement)
+        answer = self._answers[size] = None if best is None else (best[2],)
+        return answer
 
     def fits(self, slots: int, milli: int = 0) -> bool:
         return self.place(slots, milli) is not None
@@ -95,6 +101,7 @@ class SharedFreeIndex(FreeIndex):
         self._change(nodes, gpus, share)
 
     def _change(self, nodes: tuple[int, ...], gpus: tuple[int, ...], delta: int) -> None:
+        self._answers.clear()
         for n in nodes:
             g = self.gpus[n]
             before = tuple(sorted(g))
