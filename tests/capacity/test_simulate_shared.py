@@ -5,14 +5,19 @@ from __future__ import annotations
 import csv
 import random
 
+import numpy as np
 import pytest
 
+import traingate.capacity.simulate as simulate_module
 from flows.cli import main
 from traingate.capacity.figures import figures
+from traingate.capacity.fill import Workload
 from traingate.capacity.jobs import Job
 from traingate.capacity.policy import Policy
 from traingate.capacity.pools import CapacityError, Placement, parse_config
+from traingate.capacity.shared import SharedRunning
 from traingate.capacity.simulate import TraceJob, simulate, summarize
+from traingate.capacity.trace import TraceParams, generate
 
 
 def config(nodes: int, gpus_per_node: int, placement: str = "bestfit"):
@@ -116,3 +121,103 @@ def test_fgd_leaves_less_fragmented_capacity_than_bestfit_on_a_trace_sampled_wit
     trace = sampled(seed)
     frag = {p: summarize(simulate(trace, config(4, 4, p), Policy.parse("fifo"))).fragmented_gpus for p in Placement}
     assert frag[Placement.FGD] < frag[Placement.BESTFIT]
+
+
+def _generated(seed: int, fractions: bool) -> tuple:
+    rng = np.random.default_rng(seed)
+    gpn, nodes = int(rng.choice([2, 4, 8])), int(rng.integers(2, 6))
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
+            "quotas": {"vision": {"p": gpn * nodes * 5 // 8}} if seed % 2 else {},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+        }
+    )
+    small = ((0.25, 0.2), (0.5, 0.2), (0.7, 0.1), (1, 0.3), (2, 0.2)) if fractions else TraceParams.small_sizes
+    rows = generate(
+        TraceParams(
+            n_jobs=150,
+            capacity=gpn * nodes,
+            gpus_per_node=gpn,
+            load=float(rng.uniform(0.7, 1.4)),
+            seed=seed,
+            small_sizes=small,
+            small_median_s=600,
+            large_median_s=2 * 3600,
+        )
+    )
+    est = rng.uniform(0.3, 2.0, len(rows))
+    trace = []
+    for k, r in enumerate(rows):
+        g = r["gpus"]
+        share = round(g * 1000) if g < 1 else 0
+        j = Job(
+            r["job_id"],
+            r["team"],
+            r["priority"],
+            "p",
+            max(1, int(g)),
+            round(r["submit_s"] / 300) * 300.0,  # bunched arrivals
+            est_duration_s=r["duration_s"] * est[k] if k % 4 == 0 else None,
+            checkpoint_every_s=600.0,
+            milli=share,
+        )
+        trace.append(TraceJob(j, r["duration_s"], (), g if share else None))
+    return cfg, trace
+
+
+def _schedule_of(res):
+    return [(r.job_id, r.attempts, r.preempted_at, r.limit_stops, r.end_s) for r in res.records]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_shared_pool_placing_best_fit_decides_a_whole_gpu_trace_as_the_whole_gpu_pool_does(seed, monkeypatch):
+    # The shared pool's own placement, GPU bookkeeping and reservation, forced onto a trace without
+    # fractions, against the whole-GPU pass the other tests hold to policy.schedule.
+    cfg, trace = _generated(seed, fractions=False)
+    names = ("fifo+backfill", "sjf+backfill+preempt", "fairshare+backfill+preempt", "priority", "multifactor+backfill")
+    plain = {n: simulate(trace, cfg, Policy.parse(n)) for n in names}
+    pool = cfg.pools["p"]
+    sizes = Workload.of([tj.job.slots for tj in trace])
+    monkeypatch.setattr(
+        simulate_module,
+        "_running",
+        lambda *_: SharedRunning(pool.nodes, pool.gpus_per_node, sizes, Placement.BESTFIT),
+    )
+    for n in names:
+        shared = simulate(trace, cfg, Policy.parse(n))
+        assert _schedule_of(shared) == _schedule_of(plain[n]), n
+        assert [(p.busy_gpu_s, p.team_gpu_s) for p in shared.pools] == [
+            (p.busy_gpu_s, p.team_gpu_s) for p in plain[n].pools
+        ], n
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_traces_with_fractions_finish_within_capacity_and_fifo_starts_in_submission_order(seed):
+    cfg, trace = _generated(seed, fractions=True)
+    assert any(tj.job.milli for tj in trace)
+    gpn = cfg.pools["p"].gpus_per_node
+    for name in ("fifo", "fifo+backfill", "sjf+backfill", "fairshare+backfill", "multifactor+backfill"):
+        for placement in Placement:
+            c = cfg.model_copy(update={"simulator": cfg.simulator.model_copy(update={"placement": placement})})
+            res = simulate(trace, c, Policy.parse(name))
+            assert all(r.end_s is not None and r.first_start_s >= r.submit_s for r in res.records)
+            # Thousandths held per node never pass its GPUs, at every start.
+            spans = [
+                (s, e, nodes, round(r.footprint * 1000) // len(nodes))
+                for r in res.records
+                for (s, nodes, _), e in zip(r.attempts, [*r.preempted_at, r.end_s])
+            ]
+            for t, _, _, _ in spans:
+                held: dict[int, int] = {}
+                for s, e, nodes, m in spans:
+                    if s <= t < e:
+                        for n in nodes:
+                            held[n] = held.get(n, 0) + m
+                assert max(held.values()) <= gpn * 1000, (name, placement, t)
+            if name == "fifo":  # a team held at its quota is passed over; the others start in order
+                free = sorted(
+                    (r for r in res.records if r.team not in cfg.quotas), key=lambda r: (r.submit_s, r.job_id)
+                )
+                firsts = [r.first_start_s for r in free]
+                assert firsts == sorted(firsts), placement
