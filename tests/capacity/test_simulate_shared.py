@@ -221,3 +221,31 @@ def test_random_traces_with_fractions_finish_within_capacity_and_fifo_starts_in_
                 )
                 firsts = [r.first_start_s for r in free]
                 assert firsts == sorted(firsts), placement
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--placements", "bestfit,fgd"], "--placements compares placements in the fill experiment (--fill)"),
+        (["--fill", "--placement", "fgd"], "--placement places the replay's jobs; --fill compares placements"),
+    ],
+)
+def test_placement_flags_of_the_other_mode_are_one_line_and_exit_2(tmp_path, capsys, args, line):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus\na,0,10,0.5\n")
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  p: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 1.0, worker: process}\n")
+    assert main(["simulate", str(trace), "--pools", str(pools), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert line in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_placement_on_a_trace_without_fractions_warns_that_it_does_nothing(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus\na,0,10,1\n")
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  p: {gpus_per_node: 2, nodes: 1, price_per_gpu_hour: 1.0, worker: process}\n")
+    args = ["simulate", str(trace), "--pools", str(pools), "--policies", "fifo", "--placement", "fgd"]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    assert "warning: --placement fgd does nothing here: no job asks a fraction of a GPU" in capsys.readouterr().err
