@@ -9,10 +9,16 @@ the smoke stage's first line in metrics.jsonl (rank 0's clock), "run" is until t
 ``TRAINGATE_BENCH_STACK_BASELINE=REF`` (a git ref) adds the stack half on that commit's code: a temporary
 worktree of REF brings up its own stack, and the two checkouts alternate ``TRAINGATE_BENCH_STACK_ROUNDS``
 times (default 1) in the same invocation, each part reported side by side.
+
+``TRAINGATE_BENCH_STACK_ENGINES=ROUNDS``: the stack half alone, this checkout's stack brought up once (one
+untimed run first), its flow runs alternating ROUNDS times between the pool's own command (forked from the
+worker's flow-run zygote, flows/warm_engine.py) and Prefect's ``python -m prefect.engine`` given as the
+run's ``command`` job variable (a cold process, as a worker starts one by default).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -20,6 +26,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import yaml
@@ -40,11 +47,11 @@ def _bare_env(**extra: str) -> dict[str, str]:
     }
 
 
-def _first_step(state: Path, deadline: float) -> float:
+def _first_step(state: Path, deadline: float, known: Collection[Path] = ()) -> float:
     from traingate.job import files
 
     while time.monotonic() < deadline:
-        for stage_dir in state.glob("runs/*/smoke"):
+        for stage_dir in set(state.glob("runs/*/smoke")) - set(known):
             if metrics := files.read_metrics(stage_dir):
                 return metrics[0].time
         time.sleep(0.05)
@@ -66,7 +73,13 @@ def _stack(d: Path, action: str, root: Path = ROOT) -> subprocess.CompletedProce
 
 
 def _on_stack(tmp: Path, root: Path = ROOT) -> tuple[dict[str, float], float]:
-    from prefect.deployments import run_deployment
+    with _running_stack(tmp, root) as (d, state, up_s):
+        return _trigger(d, state), up_s
+
+
+@contextlib.contextmanager
+def _running_stack(tmp: Path, root: Path = ROOT) -> Iterator[tuple[Path, Path, float]]:
+    """The stack up and ready, in the Prefect settings of its client: (its dir, its state dir, seconds up)."""
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     d = tmp / "stack"
@@ -89,24 +102,60 @@ def _on_stack(tmp: Path, root: Path = ROOT) -> tuple[dict[str, float], float]:
                 PREFECT_API_AUTH_STRING: client["PREFECT_API_AUTH_STRING"],
             }
         ):
-            load = os.getloadavg()[0]
-            start = time.time()
-            run = run_deployment(
-                "ladder/ladder-cpu", timeout=0, parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"}
-            )
-            first = _first_step(state, time.monotonic() + TIMEOUT_S)
-            from prefect import get_client
-
-            with get_client(sync_client=True) as c:
-                while not (fr := c.read_flow_run(run.id)).state.is_final():
-                    time.sleep(0.2)
-                done = time.time()
-                parts = _parts(c, run.id, start, first, state)
-        if not fr.state.is_completed():
-            raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
+            yield d, state, up_s
     finally:
         _stack(d, "down", root)
-    return {"first": first - start, "run": done - start, **parts, "load average (1 min) at the trigger": load}, up_s
+
+
+def _trigger(d: Path, state: Path, job_variables: dict[str, str] | None = None) -> dict[str, float]:
+    """One ladder flow run to its smoke stage, as the UI's run form starts it: its times and parts."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    load = os.getloadavg()[0]
+    known = set(state.glob("runs/*/smoke"))
+    start = time.time()
+    run = run_deployment(
+        "ladder/ladder-cpu",
+        timeout=0,
+        parameters={"spec": yaml.safe_load(SPEC.read_text()), "until": "smoke"},
+        job_variables=job_variables,
+    )
+    first = _first_step(state, time.monotonic() + TIMEOUT_S, known)
+    with get_client(sync_client=True) as c:
+        while not (fr := c.read_flow_run(run.id)).state.is_final():
+            time.sleep(0.2)
+        done = time.time()
+        parts = _parts(c, run.id, start, first, state, known)
+    if not fr.state.is_completed():
+        raise RuntimeError(f"the ladder deployment ended {fr.state.type.value}: {fr.state.message}")
+    return {"first": first - start, "run": done - start, **parts, "load average (1 min) at the trigger": load}
+
+
+def _engines(tmp: Path, rounds: int) -> str:
+    """Flow runs forked from the worker's zygote against cold ``python -m prefect.engine``, alternated on one stack."""
+    if os.geteuid() == 0:
+        tmp.chmod(0o711)
+    got: dict[str, list[dict[str, float]]] = {"cold": [], "forked": []}
+    cold = {"command": "python -m prefect.engine"}
+    with _running_stack(tmp) as (d, state, _):
+        _trigger(d, state)  # untimed: the first run creates the experiment, the stores' tables, the caches
+        for r in range(rounds):
+            for name in ("cold", "forked") if r % 2 == 0 else ("forked", "cold"):
+                got[name].append(_trigger(d, state, cold if name == "cold" else None))
+        log = (d / "logs" / "worker-cpu-local.log").read_text(errors="replace")
+    forked = log.count("flow-run zygote: forked")
+    out = ["| part (s) | cold `python -m prefect.engine` | forked from the zygote |", "|---|---|---|"]
+
+    def cell(rows: list[dict[str, float]], k: str) -> str:
+        values = [row[k] for row in rows]
+        return f"{', '.join(f'{v:.1f}' for v in values)} (mean {sum(values) / len(values):.1f})"
+
+    labels = {"first": "**trigger -> first smoke step**", "run": "trigger -> run Completed, unit + smoke"}
+    for k in got["cold"][0]:
+        out.append(f"| {labels.get(k, k)} | {cell(got['cold'], k)} | {cell(got['forked'], k)} |")
+    out.append(f"\n(flow runs forked by the zygote, the untimed one included: {forked} of {2 * rounds + 1})")
+    return "\n".join(out)
 
 
 def _wait_ready(d: Path, root: Path) -> None:
@@ -124,7 +173,7 @@ def _wait_ready(d: Path, root: Path) -> None:
     raise TimeoutError(f"the stack's worker (and zygote) not ready in {TIMEOUT_S} s: {log}")
 
 
-def _parts(c, flow_run_id, start: float, first: float, state: Path) -> dict[str, float]:
+def _parts(c, flow_run_id, start: float, first: float, state: Path, known: set[Path]) -> dict[str, float]:
     """Where trigger -> first smoke step went, from the flow run's state history and its task runs (server
     clock, the same machine): each part ends where the next begins, so they add up to the whole."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -155,7 +204,7 @@ def _parts(c, flow_run_id, start: float, first: float, state: Path) -> dict[str,
     for label, end in marks:
         out[label] = end - t
         t = end
-    junit = next((state / "runs").glob("*/unit/junit.xml"))
+    junit = next(p / "unit" / "junit.xml" for p in (state / "runs").iterdir() if p / "smoke" not in known)
     suite = next(ET.parse(junit).getroot().iter("testsuite"))
     out["of the unit stage: pytest's own time, collection to report (junit)"] = float(suite.get("time", "nan"))
     return out
@@ -212,6 +261,8 @@ def _side_by_side(tmp: Path, ref: str, rounds: int) -> str:
 def main() -> str:
     with tempfile.TemporaryDirectory(prefix="tg-bench-stack-") as t:
         tmp = Path(t)
+        if rounds := os.environ.get("TRAINGATE_BENCH_STACK_ENGINES"):
+            return _engines(tmp, int(rounds))
         if ref := os.environ.get("TRAINGATE_BENCH_STACK_BASELINE"):
             return _side_by_side(tmp, ref, int(os.environ.get("TRAINGATE_BENCH_STACK_ROUNDS", "1")))
         local = _traingate_run(tmp)

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
@@ -274,6 +275,10 @@ def _changed(code: dict[str, tuple[int, int]]) -> str | None:
     return None
 
 
+def _interpreter_vars(env: Mapping[str, str]) -> set[tuple[str, str]]:
+    return {(k, v) for k, v in env.items() if k.startswith("PYTHON")}
+
+
 def _drain(fd: int) -> None:
     while True:
         try:
@@ -307,6 +312,9 @@ def _fork_flow_run(
         why = f"{changed} changed since it was imported"
     elif not code_dir or Path(code_dir).resolve() != CODE_ROOT:
         why = f"{CODE_DIR_VAR}={code_dir!r} is not {CODE_ROOT}, the code it imported"
+    elif differ := _interpreter_vars(request["env"]) ^ _interpreter_vars(os.environ):
+        # PYTHONPATH and the like act when an interpreter starts: the zygote's, not the flow run's, made this one.
+        why = f"the flow run's {sorted({k for k, _ in differ})} differ from the zygote's (read at interpreter start)"
     if why:
         print(f"flow-run zygote: a flow run starts cold: {why}", file=sys.stderr, flush=True)
         for fd in fds:
