@@ -94,3 +94,19 @@ def test_backfill_cuts_the_mean_wait_of_strict_fair_share_on_a_gang_heavy_trace(
     strict = summarize(simulate(trace, CFG, Policy.parse("fairshare")))
     easy = summarize(simulate(trace, CFG, Policy.parse("fairshare+backfill")))
     assert easy.mean_wait_s < strict.mean_wait_s
+
+
+def test_under_the_default_a_research_job_past_the_starvation_bound_runs_before_a_stream_of_production_jobs():
+    # One GPU; a 25 h research job holds it. r (research) waits behind it while a production job arrives
+    # every hour. Past 24 h r goes first under the default; by class order alone it waits out the stream.
+    cfg = parse_config({"pools": {"p": {"gpus_per_node": 1, "nodes": 1, "price_per_gpu_hour": 1.0,
+                                        "worker": "process"}}})
+    h = 3600.0
+    trace = [TraceJob(Job("a", "t", "research", "p", 1, 0.0), 25 * h), TraceJob(Job("r", "t", "research", "p", 1, 1.0), h)]
+    trace += [TraceJob(Job(f"p{i:02d}", "u", "production", "p", 1, i * h), h) for i in range(1, 31)]
+    default = Policy.default(cfg.scheduling)
+    assert default.name == "fairshare+aged+backfill+preempt"
+    starts = {r.job_id: r.first_start_s for r in simulate(trace, cfg, default).records}
+    assert starts["r"] == 25 * h and starts["p01"] == 26 * h
+    alone = {r.job_id: r.first_start_s for r in simulate(trace, cfg, Policy.parse("fairshare+backfill+preempt")).records}
+    assert alone["p01"] == 25 * h and alone["r"] == 55 * h
