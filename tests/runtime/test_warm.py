@@ -121,6 +121,9 @@ def test_warm_restart_after_a_killed_rank_ends_with_weights_bitwise_equal_to_an_
     # Every worker of both incarnations was forked (2 ranks x 2), the killed one among them.
     (fired,) = inject.fired(run.stage_dir)
     assert fired["pid"] in run.forked() and len(run.forked()) == 4
+    # The restarted workers were forked after the zygote had loaded the recipe data they train on.
+    log = (run.stage_dir / "zygote.log").read_text()
+    assert log.index("zygote: preloaded the data of") < log.index("torchrun restart 1)")
     assert compare_states(_weights(final_state(cold_reference.checkpoint_uri)),
                           _weights(final_state(run.checkpoint_uri))) == []
     _assert_nothing_left(run)

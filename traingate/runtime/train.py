@@ -36,6 +36,7 @@ from traingate.job import envvars, files
 from traingate.job.stagejob import StageJob
 from traingate.job.vocab import Cause, Status
 from traingate.recipes import get_recipe
+from traingate.recipes.base import TensorData
 from traingate.redact import RedactingFilter
 from traingate.runtime import exitcodes, inject, rng
 from traingate.runtime.checkpoint import Checkpointer, CheckpointError, CheckpointRefused, RetentionPolicy
@@ -53,6 +54,8 @@ from traingate.tracking.tracker import make_tracker, run_to_resume
 
 CHECKPOINT_FALLBACK = "checkpoint-fallback"  # the alert a resume from an older checkpoint than the newest raises
 log = logging.getLogger("traingate.runtime")
+# Recipe data loaded by the zygote this process was forked from (traingate.runtime.warm), by spec hash.
+_preloaded: dict[str, tuple[TensorData, TensorData]] = {}
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Trainer:
         self.stop_at_step = job.stop_at_step
         instruments = instruments or envvars.Instruments()
         self.recipe = get_recipe(spec)
-        train, self.val = self.recipe.load_data()
+        train, self.val = _preloaded.get(spec.spec_hash()) or self.recipe.load_data()
         if self.limits.max_samples:
             train = train.head(self.limits.max_samples)
         self.train = train
@@ -647,6 +650,21 @@ def main(argv: list[str] | None = None) -> int:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
         close_distributed()
+
+
+def preload_data(job_path: str | Path) -> str:
+    """Load the recipe data of the job at ``job_path`` into this process, for the workers it forks; its spec hash.
+
+    A zygote calls it once its first workers are forked: every worker it forks afterwards (an in-place restart's)
+    finds the data in memory instead of loading it again (digits-cnn: 30-50 ms of CPU per rank). Keyed by the
+    spec's hash, so a job whose spec differs loads its own. Loading is deterministic (a fixed split; the trainer
+    seeds the RNGs after it), so a preloaded worker trains bit for bit as one that loaded the data itself.
+    """
+    spec = StageJob.read(job_path).spec
+    key = spec.spec_hash()
+    if key not in _preloaded:
+        _preloaded[key] = get_recipe(spec).load_data()
+    return key
 
 
 def process_start_time() -> float:

@@ -3,7 +3,9 @@
 A cold training process spends ~3 s importing torch, TorchDynamo and traingate before it can
 rejoin its group; after a lost worker that is most of the time to recovery. With
 ``supervision.warm_restarts`` the supervisor starts one zygote per stage (:class:`Zygote`), which
-imports all of that once and forks a ready worker per request. What torchrun launches is the thin
+imports all of that once and forks a ready worker per request. Once a launch's workers are forked it also
+loads their recipe's data (:func:`traingate.runtime.train.preload_data`): the workers of an in-place restart
+find it in memory. What torchrun launches is the thin
 entry ``python -m traingate.runtime.warm SOCKET --job JOB`` (this module's top level imports only
 the standard library's cheapest modules): it hands the zygote its argv, environment, cwd and
 stdin/stdout/stderr (SCM_RIGHTS); the forked child becomes the worker (its own session, the entry's
@@ -39,6 +41,8 @@ _LEN = struct.Struct("!I")
 _REC = struct.Struct("!ci")
 _RELAYED = (signal.SIGTERM, signal.SIGINT)
 _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read end, write end)
+_jobs: dict[str, bool] = {}  # the zygote's: job files of the workers it forked -> their data preloaded (or tried)
+_refusing: list[str] = []  # the zygote's: why it forks no more workers, if it does not
 
 
 # ---------------------------------------------------------------- thin entry (runs under torchrun)
@@ -204,6 +208,8 @@ def serve(path: str) -> int:
                         break
                 except BlockingIOError:
                     break
+        if not ready and (pending := [job for job, done in _jobs.items() if not done]):
+            _preload(pending[0])  # nothing asked for 0.1 s: the launch's workers are all forked
         if listener.fileno() in ready:
             conn, _ = listener.accept()
             child = _fork_worker(conn, listener, children)
@@ -234,7 +240,11 @@ def serve(path: str) -> int:
 def _fork_worker(
     conn: socket.socket, listener: socket.socket, children: dict[int, tuple[socket.socket, int | None]]
 ) -> tuple[int, int | None] | None:
-    """Fork a worker for the request on ``conn``: (its pid, its torchrun agent or None), None for a bad request."""
+    """Fork a worker for the request on ``conn``: (its pid, its torchrun agent or None), None for a bad request
+    or when the zygote no longer forks (its entry then starts the worker cold)."""
+    if _refusing:
+        print(f"zygote: not forking, the worker starts cold: {_refusing[0]}", file=sys.stderr, flush=True)
+        return None
     conn.settimeout(10.0)
     try:
         request, fds = _read_request(conn)
@@ -250,6 +260,9 @@ def _fork_worker(
             os._exit(70)  # an exception escaped the worker's own handling (EX_SOFTWARE)
     for fd in fds:
         os.close(fd)
+    argv = request["argv"]
+    if "--job" in argv[:-1]:
+        _jobs.setdefault(argv[argv.index("--job") + 1], False)
     env = request["env"]
     print(
         f"zygote: forked worker {pid} (rank {env.get('RANK', '0')}, torchrun restart "
@@ -258,6 +271,29 @@ def _fork_worker(
         flush=True,
     )
     return pid, (int(request["agent"]) if "TORCHELASTIC_RUN_ID" in env else None)
+
+
+def _preload(job: str) -> None:
+    """Load the recipe data of ``job`` here, so that every worker forked from now on finds it in memory."""
+    _jobs[job] = True
+    started = time.time()
+    train = sys.modules["traingate.runtime.train"]  # imported by the zygote (PRELOADED)
+    try:
+        key = train.preload_data(job)
+    except Exception as e:  # noqa: BLE001 - a worker loads the data itself and reports what fails there
+        print(f"zygote: data of {job} not preloaded: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return
+    gc.freeze()  # the data's objects stay out of every later collection, here and in the forked workers
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads != 1:
+        _refusing.append(f"{threads} threads after loading the data of {job}; forking would copy their locks")
+        print(f"zygote: {_refusing[0]}; not forking any more", file=sys.stderr, flush=True)
+        return
+    print(
+        f"zygote: preloaded the data of {job} (spec {key}) in {time.time() - started:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
