@@ -517,7 +517,7 @@ class Stack:
         the Optuna database's password)."""
         compose, plans = self.plans()
         by = {p.name: p for p in plans}
-        worker = next(p for p in plans if p.argv[:3] == ["prefect", "worker", "start"])
+        worker = next(p for p in plans if "--pool" in p.argv)  # `prefect worker start --pool ...`, wrapped or not
         keys = ("PREFECT_API_URL", "TRAINGATE_TRACKING_URI", "TRAINGATE_CHECKPOINT_URI", "TRAINGATE_S3_ENDPOINT_URL",
                 "TRAINGATE_OPTUNA_STORAGE", "TRAINGATE_STATE_DIR", "AWS_DEFAULT_REGION", "TRAINGATE_BUCKET")
         keys += CLIENT_CREDENTIALS if credentials else ()

@@ -186,6 +186,8 @@ def test_mixed_jobs_share_a_pool_by_class_quota_and_preemption_and_the_victim_re
         # INFO: the flow runs' queue lines (position, quota) reach the server's logs, which the test reads.
         worker_env = {
             **env,
+            # `python` of the pool's command (flows/warm_engine.py) is this interpreter, as in the training image.
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
             "TRAINGATE_STATE_DIR": str(state),
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_LOGGING_LEVEL": "INFO",
