@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from traingate.capacity.incremental import straightforward_pass
+from traingate.capacity.incremental import Running, straightforward_pass
 from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import Policy
+from traingate.capacity.policy import Policy, reserve
 from traingate.capacity.pools import parse_config
 from traingate.capacity.report import COMPARED
 from traingate.capacity.simulate import TraceJob, simulate
@@ -122,8 +122,15 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
         )
         for k, r in enumerate(rows)
     ]
-    for name in ("fifo+backfill", "fifo+backfill+preempt", "sjf+backfill", "fairshare+backfill+preempt", "priority",
-                 "fairshare+aged+backfill+preempt", "sjf+aged+backfill"):
+    for name in (
+        "fifo+backfill",
+        "fifo+backfill+preempt",
+        "sjf+backfill",
+        "fairshare+backfill+preempt",
+        "priority",
+        "fairshare+aged+backfill+preempt",
+        "sjf+aged+backfill",
+    ):
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
         assert _schedule_of(fast) == _schedule_of(slow), name
@@ -185,3 +192,31 @@ def test_a_started_job_keeps_every_field_but_its_start_nodes_and_overhead():
     changed = {"started_s": 9.0, "nodes": (1,), "overhead_s": 40.0}
     for f in dataclasses.fields(Job):  # a field added to Job and not copied by started() fails here
         assert getattr(run, f.name) == changed.get(f.name, getattr(job, f.name)), f.name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_kept_reservation_equals_the_one_found_again_as_jobs_start_and_end_around_it(seed):
+    # Running keeps its last reservation across starts and ends that cannot move it; policy.reserve
+    # recomputes it from every running job, and the two agree at every step.
+    rng = np.random.default_rng(seed)
+    gpn, nodes = 4, 12
+    run = Running(nodes, gpn)
+    pred: dict[str, float | None] = {}
+    now, n = 0.0, 0
+    for _ in range(1500):
+        now += float(rng.exponential(5.0))
+        if run.jobs and rng.random() < 0.45:
+            run.remove(str(rng.choice(sorted(run.jobs))))
+        else:
+            slots = int(rng.choice([1, 1, 2, 3, 4, 8, 12]))
+            nodes_at = run.free.place(slots)
+            if nodes_at is not None:
+                n += 1
+                job = started(Job(f"j{n}", "t", "research", "p", slots, now), now, nodes_at)
+                p = None if rng.random() < 0.15 else float(rng.uniform(1.0, 120.0))
+                pred[job.job_id] = p
+                run.add(job, p)
+        head = Job("head", "t", "research", "p", (8, 12, 16, 3)[seed], now)  # gang heads of 2-4 nodes; one node
+        if not run.free.fits(head.slots):
+            want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
+            assert run.reserve(head, now) == want, now

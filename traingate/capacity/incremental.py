@@ -140,11 +140,13 @@ class Running:
         self._ends: list[tuple[float, str]] = []  # (predicted end, id): still ahead
         self._late: list[tuple[float, str]] = []  # (-start, id): past its prediction or none
         self._entry: dict[str, tuple[tuple[float, str], bool]] = {}  # id -> its entry, whether in _late
-        # The last reservation: the head's slots, "now" it holds below, its answer. Dropped when a job
-        # ends; kept when one starts that is predicted to end (not late) by the answer: released before
-        # the answer and holding slots that were free, it moves the answer neither way, as long as "now"
-        # has not passed its end (where it would count as late).
+        # The last reservation: the head's slots, "now" it holds below, its answer, the "now" it was
+        # found at. Kept when a job starts that is predicted to end (not late) by the answer: released
+        # before the answer and holding slots that were free, it moves the answer neither way, as long
+        # as "now" has not passed its end (where it would count as late). Kept for a gang head when a
+        # job of one node ends whose node neither empties nor crosses the answer (see ``_keeps``).
         self._cache: list | None = None
+        self._on: list[list[str]] = [[] for _ in range(nodes)]  # node -> its running jobs of one node
 
     def add(self, job: Job, predicted_s: float | None) -> None:
         """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
@@ -152,6 +154,8 @@ class Running:
         self._take(job)
         self.jobs[job.job_id] = job
         self._n += 1
+        if job.slots <= self.gpn:
+            self._on[job.nodes[0]].append(job.job_id)
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
         end = None if rem is None else job.started_s + job.overhead_s + rem  # policy.predicted_end's sum
         c = self._cache
@@ -172,13 +176,43 @@ class Running:
 
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
-        self._cache = None
         job = self.jobs.pop(job_id)
         e, is_late = self._entry.pop(job_id)
+        if job.slots <= self.gpn:
+            self._on[job.nodes[0]].remove(job_id)
+        c = self._cache
+        if c is not None and not self._keeps(c, job, e, is_late):
+            self._cache = None
         lst = self._late if is_late else self._ends
         del lst[bisect_left(lst, e)]
         self._release(job)
         return job
+
+    def _keeps(self, c: list, job: Job, e: tuple[float, str], is_late: bool) -> bool:
+        """Whether reservation ``c`` holds without ``job`` (already out of ``_on``). For a head wider than
+        a node the answer is the end by which enough nodes are whole: each node is whole at the latest
+        predicted end of its jobs, and the answer is the k-th earliest of these (k: the nodes still
+        wanted). A job of one node that ends moves only its node's time, and that node's leaves the k-th
+        in place when it stays on the same side of the answer. The cache is read only while "now" is
+        before every predicted end still ahead (``c[1]``), so those ends are exact; a late job's end
+        (now + time run) only grows, so its value at ``c[3]`` bounds it from below."""
+        answer = c[2]
+        if c[0] <= self.gpn or answer is None or job.slots > self.gpn:
+            return False
+        others = self._on[job.nodes[0]]
+        if not others:
+            return False  # the node is whole now
+        entry, jobs, twice = self._entry, self.jobs, 2 * c[3]
+        below = not is_late and e[0] < answer  # the node's time below the answer with the job and without
+        for jid in others:
+            (v, _), late = entry[jid]
+            if late:
+                v = twice - jobs[jid].started_s  # type: ignore[operator]
+            if v > answer:
+                return True  # above the answer with the job and without it
+            if late or v == answer:
+                below = False
+        return below
 
     def _take(self, job: Job) -> None:
         """``job``'s GPUs are held: taken from the free ones and counted for its team."""
@@ -259,7 +293,7 @@ class Running:
                 if wholes >= k:
                     found = end
                     break
-        self._cache = [job.slots, first_end, found]
+        self._cache = [job.slots, first_end, found, now]
         return found
 
 
