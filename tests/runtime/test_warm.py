@@ -4,9 +4,11 @@ exact resume, the emergency checkpoint on SIGTERM, and nothing left behind; a de
 starts slow again."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,6 +215,28 @@ def test_a_zygote_that_finds_threads_after_its_imports_refuses_to_serve_and_says
     why = zygote.stop()
     assert why is not None and "ended early with status 3" in why and "threads after the imports" in why
     assert not os.path.exists(zygote.dir)
+
+
+def test_a_zygote_whose_supervisor_died_before_it_started_exits_instead_of_serving_nobody(tmp_path):
+    # A supervisor SIGKILLed right after starting its zygote (a killed CLI): the zygote's first look finds
+    # another parent, before the guardian of the dead supervisor ever saw it.
+    log = tmp_path / "zygote.log"
+    code = ("import os, sys\nfrom traingate.runtime import warm\n"
+            f"z = warm.Zygote(sys.executable, dict(os.environ), {str(log)!r})\n"
+            "print(z.pid, z.dir, flush=True)\nos._exit(0)\n")
+    pid, directory = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                    check=True).stdout.split()
+    zygote = psutil.Process(int(pid))
+    try:
+        end = time.monotonic() + 60
+        while zygote.is_running() and zygote.status() != psutil.STATUS_ZOMBIE and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE, "the orphaned zygote serves on"
+        assert "ended before it started; not serving" in log.read_text()
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            zygote.kill()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_a_zygote_started_ahead_of_its_stage_forks_that_stages_workers_and_ends_with_it(tiny_spec, state_dir,

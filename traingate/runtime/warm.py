@@ -55,13 +55,14 @@ PRELOADED = ("torch", "torch._dynamo", "traingate.runtime.train")
 def main(argv: list[str] | None = None) -> int:
     """``python -m traingate.runtime.warm SOCKET [train args]``: run one worker, warm if a zygote answers."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "--serve":
-        return serve(argv[1])
+    if len(argv) in (2, 3) and argv[0] == "--serve":
+        return serve(argv[1], int(argv[2]) if len(argv) == 3 and argv[2].isdigit() else None)
     if len(argv) > 2 and argv[0] == "--ahead":
         return ahead(argv[1], argv[2:])
     if not argv or argv[0].startswith("-"):
         print(
-            "python -m traingate.runtime.warm: usage: SOCKET [--job PATH] (or --serve SOCKET, --ahead LOG COMMAND...)",
+            "python -m traingate.runtime.warm: usage: SOCKET [--job PATH] "
+            "(or --serve SOCKET [SUPERVISOR_PID], --ahead LOG COMMAND...)",
             file=sys.stderr,
         )
         return 64
@@ -143,8 +144,9 @@ def _die(signum: int) -> int:
 # ---------------------------------------------------------------- zygote (started by the supervisor)
 
 
-def serve(path: str) -> int:
-    """Bind ``path``, import the training stack once, then fork a worker per request until SIGTERM.
+def serve(path: str, supervisor: int | None = None) -> int:
+    """Bind ``path``, import the training stack once, then fork a worker per request until SIGTERM or
+    until ``supervisor`` (the process that started it; default: its parent now) is no longer its parent.
 
     The socket is bound before the imports, so entries that arrive meanwhile wait in the backlog
     instead of starting cold beside the importing zygote. Forking needs a single-threaded parent
@@ -156,7 +158,12 @@ def serve(path: str) -> int:
     scheduler would) reaches the zygote instead of torchrun's agent; that one is passed on to the
     agent. A SIGTERM from anyone else ends the zygote.
     """
-    supervisor = os.getppid()
+    # A supervisor killed between starting this process and this line left it to another parent already: the
+    # zygote's parent check would then hold for that parent and it would serve nobody, forever.
+    supervisor = os.getppid() if supervisor is None else supervisor
+    if os.getppid() != supervisor:
+        print(f"zygote: its supervisor (pid {supervisor}) ended before it started; not serving", file=sys.stderr)
+        return 0
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -487,7 +494,7 @@ class Zygote:
         self.socket = os.path.join(self.dir, "sock")
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                [python, "-m", "traingate.runtime.warm", "--serve", self.socket],
+                [python, "-m", "traingate.runtime.warm", "--serve", self.socket, str(os.getpid())],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
