@@ -412,6 +412,9 @@ def _become_flow_run(
 
     threading.Thread(target=entry_gone, name="engine-entry-watch", daemon=True).start()
     code = 0
+    # Run as `-m` runs it: a fresh __main__ from the module's code (its imports stay loaded); runpy warns when the
+    # module it runs is in sys.modules already (Prefect's own workspace bootstrap does the same).
+    sys.modules.pop("prefect.engine", None)
     try:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as e:
