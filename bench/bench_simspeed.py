@@ -2,8 +2,9 @@
 
 Generated traces (traingate.capacity.trace.generate) on pools of 8, 100 and 800 nodes x 8 GPUs,
 10k, 100k and 1M jobs, in two regimes: no queue (load 0.3: nearly every job starts on arrival)
-and contention (load 0.95 under fifo+backfill and the default fairshare+backfill+preempt: a
-quarter to a third of the jobs wait). Large (gang) jobs are a quarter and half of the pool up to
+and contention (load 0.95 under fifo+backfill, fairshare+backfill+preempt and the default
+fairshare+aged+backfill+preempt, whose starvation bound is the config's 24 h: a sixth to four
+fifths of the jobs wait). Large (gang) jobs are a quarter and half of the pool up to
 16 and 32 nodes. The baseline is the same replay with each pass done by ``policy.schedule`` over
 lists rebuilt every pass (``incremental.straightforward_pass``), on the 10k-job traces only (it
 is quadratic). TRAINGATE_BENCH_SIMSPEED_MAX_JOBS caps the sizes (default 1,000,000).
@@ -21,7 +22,7 @@ from traingate.capacity.trace import TraceParams, generate
 
 MAX_JOBS = int(os.environ.get("TRAINGATE_BENCH_SIMSPEED_MAX_JOBS", "1000000"))
 REGIMES = (("no queue", 0.3, "fifo+backfill"), ("contention", 0.95, "fifo+backfill"),
-           ("contention", 0.95, "fairshare+backfill+preempt"))
+           ("contention", 0.95, "fairshare+backfill+preempt"), ("contention", 0.95, "fairshare+aged+backfill+preempt"))
 CELLS = [(8, 100_000), (100, 100_000), (800, 10_000), (800, 100_000), (800, 1_000_000)]
 
 
