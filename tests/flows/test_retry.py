@@ -69,9 +69,10 @@ def test_retrying_a_failed_then_a_crashed_ladder_flow_run_continues_the_same_run
     from traingate.tracking import runs
 
     # The canary (20 steps, a checkpoint every 5) raises at step 8, as a bug in recipe code would; its retry
-    # hangs at step 13 (rank 0 stopped), where its flow-run process is killed; a fault fires once per stage
-    # directory, so the second retry trains on past both.
-    monkeypatch.setenv("TRAINGATE_INJECT", "error@7,stop@12:0")
+    # hangs at step 15 (rank 0 stopped), where its flow-run process is killed; a fault fires once per stage
+    # directory, so the second retry trains on past both. From step 9 rank 0 takes 0.1 s a step, so the
+    # step-10 checkpoint's save (in the background) ends before the stop freezes rank 0 and it with it.
+    monkeypatch.setenv("TRAINGATE_INJECT", "error@7,slow@9:0,stop@14:0")
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # a deployed flow run prepends its code
     spec = yaml.safe_load(tiny_spec().read_text())
     # The gate's subject here is the run continuing, not the loss curve (a resumed stage's loss_decrease_fraction
@@ -101,7 +102,7 @@ def test_retrying_a_failed_then_a_crashed_ladder_flow_run_continues_the_same_run
                             env={**os.environ, **prefect_api}, start_new_session=True)
     try:
         _wait_for(state_dir / "checkpoints" / run_id / "canary" / "step_00000010" / "manifest.json", proc)
-        _wait_for(run_dir / "canary" / "faults" / "stop@12-r0.rank0.json", proc)
+        _wait_for(run_dir / "canary" / "faults" / "stop@14-r0.rank0.json", proc)
     finally:
         _kill_tree(proc)
     with get_client(sync_client=True) as c:
