@@ -128,8 +128,9 @@ def test_a_spike_with_action_stop_ends_the_stage_failed_with_cause_alert_and_pos
     server, posted = _server()
     monkeypatch.setenv("TG_HOOK", f"http://127.0.0.1:{server.server_port}/hook/s3cret")
     monkeypatch.setenv("TRAINGATE_ENV_ALLOW", "TG_HOOK")
+    # 100 paced steps (0.1 s each): the rule's stop lands well before the stage could end on its own, on a busy box too.
     sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@13", "alerts.loss_spike.action=stop",
-                          "stages.full.max_steps=40", 'alerts.webhook_url="${env:TG_HOOK}"', name="stopped")
+                          "stages.full.max_steps=100", 'alerts.webhook_url="${env:TG_HOOK}"', name="stopped")
     assert (sup.status, sup.cause) == (Status.FAILED, Cause.ALERT)
     assert sup.error.startswith("stopped by alert loss-spike: loss-spike: train_loss")
     assert files.read_alerts(Path(job.stage_dir))[0].outcome == "stopped for good"
