@@ -22,8 +22,7 @@ zygote imported it; on a changed file the zygote also restarts itself, so the ne
 the new code. A zygote serves only its own worker (the socket sits in a directory only its user can
 enter) and ends when the worker does.
 
-Wire format, entry -> zygote: ``!I`` length + JSON ``{env, cwd}``, fds 0-2 attached. Zygote/child ->
-entry: ``!ci`` records: ``R`` refused (start cold), ``P`` pid, ``X`` exit code, ``S`` signal number.
+The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{env, cwd}``.
 """
 
 from __future__ import annotations
@@ -31,14 +30,12 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
-import json
 import os
 import runpy
 import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,11 +44,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from traingate.runtime import handoff
 from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
 
-_LEN = struct.Struct("!I")
-_REC = struct.Struct("!ci")
-_RELAYED = (signal.SIGTERM, signal.SIGINT)
 # What a cold flow-run process of the ladder imports before its first task: Prefect's engine, the flows
 # (MLflow, pandas, the tasks and the core library with them) and torch (a built-in recipe's data snapshot).
 PRELOADED = ("prefect.engine", "flows.pipeline", "flows.stage", "torch")
@@ -79,63 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 64
-    path = os.environ.get(ENGINE_SOCKET_VAR)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        if not path:
-            raise OSError("no zygote")
-        conn.connect(path)
-    except OSError:
-        conn.close()
-        return _cold()
-    pid: list[int] = []
-    pending: list[int] = []
-
-    def relay(signum: int, frame: object) -> None:
-        if not pid:
-            pending.append(signum)  # delivered once the child exists
-            return
-        try:
-            os.kill(pid[0], signum)
-        except ProcessLookupError:
-            pass  # it exited already; its status is on its way
-
-    for sig in _RELAYED:
-        signal.signal(sig, relay)
-    request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    try:
-        conn.sendmsg(
-            [_LEN.pack(len(request)) + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))]
-        )
-    except OSError:
-        conn.close()
-        return _cold()
-    reader = conn.makefile("rb")
-    while True:
-        record = reader.read(_REC.size)
-        if len(record) < _REC.size:
-            if not pid:  # the zygote went away before a child existed: start here, cold but correct
-                conn.close()
-                for sig in _RELAYED:
-                    signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
-                if pending:
-                    return 128 + pending[0]
-                return _cold()
-            return _die(signal.SIGKILL)  # the child and its zygote are gone without a word: it was killed
-        kind, value = _REC.unpack(record)
-        if kind == b"R":
-            conn.close()
-            if pending:
-                return 128 + pending[0]
-            return _cold()
-        if kind == b"P":
-            pid.append(value)
-            for waiting in pending:
-                relay(waiting, None)
-        elif kind == b"X":
-            return value
-        elif kind == b"S":
-            return _die(value)
+    return handoff.ask(os.environ.get(ENGINE_SOCKET_VAR), {"env": dict(os.environ), "cwd": os.getcwd()}, _cold)
 
 
 def _cold() -> int:
@@ -144,17 +83,6 @@ def _cold() -> int:
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "prefect.engine"])
     return 70  # not reached: execv returns only by raising
-
-
-def _die(signum: int) -> int:
-    """End this process by ``signum``, as the flow run's process did."""
-    if signum != signal.SIGKILL:
-        signal.signal(signum, signal.SIG_DFL)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signum)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-    return 128 + signum  # not reached for a fatal signal
 
 
 # ---------------------------------------------------------------- the worker's wrapper
@@ -299,7 +227,7 @@ def _fork_flow_run(
     imported code changed."""
     conn.settimeout(10.0)
     try:
-        request, fds = _read_request(conn)
+        request, fds = handoff.read_request(conn)
     except (OSError, ValueError) as e:
         print(f"flow-run zygote: bad request: {e}", file=sys.stderr, flush=True)
         conn.close()
@@ -320,7 +248,7 @@ def _fork_flow_run(
         for fd in fds:
             os.close(fd)
         try:
-            conn.sendall(_REC.pack(b"R", 0))
+            conn.sendall(handoff.REC.pack(b"R", 0))
         except OSError:
             pass
         conn.close()
@@ -342,28 +270,6 @@ def _fork_flow_run(
     return False
 
 
-def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) - len(payload) % 4]))
-    if len(data) < _LEN.size or len(fds) != 3:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"expected a length and 3 fds, got {len(data)} bytes and {len(fds)} fds")
-    (size,) = _LEN.unpack(data[: _LEN.size])
-    body = data[_LEN.size :]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            for fd in fds:
-                os.close(fd)
-            raise ValueError("request cut short")
-        body += more
-    return json.loads(body), fds
-
-
 def _become_flow_run(
     conn: socket.socket,
     listener: socket.socket,
@@ -382,13 +288,8 @@ def _become_flow_run(
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.setsid()  # the entry relays its signals; a group-wide one must not reach this child twice
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # An entry SIGKILLed by the worker takes the flow run with it: a flow run nobody waits for must not go on.
+    done = handoff.take_place(conn, request, fds, "engine-entry-watch")
     sys.argv = [sys.argv[0]]
     # Prefect read its settings and set up logging from the zygote's environment at import; a cold process
     # reads the flow run's.
@@ -397,20 +298,6 @@ def _become_flow_run(
     torch = sys.modules["torch"]
     if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    conn.sendall(_REC.pack(b"P", os.getpid()))
-    done = threading.Event()
-
-    def entry_gone() -> None:
-        # The entry sends nothing after its request: EOF means it died (the worker's SIGKILL). A flow run
-        # nobody waits for must not go on.
-        try:
-            conn.recv(1)
-        except OSError:
-            pass
-        if not done.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=entry_gone, name="engine-entry-watch", daemon=True).start()
     code = 0
     # Run as `-m` runs it: a fresh __main__ from the module's code (its imports stay loaded); runpy warns when the
     # module it runs is in sys.modules already (Prefect's own workspace bootstrap does the same).
@@ -418,7 +305,7 @@ def _become_flow_run(
     try:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = handoff.exit_code(e)
     except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
         sys.excepthook(*sys.exc_info())
         code = 1
@@ -426,14 +313,7 @@ def _become_flow_run(
     # atexit handlers (Prefect's log and event workers flush there).
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    done.set()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        conn.sendall(_REC.pack(b"X", code))
-    except OSError:
-        pass  # the entry is gone; nobody is left to tell
-    os._exit(code)
+    handoff.finish(conn, done, code)
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -449,7 +329,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
             continue
         if os.WIFSIGNALED(status):  # a child that exited has said so itself; a signal it could not report
             try:
-                conn.sendall(_REC.pack(b"S", os.WTERMSIG(status)))
+                conn.sendall(handoff.REC.pack(b"S", os.WTERMSIG(status)))
             except OSError:
                 pass
         conn.close()

@@ -203,7 +203,7 @@ def test_the_thin_entry_imports_neither_torch_nor_traingate_before_it_asks_the_z
     conn.sendall(b"P" + entry.pid.to_bytes(4, "big") + b"X" + (0).to_bytes(4, "big"))
     out, _ = entry.communicate(timeout=30)
     elapsed = time.monotonic() - t0
-    assert out.strip() == "0 ['traingate', 'traingate.runtime']"
+    assert out.strip() == "0 ['traingate', 'traingate.runtime', 'traingate.runtime.handoff']"
     assert elapsed < 2.0  # generous for a loaded box; the entry itself is ~30 ms of interpreter start
 
 

@@ -16,30 +16,25 @@ pid (heartbeats, the fault injector and a hang kill all reach the real worker) a
 zygote reports deaths by a signal. A child whose thin entry is gone (torchrun SIGKILLed it) kills
 itself. Without a zygote (not started yet, dead, refusing) the entry runs ``train.main`` itself.
 
-Wire format, entry -> zygote: one request, ``!I`` length + JSON ``{argv, env, cwd, agent}``, fds 0-2
-attached. Zygote/child -> entry: ``!ci`` records: ``P`` pid, ``X`` exit code, ``S`` signal number.
+The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{argv, env, cwd, agent}``.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
-import json
 import os
 import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-_LEN = struct.Struct("!I")
-_REC = struct.Struct("!ci")
-_RELAYED = (signal.SIGTERM, signal.SIGINT)
+from traingate.runtime import handoff
+
 _wake: list[int] = []  # the zygote's self-pipe: SIGCHLD wakes its loop (read end, write end)
 _jobs: dict[str, bool] = {}  # the zygote's: job files of the workers it forked -> their data preloaded (or tried)
 _refusing: list[str] = []  # the zygote's: why it forks no more workers, if it does not
@@ -67,60 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 64
     path, train_argv = argv[0], argv[1:]
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-    except OSError:
-        conn.close()
-        return _cold(train_argv)
-    pid: list[int] = []
-    pending: list[int] = []
-
-    def relay(signum: int, frame: object) -> None:
-        if not pid:
-            pending.append(signum)  # delivered once the worker exists
-            return
-        try:
-            os.kill(pid[0], signum)
-        except ProcessLookupError:
-            pass  # it exited already; its status is on its way
-
-    for sig in _RELAYED:
-        signal.signal(sig, relay)
-    request = json.dumps(
-        {"argv": train_argv, "env": dict(os.environ), "cwd": os.getcwd(), "agent": os.getppid()}
-    ).encode()
-    try:
-        conn.sendmsg(
-            [_LEN.pack(len(request)) + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))]
-        )
-    except OSError:
-        conn.close()
-        return _cold(train_argv)
-    reader = conn.makefile("rb")
-    while True:
-        record = reader.read(_REC.size)
-        if len(record) < _REC.size:
-            if not pid:
-                # The zygote went away before a worker existed: start one here, slowly but correctly.
-                conn.close()
-                for sig in _RELAYED:
-                    signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
-                if pending:
-                    return 128 + pending[0]
-                return _cold(train_argv)
-            # The worker and the zygote are both gone without a word: the worker was killed, and
-            # the zygote with it (or before it) — report it the way a killed worker shows.
-            return _die(signal.SIGKILL)
-        kind, value = _REC.unpack(record)
-        if kind == b"P":
-            pid.append(value)
-            for waiting in pending:
-                relay(waiting, None)
-        elif kind == b"X":
-            return value
-        elif kind == b"S":
-            return _die(value)
+    request = {"argv": train_argv, "env": dict(os.environ), "cwd": os.getcwd(), "agent": os.getppid()}
+    return handoff.ask(path, request, lambda: _cold(train_argv))
 
 
 def _cold(train_argv: list[str]) -> int:
@@ -128,17 +71,6 @@ def _cold(train_argv: list[str]) -> int:
     from traingate.runtime import train
 
     return train.main(train_argv)
-
-
-def _die(signum: int) -> int:
-    """End this process by ``signum``, as the worker did: torchrun's "exitcode: -9" stays true."""
-    if signum != signal.SIGKILL:
-        signal.signal(signum, signal.SIG_DFL)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signum)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-    return 128 + signum  # not reached for a fatal signal
 
 
 # ---------------------------------------------------------------- zygote (started by the supervisor)
@@ -254,7 +186,7 @@ def _fork_worker(
         return None
     conn.settimeout(10.0)
     try:
-        request, fds = _read_request(conn)
+        request, fds = handoff.read_request(conn)
     except (OSError, ValueError) as e:
         print(f"zygote: bad request: {e}", file=sys.stderr, flush=True)
         return None
@@ -303,26 +235,6 @@ def _preload(job: str) -> None:
     )
 
 
-def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) - len(payload) % 4]))
-    if len(data) < _LEN.size or len(fds) != 3:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"expected a length and 3 fds, got {len(data)} bytes and {len(fds)} fds")
-    (size,) = _LEN.unpack(data[: _LEN.size])
-    body = data[_LEN.size :]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            raise ValueError("request cut short")
-        body += more
-    return json.loads(body), fds
-
-
 def _become_worker(
     conn: socket.socket,
     listener: socket.socket,
@@ -341,13 +253,9 @@ def _become_worker(
     signal.set_wakeup_fd(-1)
     for fd in _wake:
         os.close(fd)
-    os.setsid()  # like a worker torchrun starts: its own session
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # Like a worker torchrun starts: its own session. An entry SIGKILLed by torchrun after its grace, or with
+    # the tree by the supervisor, takes the worker with it: a worker nobody waits for must not train on.
+    done = handoff.take_place(conn, request, fds, "warm-entry-watch")
     sys.argv = [sys.argv[0], *request["argv"]]
     torch = sys.modules["torch"]  # imported by the zygote (PRELOADED)
     # The zygote imported torch under its own environment; the worker's thread count is the entry's.
@@ -357,33 +265,12 @@ def _become_worker(
     # zygote, the agent is the entry's parent.
     agent = int(request["agent"])
     os.getppid = lambda: agent  # type: ignore[assignment]
-    conn.sendall(_REC.pack(b"P", os.getpid()))
-    done = threading.Event()
-
-    def entry_gone() -> None:
-        # The entry sends nothing after its request: EOF means it died (torchrun's SIGKILL after its
-        # grace, or the tree killed by the supervisor). A worker nobody waits for must not train on.
-        try:
-            conn.recv(1)
-        except OSError:
-            pass
-        if not done.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=entry_gone, name="warm-entry-watch", daemon=True).start()
     train = sys.modules["traingate.runtime.train"]  # imported by the zygote (PRELOADED)
     try:
         code = train.main(request["argv"])
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    done.set()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        conn.sendall(_REC.pack(b"X", code))
-    except OSError:
-        pass  # the entry is gone; nobody is left to tell
-    os._exit(code)
+        code = handoff.exit_code(e)
+    handoff.finish(conn, done, code)
 
 
 def _reap(children: dict[int, tuple[socket.socket, int | None]], block: bool) -> None:
@@ -401,7 +288,7 @@ def _reap(children: dict[int, tuple[socket.socket, int | None]], block: bool) ->
         # A worker that exited has said so itself; a signal it could not report.
         if os.WIFSIGNALED(status):
             try:
-                conn.sendall(_REC.pack(b"S", os.WTERMSIG(status)))
+                conn.sendall(handoff.REC.pack(b"S", os.WTERMSIG(status)))
             except OSError:
                 pass  # its entry is gone too
         conn.close()
