@@ -52,7 +52,8 @@ def _final_loss(stage_dir: Path) -> float:
 @pytest.mark.slow
 def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_the_stage_finishes_finite(
         tiny_spec, state_dir, tmp_path):
-    sup, job, events, log = _run(tiny_spec, tmp_path, "slow@0,spike@33")
+    # 100 paced steps: the rollback lands long before the stage could end on its own, on a busy box too.
+    sup, job, events, log = _run(tiny_spec, tmp_path, "slow@0,spike@33", "stages.full.max_steps=100")
     stage_dir = Path(job.stage_dir)
 
     assert sup.status == Status.COMPLETED, sup.error
@@ -71,26 +72,30 @@ def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_the_stage_f
     assert [n for n, _ in events] == ["alert.loss-spike", "alert.grad-norm-explosion", "run.rolled_back"]
     # It went on past the spike: every step to the end, a finite loss back near where it was before.
     metrics = [m for m in files.read_metrics(stage_dir) if m.attempt == sup.attempts[1].number]
-    assert metrics[0].step == 31 and metrics[-1].step == 60
+    assert metrics[0].step == 31 and metrics[-1].step == 100
     before = [m.loss for m in files.read_metrics(stage_dir) if m.attempt == 0 and 20 < m.step <= 30]
     assert math.isfinite(_final_loss(stage_dir)) and _final_loss(stage_dir) < 2 * max(before)
-    assert Checkpointer(job.checkpoint_uri, async_save=False).list_steps()[-1] == 60
+    assert Checkpointer(job.checkpoint_uri, async_save=False).list_steps()[-1] == 100
 
 
 @pytest.mark.slow
 def test_a_spike_with_action_pause_stops_at_an_emergency_checkpoint_and_resume_finishes(tiny_spec, state_dir,
                                                                                         tmp_path):
-    sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@33", "alerts.loss_spike.action=pause", name="paused")
-    assert sup.status == Status.PREEMPTED
+    # 200 paced steps (0.1 s each): the pause lands long before the stage could end on its own, on a busy box too.
+    steps = "stages.full.max_steps=200"
+    sup, job, _, _ = _run(tiny_spec, tmp_path, "slow@0,spike@33", "alerts.loss_spike.action=pause", steps,
+                          name="paused")
+    assert sup.status == Status.PREEMPTED, sup.error
     assert sup.error.startswith("paused by alert loss-spike") and "traingate resume paused" in sup.error
     assert sup.paused_by == "alert loss-spike"  # the ladder's final state says so, not "preempted"
     assert resumable_stop("full", from_supervision(job, sup, 1.0), "paused").startswith("full paused by alert loss-spike")
     ck = Checkpointer(job.checkpoint_uri, async_save=False)
     stopped_at = ck.list_steps()[-1]
-    assert 34 < stopped_at < 60  # an emergency checkpoint where it stopped, past the spike
+    assert 34 < stopped_at < 200  # an emergency checkpoint where it stopped, past the spike
     assert files.read_alerts(Path(job.stage_dir))[0].action == "pause"
 
-    again, _, _, _ = _run(tiny_spec, tmp_path, "slow@0", "alerts.loss_spike.enabled=false", name="paused",
+    # The resume runs unpaced: only where it starts is the subject.
+    again, _, _, _ = _run(tiny_spec, tmp_path, "", "alerts.loss_spike.enabled=false", steps, name="paused",
                           resumed=read_state(Path(job.stage_dir)))
     assert again.status == Status.COMPLETED, again.error
     assert again.attempts[0].start_step == stopped_at
