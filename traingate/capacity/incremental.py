@@ -174,6 +174,11 @@ class Running:
                 else:
                     self._cache = None
 
+    def predictions_changed(self) -> None:
+        """A job that may wait here was predicted anew (a job ended in another pool): a new version, so
+        the next pass does not take the last one's decisions on trust (see ``Settled``)."""
+        self._n += 1
+
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
         job = self.jobs.pop(job_id)
@@ -365,6 +370,21 @@ class Queue:
         self._take(job, g, 0 if g is None else g.jobs.index(job, g.off))
         return job
 
+    def _untake(self, job: Job, g: _Group | None) -> None:
+        """Put back a job that ``_take`` removed, at its place in its group."""
+        self.byid[job.job_id] = job
+        if g is None:
+            self._singles[job.job_id] = job
+            return
+        self._group_of[job.job_id] = g
+        if g.off == len(g.jobs):
+            self._live[id(g)] = g
+        if g.off and g.jobs[g.off - 1] is job:
+            g.off -= 1
+        else:
+            key = (job.submit_s, job.job_id)
+            g.jobs.insert(bisect_right(g.jobs, key, lo=g.off, key=lambda j: (j.submit_s, j.job_id)), job)
+
     def _take(self, job: Job, g: _Group | None, pos: int) -> int:
         """Remove a started job; the position of the group's next job."""
         del self.byid[job.job_id]
@@ -443,6 +463,10 @@ def plan_pass(
     # groups that pass gave up on would be given up on again (see ``Settled``), and this pass looks
     # only at the others, the groups of classes that may preempt, and the last head's group.
     skip = settled is not None and sig is not None and settled[0] == run._n and settled[1] == sig
+    if skip and not queue._fresh and not queue._singles:
+        same = _unchanged(now, run, queue, rules, settled)  # type: ignore[arg-type]
+        if same is not None:
+            return same, []
     while True:
         heap: list[tuple[tuple, Any, int]] = []
         looked: set[int] = set()
@@ -465,6 +489,28 @@ def plan_pass(
     queue._fresh.clear()
     queue._settled = (run._n, sig, plan[2], plan[3], plan[0].reserved_s)
     return plan[0], plan[1]
+
+
+def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | None:
+    """The plan of a pass that would look at the last head's group only (nothing started or ended,
+    the same order, no fresh group, no single job; see ``Settled``), or None when it may decide
+    otherwise: a group of a class that may preempt waits, or the head's reservation moved. The head's
+    group did not fit with these free GPUs and quotas and still does not (its first job may be another
+    one, when the last head started in another pool, of the same size); nothing behind it is looked at."""
+    g = settled[2]
+    if settled[3] is not None or (g is not None and g.off == len(g.jobs)):
+        return None  # the last head has gone: the pass finds another
+    if rules.policy.preempt:
+        classes = rules.classes
+        if any(classes[h.priority].preempts for h in queue._live.values()):
+            return None
+    if g is None:
+        return Plan((), (), None, None, ())
+    job = g.jobs[g.off]
+    shadow = run.reserve(job, now) if rules.policy.backfill else None
+    if shadow != settled[4]:
+        return None
+    return Plan((), (), job.job_id, shadow, ())
 
 
 class _Retry(Exception):
@@ -501,10 +547,14 @@ def _pass(
     victims_out: list[Job] = []
     quota_held: list[str] = []
     dead: list[_Group] = []
+    ahead: list[tuple[Job, _Group | None]] = []  # started before the head while skipping, as waiting
     head: Job | None = None
     head_group: _Group | None = None
     shadow: float | None = None
-    # A head to find again: before it nothing may start (the last pass found nothing to start there).
+    # A head to find again, with the same reservation: then every group left out of the heap is given up
+    # on, as the last pass gave up on it. A job looked at before the head may start (an arrival ahead
+    # of it in order): it only takes free GPUs, which leaves out what the groups left out lacked; a
+    # preemption before the head frees GPUs, and the pass starts over with every group.
     settled, looked = skipping if skipping is not None else (None, set())
     guard = settled is not None and (settled[2] is not None or settled[3] is not None)
 
@@ -629,8 +679,6 @@ def _pass(
                 if head is None:
                     nodes = free.place(job.slots, job.milli)
                     how = How.IN_ORDER
-                    if nodes is not None and guard:
-                        raise _Retry
                 elif shadow is not None:
                     p = predict(job)
                     if p is not None and now + job.overhead_s + max(p - job.done_s, 0.0) + margin <= shadow:
@@ -660,6 +708,8 @@ def _pass(
                 # Counted as running from now for later reservations and victim choices in this pass.
                 run.add(started(job, now, nodes), predict(job))
                 starts.append(Start(job.job_id, nodes, how))
+                if guard and head is None:
+                    ahead.append((job, g))
                 if g is not None and nxt < len(g.jobs):
                     heapq.heappush(heap, (keyf(g.jobs[nxt]), g, nxt))
                 if head is not None and nothing_backfills():
@@ -668,10 +718,13 @@ def _pass(
                 dead.append(g)
             if stop:
                 break
+        if guard and head is None:
+            raise _Retry  # the last pass's head has gone (started in another pool)
     except _Retry:
+        for job, g in reversed(ahead):  # the pass starts over with every group: as if none had started
+            run.remove(job.job_id)
+            queue._untake(job, g)
         return None
-    if guard and head is None:
-        return None  # the last pass's head has gone (started in another pool)
     plan = Plan(
         tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
     )

@@ -329,6 +329,10 @@ def _replay_pools(
                 continue
             rec[jid].end_s = t
             estimator.observe(job, true[jid])
+            if len(order) > 1:  # one history predicts the jobs of every pool
+                for other in order:
+                    if other is not st:
+                        other.run.predictions_changed()
         while i < n and arrivals[i].job.submit_s <= t:
             tj = arrivals[i]
             if tj.pools:
