@@ -313,10 +313,10 @@ class _Group:
         self.priority = priority
 
 
-# A pass's record, kept on its queue: the running set's version after it (``Running._n``), the order
-# signature (``_order_signature``), its head's group or (a single job) id, and the head's reservation.
-# When the next pass finds the same running set and order, every group that waited then, but those of
-# a class that may preempt, waits on (``plan_pass`` says why).
+# A pass's record, kept on its queue: the version of the running set and the predictions after it
+# (``Running._n``), the order signature (``_order_signature``), its head's group or (a single job) id,
+# and the head's reservation. When the next pass finds the same version and order, every group that
+# waited then, but those of a class that may preempt, waits on (``plan_pass`` says why).
 Settled = tuple[int, Any, "_Group | None", "str | None", "float | None"]
 
 
