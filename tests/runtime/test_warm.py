@@ -163,7 +163,9 @@ def test_a_sigkilled_zygote_leaves_starts_cold_and_the_stage_still_completes(sta
                 z.send_signal(signal.SIGKILL)
         return Hooks(on_tick=kill_zygote_once)
 
-    run = stage("kill@8:1", WARM, name="nozygote", hooks=hooks)
+    # Paced steps (0.1 s): the zygote is gone a second before rank 1's kill, on a loaded box too, so the
+    # restart is the one that finds no zygote.
+    run = stage("slow@0,kill@12:1", WARM, name="nozygote", hooks=hooks)
     assert killed, run.log
     assert run.sup.status == Status.COMPLETED and run.causes == ["worker_lost", None], run.log
     assert len(run.forked()) == 2  # the first group only: the restarted one started cold

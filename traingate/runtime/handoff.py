@@ -62,7 +62,10 @@ def ask(path: str | None, request: dict[str, Any], cold: Callable[[], int]) -> i
         return cold()
     reader = conn.makefile("rb")
     while True:
-        record = reader.read(REC.size)
+        try:
+            record = reader.read(REC.size)
+        except OSError:  # reset: the zygote died with our request unread, which is an end of input too
+            record = b""
         if len(record) < REC.size:
             if not pid:  # the zygote went away before a child existed: start here, slowly but correctly
                 conn.close()
