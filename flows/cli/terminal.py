@@ -69,6 +69,10 @@ class Transitions:
                 self.relaunches[line.name] = relaunches
             if line.status == before or line.status == "waiting":
                 continue
+            if line.status == "running" and not (self.reader.run_dir / line.name / dashboard.files.JOB).exists():
+                # Its supervisor has started and its first launch is not written yet: announced once it is,
+                # with its pool, world and step total.
+                continue
             self.seen[line.name] = line.status
             out.append(self._describe(line, snap, now))
         return snap, out

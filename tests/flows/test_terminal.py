@@ -37,7 +37,7 @@ def test_run_in_a_terminal_draws_a_progress_bar_with_eta_and_keeps_raw_process_l
     assert "pipeline PASSED" in text, text[-4000:]
     bars = re.findall(r"smoke +[█░]{10,40} (\d+)/60 +\d+%  ETA \d+:\d\d  loss [\d.e+-]+  \$\d+\.\d{4}", text)
     assert len(set(bars)) >= 3, text[-4000:]  # drawn again as the stage advanced
-    assert "traingate: smoke running: 60 steps on 1 process (cpu-local)" in text
+    assert "traingate: smoke running: 60 steps on 1 process (cpu-local)" in text, text[-4000:]
     assert re.search(r"traingate: smoke completed at step 60/60 in \d+:\d\d, run \$\d+\.\d{4} so far", text)
     # The training processes' own lines (the runtime's start line, torchrun's) stay in stdout.log and Prefect...
     stdout_log = next((tmp_path / "state" / "runs").glob("*/smoke/stdout.log")).read_text()
@@ -168,3 +168,17 @@ def test_a_running_stage_whose_step_total_is_not_known_yet_is_announced_without_
     files.write_json(run_dir / "canary" / files.JOB, {**job, "max_steps": None})  # a script's total comes later
     t = Transitions(run_dir, started=start)
     assert t.poll(start + 2)[1] == ["traingate: canary running: 2 processes (cpu-local)"]
+
+
+def test_a_stage_whose_supervisor_started_before_its_first_launch_is_announced_once_the_launch_is_written(tmp_path):
+    from flows.cli.terminal import Transitions
+
+    run_dir = tmp_path / "r1"
+    start = time.time()
+    _stage(run_dir, "smoke", None, 1, start + 1)
+    job = files.read_json(run_dir / "smoke" / files.JOB)
+    (run_dir / "smoke" / files.JOB).unlink()  # supervisor.json is written as the supervisor starts, job.json at launch
+    t = Transitions(run_dir, started=start)
+    assert t.poll(start + 2)[1] == []
+    files.write_json(run_dir / "smoke" / files.JOB, job)
+    assert t.poll(start + 3)[1] == ["traingate: smoke running: 10 steps on 2 processes (cpu-local)"]

@@ -34,7 +34,7 @@ def _wait_for(predicate, timeout_s: float, what: str) -> Any:
 def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_finishes_it(
         prefect_harness, tiny_spec, state_dir, monkeypatch):
     from prefect import flow, get_client
-    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
     from prefect.runtime import flow_run
     from prefect.states import Cancelled, Cancelling
 
@@ -100,8 +100,10 @@ def test_cancelling_the_flow_run_preempts_the_tree_with_a_checkpoint_and_resume_
 
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(box["flow_run_id"]).state.is_cancelled()
+        # This run's: the session's Prefect server holds the events of every test before it on this worker.
         events = _wait_for(lambda: client.read_events(EventFilter(
-            event=EventNameFilter(name=["traingate.run.restarted"])), limit=10).events, 30, "the restart event")
+            event=EventNameFilter(name=["traingate.run.restarted"]),
+            resource=EventResourceFilter(id=[f"traingate.run.{run_id}"])), limit=10).events, 30, "the restart event")
     assert events[0].payload["cause"] == "worker_lost"
     assert events[0].resource.id == f"traingate.run.{run_id}"
 
