@@ -52,14 +52,21 @@ def ask(path: str | None, request: dict[str, Any], cold: Callable[[], int]) -> i
         except ProcessLookupError:
             pass  # it exited already; its status is on its way
 
+    def start_cold() -> int:
+        """No child exists and none will: the signals are this process's own again; one that came meanwhile ends
+        it as that signal would have, else the process starts here, slowly but correctly."""
+        conn.close()
+        for sig in RELAYED:
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
+        return 128 + pending[0] if pending else cold()
+
     for sig in RELAYED:
         signal.signal(sig, relay)
     body = json.dumps(request).encode()
     try:
         conn.sendmsg([LEN.pack(len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
     except OSError:
-        conn.close()
-        return cold()
+        return start_cold()
     reader = conn.makefile("rb")
     while True:
         try:
@@ -67,18 +74,14 @@ def ask(path: str | None, request: dict[str, Any], cold: Callable[[], int]) -> i
         except OSError:  # reset: the zygote died with our request unread, which is an end of input too
             record = b""
         if len(record) < REC.size:
-            if not pid:  # the zygote went away before a child existed: start here, slowly but correctly
-                conn.close()
-                for sig in RELAYED:
-                    signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
-                return 128 + pending[0] if pending else cold()
+            if not pid:  # the zygote went away before a child existed
+                return start_cold()
             # The child and the zygote are both gone without a word: the child was killed, and the zygote
             # with it (or before it); report it the way a killed process shows.
             return die(signal.SIGKILL)
         kind, value = REC.unpack(record)
         if kind == b"R":
-            conn.close()
-            return 128 + pending[0] if pending else cold()
+            return start_cold()
         if kind == b"P":
             pid.append(value)
             for waiting in pending:
