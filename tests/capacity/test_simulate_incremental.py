@@ -220,3 +220,58 @@ def test_a_kept_reservation_equals_the_one_found_again_as_jobs_start_and_end_aro
         if not run.free.fits(head.slots):
             want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
             assert run.reserve(head, now) == want, now
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_passes_after_job_ends_that_leave_out_what_the_last_pass_gave_up_on_replay_as_the_straightforward_schedule(
+    seed,
+):
+    # Two teams and two small sizes: every (team, size) has finished a job early on, so each job end moves
+    # one prediction only and the passes after job ends look at just the groups that may now fit or
+    # backfill (Queue.repredicted, Settled). Long, contended traces with gang jobs, jobs with estimates of
+    # their own and limit stops exercise it; no class preempts here.
+    rng = np.random.default_rng(100 + seed)
+    gpn, nodes = 4, int(rng.integers(4, 9))
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
+            "quotas": {"vision": {"p": gpn * nodes * 3 // 4}} if seed % 3 == 2 else {},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+            "scheduling": {"starvation_bound_h": 2},
+        }
+    )
+    rows = generate(
+        TraceParams(
+            n_jobs=400,
+            capacity=gpn * nodes,
+            gpus_per_node=gpn,
+            load=float(rng.uniform(0.9, 1.3)),
+            seed=seed,
+            teams=(("vision", 0.5), ("speech", 0.5)),
+            classes=(("production", 0.3), ("research", 0.7)),
+            small_sizes=((1, 0.6), (4, 0.4)),
+            small_median_s=600,
+            large_median_s=2 * 3600,
+        )
+    )
+    est = rng.uniform(0.3, 2.0, len(rows))
+    trace = [
+        TraceJob(
+            Job(
+                r["job_id"],
+                r["team"],
+                r["priority"],
+                "p",
+                r["gpus"],
+                round(r["submit_s"] / 60) * 60.0,
+                est_duration_s=r["duration_s"] * est[k] if k % 9 == 0 else None,
+                checkpoint_every_s=600.0,
+            ),
+            r["duration_s"],
+        )
+        for k, r in enumerate(rows)
+    ]
+    for name in ("fifo+backfill", "priority+backfill", "fairshare+backfill+preempt", "fairshare+aged+backfill+preempt"):
+        fast = simulate(trace, cfg, Policy.parse(name))
+        slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
+        assert _schedule_of(fast) == _schedule_of(slow), name

@@ -17,10 +17,10 @@ nodes and a queue of thousands through it event after event. The simulator keeps
   which the groups are looked at again), so a pass visits a group once, not each of its jobs.
 
 :func:`plan_pass` then makes the same decisions as ``schedule`` in the same order; a test
-replays traces through both and compares every attempt. A pass at which nothing started or ended
-since the last one (arrivals only) looks again only at what may decide otherwise (see ``Settled``);
-a pass ends once nothing behind the head fits and no job may preempt; a reservation is kept while
-the jobs that start are predicted to end by it.
+replays traces through both and compares every attempt. A pass at which nothing started since the
+last one (arrivals, and job ends whose freed GPUs and moved predictions it is told of) looks again
+only at what may decide otherwise (see ``Settled``); a pass ends once nothing behind the head fits
+and no job may preempt; a reservation is kept while the jobs that start are predicted to end by it.
 """
 
 from __future__ import annotations
@@ -147,6 +147,9 @@ class Running:
         # job of one node ends whose node neither empties nor crosses the answer (see ``_keeps``).
         self._cache: list | None = None
         self._on: list[list[str]] = [[] for _ in range(nodes)]  # node -> its running jobs of one node
+        # The jobs removed since the last pass (``plan_pass`` empties it), or None once anything else
+        # changed since (a job added outside a pass, predictions changed): see ``Settled``.
+        self._gone: list[Job] | None = []
 
     def add(self, job: Job, predicted_s: float | None) -> None:
         """``job`` started (``started_s`` and ``nodes`` set); ``predicted_s`` its predicted whole run."""
@@ -154,6 +157,7 @@ class Running:
         self._take(job)
         self.jobs[job.job_id] = job
         self._n += 1
+        self._gone = None
         if job.slots <= self.gpn:
             self._on[job.nodes[0]].append(job.job_id)
         rem = None if predicted_s is None else max(predicted_s - job.done_s, 0.0)
@@ -178,10 +182,13 @@ class Running:
         """A job that may wait here was predicted anew (a job ended in another pool): a new version, so
         the next pass does not take the last one's decisions on trust (see ``Settled``)."""
         self._n += 1
+        self._gone = None
 
     def remove(self, job_id: str) -> Job:
         self._n += 1  # a new version of the running set
         job = self.jobs.pop(job_id)
+        if self._gone is not None:
+            self._gone.append(job)
         e, is_late = self._entry.pop(job_id)
         if job.slots <= self.gpn:
             self._on[job.nodes[0]].remove(job_id)
@@ -315,19 +322,27 @@ class _Group:
 
 # A pass's record, kept on its queue: the version of the running set and the predictions after it
 # (``Running._n``), the order signature (``_order_signature``), its head's group or (a single job) id,
-# and the head's reservation. When the next pass finds the same version and order, every group that
-# waited then, but those of a class that may preempt, waits on (``plan_pass`` says why).
-Settled = tuple[int, Any, "_Group | None", "str | None", "float | None"]
+# the head's reservation, the head's id, and whether the pass preempted nothing. When the next pass
+# finds the same version and order, every group that waited then, but those of a class that may
+# preempt, waits on (``plan_pass`` says why). When jobs have only ended since (``Running._gone``) and
+# the queue is told whose predictions moved (``Queue.repredicted``), so do the groups that still do
+# not fit and those given up on for their prediction alone whose prediction stayed, while the head
+# still does not fit and keeps its reservation (``_after_ends`` says why).
+Settled = tuple[int, Any, "_Group | None", "str | None", "float | None", "str | None", bool]
 
 
 class Queue:
     """The waiting jobs of one pool. Grouped by (class, team, slots): first attempts without an
     estimate of their own (each predicted from the same history), and apart from them the jobs
-    whose prediction is discredited (none of them is predicted); the rest one by one."""
+    whose prediction is discredited (none of them is predicted); the rest one by one. ``reported``:
+    its owner calls :meth:`repredicted` whenever a job end moves a waiting job's prediction (and
+    ``Running.predictions_changed`` when it cannot say whose); then a pass after job ends may leave out
+    what the last pass gave up on (see ``Settled``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reported: bool = False) -> None:
         self.byid: dict[str, Job] = {}
         self._groups: dict[tuple[str, str, int, int, bool], _Group] = {}
+        self._by_key: dict[tuple[str, int], list[_Group]] = {}  # (team, slots) -> its groups
         self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
@@ -335,6 +350,12 @@ class Queue:
         # see ``Settled``.
         self._fresh: list[_Group] = []
         self._settled: Settled | None = None
+        # The groups the passes since the last full one gave up on for their prediction alone (they fit
+        # and were predicted to end after the head's reservation, or were not predicted), by id; and the
+        # (team, slots) whose predictions moved since the last pass (None: not reported).
+        self._late: set[int] = set()
+        self._repredicted: set[tuple[str, int]] | None = set() if reported else None
+        self._reported = reported
 
     def __len__(self) -> int:
         return len(self.byid)
@@ -350,6 +371,7 @@ class Queue:
         g = self._groups.get(k)
         if g is None:
             g = self._groups[k] = _Group(job.priority)
+            self._by_key.setdefault((job.team, job.slots), []).append(g)
         if g.off == len(g.jobs):
             self._fresh.append(g)
             self._live[id(g)] = g
@@ -361,7 +383,15 @@ class Queue:
         if g.off == len(g.jobs) or (g.jobs[-1].submit_s, g.jobs[-1].job_id) < key:
             g.jobs.append(job)
         else:  # a requeued job: back at its place in submission order
-            g.jobs.insert(bisect_right(g.jobs, key, lo=g.off, key=lambda j: (j.submit_s, j.job_id)), job)
+            at = bisect_right(g.jobs, key, lo=g.off, key=lambda j: (j.submit_s, j.job_id))
+            g.jobs.insert(at, job)
+            if at == g.off:  # the group's first job, looked at anew
+                self._fresh.append(g)
+
+    def repredicted(self, team: str, slots: int) -> None:
+        """The prediction of the waiting jobs of ``team`` asking ``slots`` moved (a job like them ended)."""
+        if self._repredicted is not None:
+            self._repredicted.add((team, slots))
 
     def pop(self, job_id: str) -> Job:
         """Remove the waiting job ``job_id`` wherever it stands."""
@@ -462,10 +492,20 @@ def plan_pass(
     # waiting job's prediction are as they were), and the waiting jobs keep their order: then the
     # groups that pass gave up on would be given up on again (see ``Settled``), and this pass looks
     # only at the others, the groups of classes that may preempt, and the last head's group.
-    skip = settled is not None and sig is not None and settled[0] == run._n and settled[1] == sig
-    if skip and not queue._fresh and not queue._singles:
+    same_order = settled is not None and sig is not None and settled[1] == sig
+    # Not after a pass that preempted: the GPUs it freed may fit what it gave up on before.
+    skip = same_order and settled[0] == run._n and settled[6]  # type: ignore[index]
+    extra: list[_Group] = []
+    if same_order and not skip:
+        # Jobs ended since: the groups that may decide otherwise now, if the others may be left out.
+        after = _after_ends(now, run, queue, rules, settled, predict)  # type: ignore[arg-type]
+        if after is not None:
+            skip, extra = True, after
+    if skip and not queue._fresh and not queue._singles and not extra:
         same = _unchanged(now, run, queue, rules, settled)  # type: ignore[arg-type]
         if same is not None:
+            assert settled is not None
+            _record(run, queue, (run._n, sig, settled[2], None, same.reserved_s, same.head, settled[6]))
             return same, []
     while True:
         heap: list[tuple[tuple, Any, int]] = []
@@ -474,7 +514,7 @@ def plan_pass(
             preempting = (
                 [g for g in queue._live.values() if classes[g.priority].preempts] if rules.policy.preempt else []
             )
-            for h in (*queue._fresh, *preempting, settled[2]):
+            for h in (*queue._fresh, *preempting, settled[2], *extra):
                 if h is not None and id(h) not in looked and h.off < len(h.jobs):
                     looked.add(id(h))
                     heap.append((keyf(h.jobs[h.off]), h, h.off))
@@ -487,8 +527,71 @@ def plan_pass(
             break
         skip = False  # the head or its reservation is not the last pass's: every group is looked at
     queue._fresh.clear()
-    queue._settled = (run._n, sig, plan[2], plan[3], plan[0].reserved_s)
-    return plan[0], plan[1]
+    done, victims, head_group, single, late = plan
+    if victims:  # groups given up on before a preemption freed GPUs: nothing is known of them
+        queue._late = set()
+    elif skip:  # the groups left out keep what the last pass knew of them
+        queue._late -= looked
+        queue._late.update(id(g) for g in late)
+    else:
+        queue._late = {id(g) for g in late}
+    _record(run, queue, (run._n, sig, head_group, single, done.reserved_s, done.head, not victims))
+    return done, victims
+
+
+def _record(run: Running, queue: Queue, settled: Settled) -> None:
+    """Keep ``settled`` as the last pass's record; what happens from here is reported against it."""
+    queue._settled = settled
+    run._gone = []
+    if queue._reported:
+        queue._repredicted = set()
+
+
+def _after_ends(
+    now: float, run: Running, queue: Queue, rules: Rules, settled: Settled, predict: Predictor
+) -> list[_Group] | None:
+    """After job ends (and arrivals) since the last pass, in the same order: the groups a pass must look
+    at besides the fresh ones, those of classes that may preempt and the head's; or None when it must look
+    at every group. Ending jobs free GPUs (a group that did not fit may fit now), release quota and move
+    predictions (``Queue.repredicted``); nothing else changed (``Running._gone``). The last head still does
+    not fit: then, up to it, a pass finds again only the groups the last one held by quota (their teams
+    ended nothing), and so, if the head keeps its reservation, the same head (``_pass`` checks it). Behind
+    it, a group that does not fit now will not fit at its turn (free GPUs only fall along a pass), and
+    one given up on for its prediction alone (``Queue._late``) is given up on again while it is still
+    predicted to end after the reservation (as "now" moves on, later still). Not under ``sjf``, whose
+    order moves with the predictions; not on shared GPUs; not after a pass that preempted (the GPUs it
+    freed make what it gave up on before undecided)."""
+    gone = run._gone
+    repredicted = queue._repredicted
+    if gone is None or repredicted is None or run.shared or not settled[6] or rules.policy.order is Order.SJF:
+        return None
+    quotas = rules.quotas
+    if quotas and any(quotas.get(j.team) is not None for j in gone):
+        return None
+    free = run.free
+    g, head_id = settled[2], settled[5]
+    if head_id is not None:
+        head = queue._singles.get(head_id) if g is None else g.jobs[g.off] if g.off < len(g.jobs) else None
+        if head is None or head.job_id != head_id or free.fits(head.slots, head.milli):
+            return None
+    late = queue._late
+    gpn = free.gpn
+    top, room = free.top, free.count[gpn] * gpn
+    out = []
+    for h in queue._live.values():
+        if id(h) not in late:
+            n = h.jobs[h.off].slots
+            if n <= top if n <= gpn else n <= room:  # free.fits
+                out.append(h)
+    shadow, margin = settled[4], rules.backfill_margin_s
+    for k in repredicted:
+        for h in queue._by_key.get(k, ()):
+            if id(h) in late:
+                j = h.jobs[h.off]
+                p = predict(j)
+                if p is not None and now + j.overhead_s + max(p - j.done_s, 0.0) + margin <= shadow:  # type: ignore[operator]
+                    out.append(h)
+    return out
 
 
 def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | None:
@@ -527,11 +630,12 @@ def _pass(
     keyf: Any,
     heap: list[tuple[tuple, Any, int]],
     skipping: tuple[Settled, set[int]] | None,
-) -> tuple[Plan, list[Job], _Group | None, str | None] | None:
+) -> tuple[Plan, list[Job], _Group | None, str | None, list[_Group]] | None:
     """:func:`plan_pass`'s loop over ``heap``, the waiting groups' first jobs and the single jobs.
     With ``skipping`` (the last pass's record, the ids of the groups in the heap) the heap holds only
     the groups that pass must look at; then None (nothing changed yet) when the head or its
-    reservation differs from the last pass's. Also the head's group, or its id when it is single."""
+    reservation differs from the last pass's. Also the head's group, or its id when it is single, and
+    the groups given up on for their prediction alone."""
     policy = rules.policy
     classes = rules.classes
     quotas = rules.quotas
@@ -548,6 +652,7 @@ def _pass(
     quota_held: list[str] = []
     dead: list[_Group] = []
     ahead: list[tuple[Job, _Group | None]] = []  # started before the head while skipping, as waiting
+    late: list[_Group] = []  # given up on behind the head for their prediction alone (see Queue._late)
     head: Job | None = None
     head_group: _Group | None = None
     shadow: float | None = None
@@ -632,6 +737,7 @@ def _pass(
                     keep.append(e)
                 else:
                     dead.append(g)
+                    late.append(g)
             else:
                 dead.append(g)
         smallest = low if heap else 0
@@ -684,6 +790,8 @@ def _pass(
                     if p is not None and now + job.overhead_s + max(p - job.done_s, 0.0) + margin <= shadow:
                         nodes = free.place(job.slots, job.milli)
                         how = How.BACKFILL
+                    elif g is not None and not can_preempt:  # it fits (checked above): its prediction decides
+                        late.append(g)
                 if nodes is None and can_preempt:
                     vs = choose_victims(
                         job, now, free.free, list(run.jobs.values()), gpn, classes, 0, rules.restart_cost_s
@@ -728,7 +836,8 @@ def _pass(
     plan = Plan(
         tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
     )
-    return plan, victims_out, head_group, None if head is None or head_group is not None else head.job_id
+    single = None if head is None or head_group is not None else head.job_id
+    return plan, victims_out, head_group, single, late
 
 
 def straightforward_pass(

@@ -212,7 +212,7 @@ class _PoolState:
     rules: Rules
     tot: PoolTotals
     run: Running
-    waiting: Queue = field(default_factory=Queue)
+    waiting: Queue = field(default_factory=lambda: Queue(reported=True))  # told whose predictions move
     usage: dict[str, float] = field(default_factory=dict)  # team -> decayed GPU-hours
     stranded: float = 0.0
     start_t: float = 0.0  # first and last submission of the jobs that accept it
@@ -274,6 +274,10 @@ def _replay_pools(
     # a job that ran into its backfill limit has shown its prediction wrong and is not predicted again.
     fixed: dict[str, float | None] = {}
     overran: set[str] = set()
+    # A waiting job is predicted from its team's and size's own history once a job of that team and size
+    # has finished, and then only such a job's end moves its prediction; before, from the size's or the
+    # overall mean, which any end moves (estimate.HistoryEstimator). The pools' queues are told so.
+    unseen = {(tj.job.team, tj.job.slots) for tj in trace}
 
     def predict(job: Job) -> float | None:
         if job.job_id in overran:
@@ -329,6 +333,11 @@ def _replay_pools(
                 continue
             rec[jid].end_s = t
             estimator.observe(job, true[jid])
+            unseen.discard((job.team, job.slots))
+            if unseen:
+                st.run.predictions_changed()
+            else:
+                st.waiting.repredicted(job.team, job.slots)
             if len(order) > 1:  # one history predicts the jobs of every pool
                 for other in order:
                     if other is not st:
