@@ -29,6 +29,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from traingate.capacity.estimate import Predictor
@@ -120,7 +121,7 @@ class FreeIndex:
 
     def fragmented(self, head_slots: int | None) -> float:
         """Same answer as :func:`traingate.capacity.gang.fragmented` on ``free``."""
-        if head_slots is None or self.total < head_slots or self.place(head_slots) is not None:
+        if head_slots is None or self.total < head_slots or self.fits(head_slots):
             return 0
         return self.total
 
@@ -141,9 +142,11 @@ class Running:
         self._late: list[tuple[float, str]] = []  # (-start, id): past its prediction or none
         self._entry: dict[str, tuple[tuple[float, str], bool]] = {}  # id -> its entry, whether in _late
         # The last reservation: the head's slots, "now" it holds below, its answer, the "now" it was
-        # found at. Kept when a job starts that is predicted to end (not late) by the answer: released
-        # before the answer and holding slots that were free, it moves the answer neither way, as long
-        # as "now" has not passed its end (where it would count as late). Kept for a gang head when a
+        # found at. The answer is decided by which running jobs are predicted to end before it; a job
+        # released before it stays so until "now" passes its end and then, counted late (predicted to
+        # end at now + the time it has run), until its end passes the answer (``_holds``). Kept when a
+        # job starts that is predicted to end (not late) by the answer: released before the answer and
+        # holding slots that were free, it moves the answer neither way. Kept for a gang head when a
         # job of one node ends whose node neither empties nor crosses the answer (see ``_keeps``).
         self._cache: list | None = None
         self._on: list[list[str]] = [[] for _ in range(nodes)]  # node -> its running jobs of one node
@@ -173,8 +176,10 @@ class Running:
             insort(self._ends, e)
             self._entry[job.job_id] = (e, False)
             if c is not None:
-                if c[2] is None or end <= c[2]:
+                if c[2] is None:
                     c[1] = min(c[1], end)
+                elif end <= c[2]:
+                    c[1] = min(c[1], _holds(end, job.started_s, c[2]))
                 else:
                     self._cache = None
 
@@ -206,8 +211,9 @@ class Running:
         predicted end of its jobs, and the answer is the k-th earliest of these (k: the nodes still
         wanted). A job of one node that ends moves only its node's time, and that node's leaves the k-th
         in place when it stays on the same side of the answer. The cache is read only while "now" is
-        before every predicted end still ahead (``c[1]``), so those ends are exact; a late job's end
-        (now + time run) only grows, so its value at ``c[3]`` bounds it from below."""
+        before ``c[1]``, while each job predicted to end before the answer is still predicted so (at its
+        end, or late and below the answer); a late job's end (now + time run) only grows, so its value
+        at ``c[3]`` bounds it from below."""
         answer = c[2]
         if c[0] <= self.gpn or answer is None or job.slots > self.gpn:
             return False
@@ -266,7 +272,9 @@ class Running:
         nl = len(late)
         j = 0
         inf = math.inf
-        first_end = inf  # the answer holds until "now" passes the first end it used, or one was late
+        first_end = inf  # the first end it used, -inf if one was late
+        used: list[tuple[float, float]] = []  # (end, start) of the jobs it used that were not late, by end
+        late_start = inf  # the earliest start of a late job it used
         found: float | None = None
         e_end = ends[i][0] if i < ne else inf
         l_end = now + (now + late[0][0]) if nl else inf
@@ -277,12 +285,16 @@ class Running:
                 e_end = ends[i][0] if i < ne else inf
                 if first_end == inf:
                     first_end = end
+                r = jobs[jid]
+                used.append((end, r.started_s))  # type: ignore[arg-type]
             else:
                 end, jid = l_end, late[j][1]
+                if late_start == inf:  # late is by start, latest first: the last one used started earliest
+                    first_end = -inf
+                late_start = -late[j][0]
                 j += 1
                 l_end = now + (now + late[j][0]) if j < nl else inf
-                first_end = -inf
-            r = jobs[jid]
+                r = jobs[jid]
             rs = r.slots
             if rs > gpn:  # a gang job held its nodes whole: they are whole again, and nothing else frees them
                 if small:
@@ -305,19 +317,35 @@ class Running:
                 if wholes >= k:
                     found = end
                     break
+        if found is not None:  # the answer holds until a job it used is late and predicted past it
+            first_end = found if late_start == inf else min(found, _holds(-inf, late_start, found))
+            for u_end, u_start in used:  # by end: once one ends after the bound so far, so do the rest
+                if u_end >= first_end:
+                    break
+                first_end = min(first_end, _holds(u_end, u_start, found))
         self._cache = [job.slots, first_end, found, now]
         return found
+
+
+def _holds(end: float, start: float, answer: float) -> float:
+    """Until when a running job that started at ``start``, predicted to end at ``end`` before ``answer``,
+    stays predicted to end before it: past ``end`` it is late, predicted to end at now + (now - start)
+    (``policy.predicted_end``), which reaches ``answer`` at (answer + start) / 2, less a margin for the
+    rounding of that sum."""
+    half = (answer + start) / 2
+    return max(end, half - 1e-9 * (1.0 + abs(half)))
 
 
 class _Group:
     """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait."""
 
-    __slots__ = ("jobs", "off", "priority")
+    __slots__ = ("jobs", "late", "off", "priority")
 
     def __init__(self, priority: str) -> None:
         self.jobs: list[Job] = []
         self.off = 0
         self.priority = priority
+        self.late = False  # given up on for its prediction alone (see Queue._late)
 
 
 # A pass's record, kept on its queue: the version of the running set and the predictions after it
@@ -353,7 +381,7 @@ class Queue:
         # The groups the passes since the last full one gave up on for their prediction alone (they fit
         # and were predicted to end after the head's reservation, or were not predicted), by id; and the
         # (team, slots) whose predictions moved since the last pass (None: not reported).
-        self._late: set[int] = set()
+        self._late: dict[int, _Group] = {}  # by id; each has ``late`` set
         self._repredicted: set[tuple[str, int]] | None = set() if reported else None
         self._reported = reported
 
@@ -454,8 +482,14 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
         return None
     sig: tuple = ()
     if order is Order.FAIRSHARE:
-        rank = {v: i for i, v in enumerate(sorted({0.0, *usage.values()}))}
-        sig = (rank[0.0], *sorted((t, rank[v]) for t, v in usage.items()))
+        # The teams from the least used, each with whether it ties the one before (the first: 0.0, a team
+        # without usage). Teams that tie may come in either order: a change, slower but never wrong.
+        ranked: list[Any] = []
+        last = 0.0
+        for t, v in sorted(usage.items(), key=itemgetter(1)):
+            ranked += (t, v == last)
+            last = v
+        sig = tuple(ranked)
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
         aged = [j.job_id for j in queue._singles.values() if j.submit_s <= cutoff]
@@ -485,7 +519,6 @@ def plan_pass(
     preempt or had room to backfill)."""
     gpn = pool.gpus_per_node
     classes = rules.classes
-    keyf = _key_maker(rules, usage, predict, now, queue)
     sig = _order_signature(rules, usage, now, queue)
     settled = queue._settled
     # Nothing has started or ended since the last pass (so the free GPUs, the quotas held and every
@@ -507,9 +540,11 @@ def plan_pass(
             assert settled is not None
             _record(run, queue, (run._n, sig, settled[2], None, same.reserved_s, same.head, settled[6]))
             return same, []
+    keyf = _key_maker(rules, usage, predict, now, queue)
     while True:
         heap: list[tuple[tuple, Any, int]] = []
         looked: set[int] = set()
+        groups: list[_Group] = []  # those looked at, while skipping
         if settled is not None and skip:
             preempting = (
                 [g for g in queue._live.values() if classes[g.priority].preempts] if rules.policy.preempt else []
@@ -517,6 +552,7 @@ def plan_pass(
             for h in (*queue._fresh, *preempting, settled[2], *extra):
                 if h is not None and id(h) not in looked and h.off < len(h.jobs):
                     looked.add(id(h))
+                    groups.append(h)
                     heap.append((keyf(h.jobs[h.off]), h, h.off))
         else:
             heap = [(keyf(g.jobs[g.off]), g, g.off) for g in queue._live.values()]
@@ -528,13 +564,20 @@ def plan_pass(
         skip = False  # the head or its reservation is not the last pass's: every group is looked at
     queue._fresh.clear()
     done, victims, head_group, single, late = plan
-    if victims:  # groups given up on before a preemption freed GPUs: nothing is known of them
-        queue._late = set()
-    elif skip:  # the groups left out keep what the last pass knew of them
-        queue._late -= looked
-        queue._late.update(id(g) for g in late)
-    else:
-        queue._late = {id(g) for g in late}
+    known = queue._late
+    if victims or not skip:  # after a preemption, nothing is known of the groups given up on before it
+        for g in known.values():
+            g.late = False
+        known.clear()
+    else:  # the groups left out keep what the last pass knew of them
+        for g in groups:
+            if g.late:
+                g.late = False
+                del known[id(g)]
+    if not victims:
+        for g in late:
+            g.late = True
+            known[id(g)] = g
     _record(run, queue, (run._n, sig, head_group, single, done.reserved_s, done.head, not victims))
     return done, victims
 
@@ -574,19 +617,18 @@ def _after_ends(
         head = queue._singles.get(head_id) if g is None else g.jobs[g.off] if g.off < len(g.jobs) else None
         if head is None or head.job_id != head_id or free.fits(head.slots, head.milli):
             return None
-    late = queue._late
     gpn = free.gpn
     top, room = free.top, free.count[gpn] * gpn
     out = []
     for h in queue._live.values():
-        if id(h) not in late:
+        if not h.late:
             n = h.jobs[h.off].slots
             if n <= top if n <= gpn else n <= room:  # free.fits
                 out.append(h)
     shadow, margin = settled[4], rules.backfill_margin_s
     for k in repredicted:
         for h in queue._by_key.get(k, ()):
-            if id(h) in late:
+            if h.late:
                 j = h.jobs[h.off]
                 p = predict(j)
                 if p is not None and now + j.overhead_s + max(p - j.done_s, 0.0) + margin <= shadow:  # type: ignore[operator]
