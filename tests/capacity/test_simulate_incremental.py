@@ -275,3 +275,34 @@ def test_passes_after_job_ends_that_leave_out_what_the_last_pass_gave_up_on_repl
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
         assert _schedule_of(fast) == _schedule_of(slow), name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_reservation_equals_the_one_found_again_as_time_carries_jobs_past_their_predictions(seed):
+    # The kept answer outlives the first predicted end it used: a job past its prediction is predicted
+    # to run as long again as it has run, and the answer holds until that passes it. Steps of 1 to 30 s
+    # against predictions of 1 to 300 s carry jobs past their ends between reservations; heads of one
+    # GPU, one node and two to three nodes ask in turn.
+    rng = np.random.default_rng(seed)
+    gpn, nodes = int(rng.choice([2, 4, 8])), int(rng.integers(3, 16))
+    run = Running(nodes, gpn)
+    pred: dict[str, float | None] = {}
+    now, n = 0.0, 0
+    heads = [s for s in (1, gpn, 2 * gpn, 3 * gpn) if s <= gpn * nodes]
+    for _ in range(800):
+        now += float(rng.exponential(float(rng.choice([1.0, 5.0, 30.0]))))
+        if run.jobs and rng.random() < 0.45:
+            run.remove(str(rng.choice(sorted(run.jobs))))
+        else:
+            slots = int(rng.choice([1, 1, 2, gpn, 2 * gpn]))
+            at = run.free.place(slots) if slots <= gpn * nodes else None
+            if at is not None:
+                n += 1
+                job = started(Job(f"j{n}", "t", "research", "p", slots, now), now, at)
+                pred[job.job_id] = None if rng.random() < 0.1 else float(rng.uniform(1.0, 300.0))
+                run.add(job, pred[job.job_id])
+        for slots in heads[n % 2 :: 2]:
+            head = Job("head", "t", "research", "p", slots, now)
+            if not run.free.fits(head.slots):
+                want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
+                assert run.reserve(head, now) == want, (now, slots)
