@@ -42,6 +42,17 @@ def place(slots: int, free: Sequence[int], gpus_per_node: int) -> tuple[int, ...
     return tuple(whole[:k]) if len(whole) >= k else None
 
 
+def fits(slots: int, free: Sequence[int], gpus_per_node: int) -> bool:
+    """Whether :func:`place` finds nodes, without choosing them (a scan in C, not in Python).
+
+    >>> fits(4, [8, 3, 5], 8), fits(16, [8, 7, 7], 8)
+    (True, False)
+    """
+    if slots <= gpus_per_node:
+        return bool(free) and max(free) >= slots
+    return free.count(gpus_per_node) >= nodes_needed(slots, gpus_per_node)
+
+
 def take(free: list[int], slots: int, nodes: tuple[int, ...], gpus_per_node: int) -> None:
     """Mark a placement as used in ``free`` (in place)."""
     if slots <= gpus_per_node:

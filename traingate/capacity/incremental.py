@@ -493,10 +493,7 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
         aged = [j.job_id for j in queue._singles.values() if j.submit_s <= cutoff]
-        for g in queue._live.values():
-            j = g.jobs[g.off]
-            if j.submit_s <= cutoff:
-                aged.append(j.job_id)
+        aged += [j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff]
         # In the dicts' order: the same jobs listed in another order count as a change (the pass then
         # looks at every group), which is slower but never wrong.
         sig = (sig, tuple(aged))

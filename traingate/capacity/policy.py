@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from traingate.capacity.estimate import Predictor, predicted_remaining
-from traingate.capacity.gang import footprint, free_per_node, place, release, take
+from traingate.capacity.gang import fits, footprint, free_per_node, place, release, take
 from traingate.capacity.jobs import Job, at_risk_s, started
 from traingate.capacity.pools import (
     CapacityConfig,
@@ -383,10 +383,10 @@ def choose_victims(
     team_freed = 0
 
     def enough() -> bool:
-        return team_freed >= over_quota and place(job.slots, f, gpus_per_node) is not None
+        return team_freed >= over_quota and fits(job.slots, f, gpus_per_node)
 
     for r in cands:
-        if over_quota and r.team != job.team and place(job.slots, f, gpus_per_node) is not None:
+        if over_quota and r.team != job.team and fits(job.slots, f, gpus_per_node):
             continue  # it fits already; only the team's own jobs can bring it under its cap
         release(f, r.slots, r.nodes, gpus_per_node)
         chosen.append(r)
