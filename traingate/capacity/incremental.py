@@ -382,6 +382,7 @@ class Queue:
         # and were predicted to end after the head's reservation, or were not predicted), by id; and the
         # (team, slots) whose predictions moved since the last pass (None: not reported).
         self._late: dict[int, _Group] = {}  # by id; each has ``late`` set
+        self._quiet: Plan | None = None  # the last plan that started nothing and held nothing by quota
         self._repredicted: set[tuple[str, int]] | None = set() if reported else None
         self._reported = reported
 
@@ -634,8 +635,9 @@ def _after_ends(
 
 
 def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | None:
-    """The plan of a pass that would look at the last head's group only (nothing started or ended,
-    the same order, no fresh group, no single job; see ``Settled``), or None when it may decide
+    """The plan of a pass that would look at the last head's group only (nothing started, the same
+    order, no fresh group, no single job, and what ended since, if anything, leaves every group as the
+    last pass left it: see ``Settled`` and ``_after_ends``), or None when it may decide
     otherwise: a group of a class that may preempt waits, or the head's reservation moved. The head's
     group did not fit with these free GPUs and quotas and still does not (its first job may be another
     one, when the last head started in another pool, of the same size); nothing behind it is looked at."""
@@ -646,13 +648,16 @@ def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Se
         classes = rules.classes
         if any(classes[h.priority].preempts for h in queue._live.values()):
             return None
-    if g is None:
-        return Plan((), (), None, None, ())
-    job = g.jobs[g.off]
-    shadow = run.reserve(job, now) if rules.policy.backfill else None
-    if shadow != settled[4]:
-        return None
-    return Plan((), (), job.job_id, shadow, ())
+    head, shadow = None, None
+    if g is not None:
+        head = g.jobs[g.off].job_id
+        shadow = run.reserve(g.jobs[g.off], now) if rules.policy.backfill else None
+        if shadow != settled[4]:
+            return None
+    plan = queue._quiet  # most passes end here, on the same head and reservation as the one before
+    if plan is None or plan.head != head or plan.reserved_s != shadow:
+        plan = queue._quiet = Plan((), (), head, shadow, ())
+    return plan
 
 
 class _Retry(Exception):
