@@ -112,8 +112,9 @@ def s3_server(monkeypatch):
 
 
 def _is_long(item) -> bool:
-    """A test that takes seconds to minutes: marked slow, or run on the Slurm test cluster."""
-    return item.get_closest_marker("slow") is not None or bool({"slurm", "slurm_cluster"} & set(item.fixturenames))
+    """A test that takes seconds to minutes: marked slow or long, or run on the Slurm test cluster."""
+    return any(item.get_closest_marker(m) is not None for m in ("slow", "long")) or \
+        bool({"slurm", "slurm_cluster"} & set(item.fixturenames))
 
 
 def pytest_collection_modifyitems(config, items):

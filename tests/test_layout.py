@@ -6,9 +6,9 @@ import ast
 import inspect
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tgtest import PYTHON, ROOT
@@ -229,23 +229,6 @@ def test_imports_inside_functions_are_few_and_each_says_why():
     assert len(lazy) <= MAX_LAZY, "\n".join(f"{f}:{n}: {why}" for f, n, why in lazy)
 
 
-# ------------------------------------------------------------------ lint and format
-def test_ruff_finds_nothing_in_traingate_flows_and_tasks():
-    ruff = str(Path(PYTHON).parent / "ruff")  # pyproject.toml's [tool.ruff]: rules E, F, I, B, UP; 120 columns
-    for command in (["check"], ["format", "--check"]):
-        p = subprocess.run([ruff, *command, "--no-cache", "traingate", "flows", "tasks"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"ruff {' '.join(command)}:\n{p.stdout[-6000:]}{p.stderr[-2000:]}"
-
-
-def test_mypy_finds_nothing_in_traingate_flows_and_tasks():
-    # pyproject.toml's [tool.mypy]. Its cache lives in the system's temp dir: cold, a run takes 30 s of CPU.
-    cache = Path(tempfile.gettempdir()) / "traingate-mypy-cache"
-    p = subprocess.run([PYTHON, "-m", "mypy", "--cache-dir", str(cache), "traingate", "flows", "tasks"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
-
-
 def _deployments():
     return yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
 
@@ -296,6 +279,7 @@ def test_compose_file_is_valid_against_the_compose_spec():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+@pytest.mark.long
 def test_prefect_deploy_creates_every_deployment_with_its_schedule(prefect_harness, tmp_path):
     import os
 

@@ -51,6 +51,7 @@ def _splice(series, at_step, fn):
 
 # ---------------------------------------------------------------- the real run
 
+@pytest.mark.long  # the module's real run
 def test_no_rule_fires_on_a_real_healthy_run_read_back_from_mlflow(recorded):
     from mlflow.tracking import MlflowClient
 
