@@ -654,12 +654,16 @@ DebugLevel=info
     def _make_users(self) -> None:
         import pwd
         for name, (account, qos) in self.user_specs.items():
-            try:
-                pw = pwd.getpwnam(name)
-            except KeyError:
-                _sh("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-                    "--shell", "/bin/bash", "--comment", USER_MARK, name)
-                pw = pwd.getpwnam(name)
+            # Under the registry's lock: two clusters starting at once (two suites, or two xdist workers) would
+            # otherwise both find a user missing and the second useradd fail on the first one's user or lock.
+            with open(REGISTRY / "lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    pw = pwd.getpwnam(name)
+                except KeyError:
+                    _sh("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/bin/bash", "--comment", USER_MARK, name)
+                    pw = pwd.getpwnam(name)
             home = self.base / "home" / name
             home.mkdir(exist_ok=True)
             os.chown(home, pw.pw_uid, pw.pw_gid)
