@@ -83,6 +83,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STAGING_PREFIX = ".ckpt-staging-"
+
+
+def _staging_owner_alive(entry: str) -> bool:
+    """Whether the process that made staging directory ``entry`` (``<prefix><name>-<pid>-<random>``) still runs.
+    A name without a pid is treated as stale."""
+    parts = entry[len(STAGING_PREFIX) :].split("-")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[-2]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
 ASIDE = "aside"  # checkpoints a roll-back went back from (Checkpointer.set_aside_after)
 InFlightPolicy = Literal["wait", "skip"]
 
@@ -417,10 +434,12 @@ class Checkpointer(CheckpointCatalog):
             self._fault_hook(phase, step)
 
     def _clear_stale_staging(self) -> None:
-        # Staging directories of saves killed before their upload finished.
+        # Staging directories of saves killed before their upload finished. The default root is the system's
+        # temp dir, shared with every other process saving to a remote store: a directory whose saving process
+        # is alive (its pid is in the name) is another save in progress and stays.
         if os.path.isdir(self._staging_root):
             for entry in os.listdir(self._staging_root):
-                if entry.startswith(STAGING_PREFIX):
+                if entry.startswith(STAGING_PREFIX) and not _staging_owner_alive(entry):
                     shutil.rmtree(os.path.join(self._staging_root, entry), ignore_errors=True)
 
     def _serialise(self, step: int, obj: Any, f: BinaryIO) -> dict[str, Any]:
@@ -471,7 +490,7 @@ class Checkpointer(CheckpointCatalog):
                         f.write(blob)
             else:
                 os.makedirs(self._staging_root, exist_ok=True)
-                staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-", dir=self._staging_root)
+                staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-{os.getpid()}-", dir=self._staging_root)
                 if self.storage.exists(f"{name}/{MANIFEST}"):  # a rewritten step: old manifest first (see above)
                     self.storage.rm(f"{name}/{MANIFEST}")
                 files = {}
