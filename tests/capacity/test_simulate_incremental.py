@@ -59,6 +59,28 @@ def _trace(gpn: int, nodes: int, n: int, seed: int, estimates: bool):
     ]
 
 
+def _bunched(rows: list[dict], rng, bunch_s: int, estimate_every: int) -> list[TraceJob]:
+    """Generated rows as one pool's trace: arrivals bunched to ``bunch_s``, every ``estimate_every``-th job with a
+    user estimate of 0.3-2x its duration, checkpoints every 10 minutes."""
+    est = rng.uniform(0.3, 2.0, len(rows))
+    return [
+        TraceJob(
+            Job(
+                r["job_id"],
+                r["team"],
+                r["priority"],
+                "p",
+                r["gpus"],
+                round(r["submit_s"] / bunch_s) * float(bunch_s),
+                est_duration_s=r["duration_s"] * est[k] if k % estimate_every == 0 else None,
+                checkpoint_every_s=600.0,
+            ),
+            r["duration_s"],
+        )
+        for k, r in enumerate(rows)
+    ]
+
+
 def _schedule_of(res):
     return [(r.job_id, r.attempts, r.preempted_at, r.limit_stops, r.end_s) for r in res.records]
 
@@ -105,23 +127,7 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
             large_median_s=2 * 3600,
         )
     )
-    est = rng.uniform(0.3, 2.0, len(rows))
-    trace = [
-        TraceJob(
-            Job(
-                r["job_id"],
-                r["team"],
-                r["priority"],
-                "p",
-                r["gpus"],
-                round(r["submit_s"] / 300) * 300.0,  # bunched arrivals
-                est_duration_s=r["duration_s"] * est[k] if k % 4 == 0 else None,
-                checkpoint_every_s=600.0,
-            ),
-            r["duration_s"],
-        )
-        for k, r in enumerate(rows)
-    ]
+    trace = _bunched(rows, rng, bunch_s=300, estimate_every=4)
     for name in (
         "fifo+backfill",
         "fifo+backfill+preempt",
@@ -254,23 +260,7 @@ def test_passes_after_job_ends_that_leave_out_what_the_last_pass_gave_up_on_repl
             large_median_s=2 * 3600,
         )
     )
-    est = rng.uniform(0.3, 2.0, len(rows))
-    trace = [
-        TraceJob(
-            Job(
-                r["job_id"],
-                r["team"],
-                r["priority"],
-                "p",
-                r["gpus"],
-                round(r["submit_s"] / 60) * 60.0,
-                est_duration_s=r["duration_s"] * est[k] if k % 9 == 0 else None,
-                checkpoint_every_s=600.0,
-            ),
-            r["duration_s"],
-        )
-        for k, r in enumerate(rows)
-    ]
+    trace = _bunched(rows, rng, bunch_s=60, estimate_every=9)
     for name in ("fifo+backfill", "priority+backfill", "fairshare+backfill+preempt", "fairshare+aged+backfill+preempt"):
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
