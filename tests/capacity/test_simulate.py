@@ -110,3 +110,26 @@ def test_under_the_default_a_research_job_past_the_starvation_bound_runs_before_
     assert starts["r"] == 25 * h and starts["p01"] == 26 * h
     alone = {r.job_id: r.first_start_s for r in simulate(trace, cfg, Policy.parse("fairshare+backfill+preempt")).records}
     assert alone["p01"] == 25 * h and alone["r"] == 55 * h
+
+
+def test_a_preempted_job_is_predicted_anew_when_it_restarts():
+    # b starts at 10 predicted 10 s (a's 10 s, its team's and size's only end). Urgent u preempts it at 20
+    # (the cheapest victim). c, like b, ends at 210 after 200 s: b's prediction is now 105 s, and b, back
+    # behind the production head h (the whole node, reserved past f's and g's ends), backfills at 210 on
+    # it and is held to it: 210 + 60 (restart) + 105, not to its first attempt's 10 s.
+    cfg = parse_config({
+        "pools": {"p": {"gpus_per_node": 8, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}},
+        "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 0},
+    })
+    trace = [
+        TraceJob(Job("f", "w", "research", "p", 4, 0.0, est_duration_s=1e5), 1e5),
+        TraceJob(Job("a", "t", "research", "p", 1, 0.0), 10.0),
+        TraceJob(Job("b", "t", "research", "p", 1, 10.0), 5000.0),
+        TraceJob(Job("c", "t", "research", "p", 1, 10.0), 200.0),
+        TraceJob(Job("g", "z", "production", "p", 2, 10.0, est_duration_s=1e5), 1e5),
+        TraceJob(Job("u", "x", "urgent", "p", 1, 20.0, est_duration_s=5000.0), 5000.0),
+        TraceJob(Job("h", "y", "production", "p", 8, 25.0, est_duration_s=100.0), 100.0),
+    ]
+    b = {r.job_id: r for r in simulate(trace, cfg, Policy.parse("priority+backfill+preempt")).records}["b"]
+    assert b.attempts[:2] == [(10.0, (0,), "in order"), (210.0, (0,), "backfill")]
+    assert b.preempted_at[:2] == [20.0, 375.0] and b.limit_stops == [375.0]

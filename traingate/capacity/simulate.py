@@ -365,6 +365,7 @@ def _replay_pools(
             while True:
                 plan, victims = planner(t, st.pool, st.run, st.waiting, st.rules, st.usage, predict)
                 for v in victims:
+                    fixed.pop(v.job_id, None)  # its next attempt is predicted when it starts
                     rec[v.job_id].preempted_at.append(t)
                     st.waiting.add(requeued(v, t, sim.restart_cost_s), discredited=v.job_id in overran)
                 for s in plan.starts:
