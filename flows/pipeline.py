@@ -57,7 +57,6 @@ from traingate.ladder.preflight import check_spec, preflight
 from traingate.launch.warm_pytest import WarmPytest
 from traingate.promotion.refusal import refusal
 from traingate.redact import redact, register_secret
-from traingate.runtime.warm import Zygote
 from traingate.settings import SECRET_BLOCKS_VAR, LocationError, Settings, code_dir, for_deployment, secret_blocks
 from traingate.snapshots import has_latest
 from traingate.spec import RunSpec, SpecError, Stage, load_spec, write_resolved
@@ -327,113 +326,124 @@ def ladder(
             )
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     pending: list[PrefectFuture] = []
-    early_zygote: Zygote | None = None
-    for i, stage in enumerate(stages):
-        resuming = point is not None and stage == point.stage
-        in_place: UiResume | None = None  # the stage's pause in place, if it paused
-        known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
-        if stage == "unit":  # its MLflow run is opened beside its pytest run: the tests need none of it
-            opening = None if known_run else open_stage_run.submit(run_id, stage)
-            if "smoke" in stages[i + 1 :]:
-                # The smoke stage's zygote imports the training stack beside the unit stage; it forks no worker
-                # before the smoke stage starts, after a passed unit gate (unused, it ends with this flow).
-                early_zygote = start_zygote(derive(spec, "smoke", run_id=run_id, run_dir=run_dir, settings=settings))
-            result = run_unit_tests.with_options(task_run_name=stage)(
-                spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
-            )
-            stage_run = known_run or cast(PrefectFuture, opening).result()
-        else:
-            # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
-            # artifacts, the dataset input) is written beside it, settled with the stage's recording.
-            stage_run = known_run or create_stage_run(run_id, stage)
-            if not known_run:
-                pending.append(fill_stage_run.submit(run_id, stage_run, stage))
-            job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-            result = run_stage_job(job, resume=resuming, zygote=early_zygote if stage == "smoke" else None)
-            while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
-                in_place = _wait_for_resume(
-                    stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
-                )
-                if in_place.spec is None:
-                    break
-                spec = in_place.spec
-                job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-                result = run_stage_job(job, resume=True)
-        gate = spec.gate(stage)
-        decision = _decide(spec, result, run_id, run_dir, pending)
-        refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
-        if pause_wait_s > 0 and refused_on_budget:  # the Prefect UI's Resume form gives the next stage a budget
-            in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, pending)
-            if in_place.spec is not None:
-                spec = in_place.spec
-                result = reestimated(result, spec)
-                decision = _decide(spec, result, run_id, run_dir, pending)
-        # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
-        pending += [
-            record_stage.submit(stage_run, result, decision, run_id=run_id),
-            publish_stage_report.submit(run_id, result, decision, stage_run),
-        ]
-        summary["stages"][stage] = {
-            "status": str(result.status),
-            "gate": decision.passed,
-            "mlflow_run_id": stage_run,
-            "checkpoint_uri": result.checkpoint_uri,
-            "cost_usd": result.cost_usd,
-            "restarts": result.metrics.get("restarts", 0),
-            "resumed_from_step": result.metrics.get("resumed_from_step", 0),
-        }
-        summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
-        if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
-            _settle(pending)
-            if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
-                return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
-            not_resumed = in_place.why if in_place is not None else ""
-            close_pipeline_run(run_id, False, stage, result.error or "preempted")
-            message = resumable_stop(stage, result, run_id) + (f" ({not_resumed})" if not_resumed else "")
-            return stopped(Cancelled(message=message), summary)
-        if not decision.passed:
-            _settle(pending)
-            if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
-                return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
-            message = decision.summary()
-            if in_place is not None and refused_on_budget:  # not resumed from the form: the terminal's way on
-                message += f" ({in_place.why}; {_resume_hint(spec, run_id, stages[i + 1])})"
-            close_pipeline_run(run_id, False, stage, message)
-            return stopped(Failed(message=message), summary)
-        log.info(decision.summary())
-        if gate.require_approval and i + 1 < len(stages):
-            # WARNING: a person must act, and the terminal shows traingate's records from WARNING up.
-            log.warning(
-                "paused for approval: %s passed its gate (gates.%s.require_approval); %s starts when a reviewer "
-                "resumes flow run %s with {approve: true, reviewer, reason} (Prefect UI: Resume), within %d s",
-                stage,
-                stage,
-                stages[i + 1],
-                flow_run.id,
-                int(gate.approval_timeout_s),
-            )
-            answer = pause_flow_run(
-                wait_for_input=Approval, timeout=int(gate.approval_timeout_s), key=f"approve-{stages[i + 1]}"
-            )
-            if not answer.approve:
-                reason = f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
-                _settle(pending)
-                close_pipeline_run(run_id, False, stage, reason)
-                return stopped(Failed(message=reason), summary)
-            log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
-    _settle(pending)
-    verb = (
-        f"resumed {stages[0]}; reached {stages[-1]}"
-        if point is not None
-        else (f"all {len(stages)} stages passed" if len(stages) > 1 else f"{stages[0]} passed")
+    # The run's zygote (supervision.warm_restarts): the training stack imported once, beside the unit stage, and
+    # every training stage on this host forks its workers from it; unused (a failed unit gate), it only imported.
+    first_training = next((s for s in stages if s != "unit"), None)
+    zygote = (
+        start_zygote(derive(spec, first_training, run_id=run_id, run_dir=run_dir, settings=settings), shared=True)
+        if first_training is not None
+        else None
     )
-    if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
-        summary["model"] = register_candidate(
-            spec, summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
+    try:
+        for i, stage in enumerate(stages):
+            resuming = point is not None and stage == point.stage
+            in_place: UiResume | None = None  # the stage's pause in place, if it paused
+            known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
+            if stage == "unit":  # its MLflow run is opened beside its pytest run: the tests need none of it
+                opening = None if known_run else open_stage_run.submit(run_id, stage)
+                result = run_unit_tests.with_options(task_run_name=stage)(
+                    spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
+                )
+                stage_run = known_run or cast(PrefectFuture, opening).result()
+            else:
+                # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
+                # artifacts, the dataset input) is written beside it, settled with the stage's recording.
+                stage_run = known_run or create_stage_run(run_id, stage)
+                if not known_run:
+                    pending.append(fill_stage_run.submit(run_id, stage_run, stage))
+                job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
+                result = run_stage_job(job, resume=resuming, zygote=zygote)
+                while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
+                    in_place = _wait_for_resume(
+                        stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
+                    )
+                    if in_place.spec is None:
+                        break
+                    spec = in_place.spec
+                    job = derive(
+                        spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run
+                    )
+                    result = run_stage_job(job, resume=True, zygote=zygote)
+            gate = spec.gate(stage)
+            decision = _decide(spec, result, run_id, run_dir, pending)
+            refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
+            if pause_wait_s > 0 and refused_on_budget:  # the Prefect UI's Resume form gives the next stage a budget
+                in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, pending)
+                if in_place.spec is not None:
+                    spec = in_place.spec
+                    result = reestimated(result, spec)
+                    decision = _decide(spec, result, run_id, run_dir, pending)
+            # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
+            pending += [
+                record_stage.submit(stage_run, result, decision, run_id=run_id),
+                publish_stage_report.submit(run_id, result, decision, stage_run),
+            ]
+            summary["stages"][stage] = {
+                "status": str(result.status),
+                "gate": decision.passed,
+                "mlflow_run_id": stage_run,
+                "checkpoint_uri": result.checkpoint_uri,
+                "cost_usd": result.cost_usd,
+                "restarts": result.metrics.get("restarts", 0),
+                "resumed_from_step": result.metrics.get("resumed_from_step", 0),
+            }
+            summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
+            if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
+                _settle(pending)
+                if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
+                    return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
+                not_resumed = in_place.why if in_place is not None else ""
+                close_pipeline_run(run_id, False, stage, result.error or "preempted")
+                message = resumable_stop(stage, result, run_id) + (f" ({not_resumed})" if not_resumed else "")
+                return stopped(Cancelled(message=message), summary)
+            if not decision.passed:
+                _settle(pending)
+                if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
+                    return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
+                message = decision.summary()
+                if in_place is not None and refused_on_budget:  # not resumed from the form: the terminal's way on
+                    message += f" ({in_place.why}; {_resume_hint(spec, run_id, stages[i + 1])})"
+                close_pipeline_run(run_id, False, stage, message)
+                return stopped(Failed(message=message), summary)
+            log.info(decision.summary())
+            if gate.require_approval and i + 1 < len(stages):
+                # WARNING: a person must act, and the terminal shows traingate's records from WARNING up.
+                log.warning(
+                    "paused for approval: %s passed its gate (gates.%s.require_approval); %s starts when a reviewer "
+                    "resumes flow run %s with {approve: true, reviewer, reason} (Prefect UI: Resume), within %d s",
+                    stage,
+                    stage,
+                    stages[i + 1],
+                    flow_run.id,
+                    int(gate.approval_timeout_s),
+                )
+                answer = pause_flow_run(
+                    wait_for_input=Approval, timeout=int(gate.approval_timeout_s), key=f"approve-{stages[i + 1]}"
+                )
+                if not answer.approve:
+                    reason = (
+                        f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
+                    )
+                    _settle(pending)
+                    close_pipeline_run(run_id, False, stage, reason)
+                    return stopped(Failed(message=reason), summary)
+                log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
+        _settle(pending)
+        verb = (
+            f"resumed {stages[0]}; reached {stages[-1]}"
+            if point is not None
+            else (f"all {len(stages)} stages passed" if len(stages) > 1 else f"{stages[0]} passed")
         )
-        verb += "; " + _promotion(run_id, summary["model"])
-    close_pipeline_run(run_id, True, stages[-1])
-    return Completed(message=verb, data=summary)
+        if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
+            summary["model"] = register_candidate(
+                spec, summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
+            )
+            verb += "; " + _promotion(run_id, summary["model"])
+        close_pipeline_run(run_id, True, stages[-1])
+        return Completed(message=verb, data=summary)
+    finally:
+        if zygote is not None:
+            zygote.stop()
 
 
 def flow_settings() -> Settings:

@@ -54,8 +54,8 @@ def run_stage_job(
     job: StageJob, resume: bool = False, watcher: Watcher | None = None, zygote: Zygote | None = None
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
-    stage's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); stopped unused on
-    a Slurm pool, whose job starts its own processes.
+    stage's or its run's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); released
+    unused on a Slurm pool, whose job starts its own processes.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
@@ -70,7 +70,7 @@ def run_stage_job(
         pool = config.pools.get(job.pool) if config is not None else None
         if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
             if zygote is not None:
-                zygote.stop()
+                zygote.release()
             job = _with_budget(job, client, log)
             progress = ProgressArtifact(job)
             # Polled every tick of the follow loop; the progress artifact's tick never asks for a stop.
@@ -106,11 +106,12 @@ def run_stage_job(
         while True:
             if gang is not None and (why := gang.acquire(stopping)) is not None:
                 if zygote is not None:
-                    zygote.stop()
+                    zygote.release()
                 return _never_started(job, why, time.monotonic() - t0)
             try:
                 sup = _train(job, hooks, previous, log, before, zygote)
-                zygote = None  # its supervision stopped it; a requeued run starts another
+                if zygote is not None and not zygote.shared:
+                    zygote = None  # its supervision stopped it; a requeued run starts another
             except BaseException:
                 if gang is not None:
                     gang.release()

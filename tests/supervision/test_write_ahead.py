@@ -259,12 +259,15 @@ def test_a_builtin_stage_whose_orchestrator_is_killed_resumes_from_its_latest_ch
     if moment == "mid_step":
         assert k is not None and k >= 10, before
     if moment == "mid_save":
-        assert k == 10 and 15 not in before, before  # step 15's files are there, its manifest is not
+        # The save cut short is the first at or after step 15 (a restart under load may have taken rank 0 past
+        # 15 before it): its files are there, its manifest is not, and the one before it is the newest.
+        cut = json.loads(next((stage_dir / "faults").glob("savestop*")).read_text())["step"]
+        assert cut >= 15 and k == cut - 5 and cut not in before, (cut, before)
 
     sup, _ = _resume(spec, run_dir)
 
     assert sup.status == Status.COMPLETED, sup.error
-    attempts = _check_orphan_record(stage_dir, "traingate.runtime.train")
+    attempts = _check_orphan_record(stage_dir, "traingate.runtime.warm")  # a CPU pool: warm restarts by default
     assert attempts[-1]["resume_from_step"] == k
     assert sup.attempts[-1].start_step == (k or 0)  # rank 0 loaded the newest complete checkpoint
     assert files.read_result(stage_dir).steps_done == 30

@@ -234,6 +234,24 @@ def test_smoke_stages_planned_stop_and_resume_is_one_run_with_one_restart(ladder
 
 
 @pytest.mark.slow
+def test_every_training_stage_forks_its_workers_from_the_runs_one_zygote_which_ends_with_the_run(ladder):
+    """Warm restarts are on by default on a CPU pool: the run imports the training stack once, and the smoke
+    stage's two halves and both ranks of canary and full are forked from that zygote."""
+    import psutil
+
+    run_dir = ladder["root"] / "state" / "runs" / ladder["summary"]["run_id"]
+    log = (run_dir / "zygote.log").read_text()
+    ready = re.findall(r"zygote: ready on \S+ \(pid (\d+)\)", log)
+    assert len(ready) == 1, log
+    forks = re.findall(r"zygote: forked worker \d+ \(rank (\d), torchrun restart \S+\) for (\S+)", log)
+    by_stage = {(Path(job).parent.name, rank) for rank, job in forks}
+    assert {("smoke", "0"), ("canary", "0"), ("canary", "1"), ("full", "0"), ("full", "1")} <= by_stage, log
+    assert sum(Path(job).parent.name == "smoke" for _, job in forks) >= 2, log  # the stop and the resume
+    assert not [p for p in run_dir.glob("*/zygote.log")]  # no stage started a zygote of its own
+    assert not psutil.pid_exists(int(ready[0])), "the run's zygote outlived its run"
+
+
+@pytest.mark.slow
 def test_no_secret_appears_in_params_tags_artifacts_or_logs(ladder, capsys):
     from flows.cli import main
 

@@ -57,7 +57,8 @@ def train(
             kept = state.attempts[: len(earlier)] if state is not None else []
             first = dataclasses.replace(first, attempts=[*map(Attempt.from_record, kept), *first.attempts])
         before.append(first)
-        zygote = None  # the first half's supervision stopped it
+        if zygote is not None and not zygote.shared:
+            zygote = None  # the first half's supervision stopped it
         previous = None
     return supervise(job, hooks, resumed=previous, zygote=zygote)
 

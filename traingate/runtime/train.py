@@ -663,6 +663,7 @@ def preload_data(job_path: str | Path) -> str:
     spec = StageJob.read(job_path).spec
     key = spec.spec_hash()
     if key not in _preloaded:
+        _preloaded.clear()  # a run's zygote serves its stages in turn: it holds the data of one spec at a time
         _preloaded[key] = get_recipe(spec).load_data()
     return key
 

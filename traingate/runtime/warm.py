@@ -200,12 +200,13 @@ def _fork_worker(
     for fd in fds:
         os.close(fd)
     argv = request["argv"]
-    if "--job" in argv[:-1]:
-        _jobs.setdefault(argv[argv.index("--job") + 1], False)
+    job = argv[argv.index("--job") + 1] if "--job" in argv[:-1] else None
+    if job is not None:
+        _jobs.setdefault(job, False)
     env = request["env"]
     print(
         f"zygote: forked worker {pid} (rank {env.get('RANK', '0')}, torchrun restart "
-        f"{env.get('TORCHELASTIC_RESTART_COUNT', '-')})",
+        f"{env.get('TORCHELASTIC_RESTART_COUNT', '-')})" + (f" for {job}" if job is not None else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -368,14 +369,17 @@ class _Inherited:
 
 
 class Zygote:
-    """One stage's zygote process, started by the supervisor, stopped with the stage.
+    """One stage's zygote process, started by the supervisor, stopped with the stage; or one run's, ``shared`` by
+    its stages on this host (started by the ladder's flow, stopped when the flow ends; a stage only releases it).
 
     The socket lives in a private temporary directory (mode 0700: only this user may ask for a fork;
     a stage directory's path may be too long for a unix socket's 107 bytes).
     """
 
-    def __init__(self, python: str, env: dict[str, str], log_path: str):
+    shared = False
 
+    def __init__(self, python: str, env: dict[str, str], log_path: str, shared: bool = False):
+        self.shared = shared
         self.log_path = log_path
         self.dir = tempfile.mkdtemp(prefix="traingate-zygote-")
         self.socket = os.path.join(self.dir, "sock")
@@ -412,6 +416,14 @@ class Zygote:
     def pid(self) -> int:
         return self.popen.pid
 
+    def release(self) -> str | None:
+        """A stage is done with it: stop it, unless it is ``shared`` by a run's stages. Either way, why it had
+        stopped serving on its own (its last words, or its exit status), else None."""
+        if not self.shared:
+            return self.stop()
+        ended = self.popen.poll()
+        return None if ended is None else self._ended(ended)
+
     def stop(self, grace_s: float = 5.0) -> str | None:
         """Stop it; why it had stopped serving on its own (its last words, or its exit status), else None."""
 
@@ -424,8 +436,9 @@ class Zygote:
                 self.popen.kill()
                 self.popen.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
-        if ended is None:
-            return None
+        return None if ended is None else self._ended(ended)
+
+    def _ended(self, ended: int) -> str:
         try:
             with open(self.log_path, errors="replace") as f:
                 last = [line.strip() for line in f if line.startswith("zygote: ")][-1:]

@@ -256,17 +256,20 @@ ZYGOTE_LOG = "zygote.log"  # in the stage directory
 
 def starts_warm(job: StageJob) -> bool:
     """Whether a zygote forks ``job``'s workers: ``supervision.warm_restarts``, on a job a zygote can serve."""
-    return job.spec.supervision.warm_restarts and driver_for(job).cold_start_reason(job) is None
+    return job.spec.warm_restarts and driver_for(job).cold_start_reason(job) is None
 
 
-def start_zygote(job: StageJob, python: str = sys.executable) -> warm.Zygote | None:
+def start_zygote(job: StageJob, python: str = sys.executable, shared: bool = False) -> warm.Zygote | None:
     """``job``'s zygote (supervision.warm_restarts), None when its workers start cold. It imports the training
-    stack and forks nothing until a worker of the stage asks: the ladder starts the smoke stage's beside the
-    unit stage, whose gate still decides whether any worker starts (the supervisor takes it over)."""
+    stack and forks nothing until a worker of the stage asks: the ladder starts its run's beside the unit
+    stage, whose gate still decides whether any worker starts. ``shared``: the run's, which every stage of
+    the run that starts warm on this host borrows (its log is the run directory's ``zygote.log``); the one
+    who started it stops it. Otherwise the stage's supervision takes it over and stops it with the stage."""
     if not starts_warm(job):
         return None
-    Path(job.stage_dir).mkdir(parents=True, exist_ok=True)
-    zygote = warm.Zygote(python, envvars.job_environment(job), str(Path(job.stage_dir) / ZYGOTE_LOG))
+    log_dir = Path(job.run_dir if shared else job.stage_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    zygote = warm.Zygote(python, envvars.job_environment(job), str(log_dir / ZYGOTE_LOG), shared=shared)
     weakref.finalize(zygote, _stop_unused, zygote.popen, zygote.dir)  # one no supervision took over
     return zygote
 

@@ -102,16 +102,22 @@ def supervise(
 
     ``resumed``: the state of an earlier, interrupted supervision of this stage; its attempts
     count, and the first launch here is a restart after its last one. ``zygote``: one
-    :func:`start_zygote` started for it ahead of time (stopped with the stage, as one started here).
+    :func:`start_zygote` started for it ahead of time (stopped with the stage, as one started here, unless
+    it is the run's shared one).
     """
     hooks = hooks or Hooks()
     driver = driver_for(job)
     # supervision.warm_restarts: one pre-imported zygote forks every worker of this stage's launches
-    # (traingate.runtime.warm); it is this process's child, so it dies with the stage.
-    if job.spec.supervision.warm_restarts and (why := driver.cold_start_reason(job)) is not None:
-        hooks.info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
+    # (traingate.runtime.warm); it is this process's child, so it dies with the stage (or, shared, the run).
+    if job.spec.warm_restarts and (why := driver.cold_start_reason(job)) is not None:
+        if job.spec.supervision.warm_restarts:  # asked for, not the CPU pool's default
+            hooks.info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
         if zygote is not None:
-            zygote.stop()
+            zygote.release()
+            zygote = None
+    elif not job.spec.warm_restarts:
+        if zygote is not None:
+            zygote.release()
             zygote = None
     elif zygote is None:
         zygote = start_zygote(job, python)
@@ -122,7 +128,7 @@ def supervise(
     try:
         return _supervise(_Run(job, hooks, driver, seed, resumed), python, zygote.socket if zygote else None)
     finally:
-        if zygote is not None and (off := zygote.stop()) is not None:
+        if zygote is not None and (off := zygote.release()) is not None:
             hooks.info(f"{job.stage}: warm restarts were off (workers started cold): {off}")
         if delivery is not None:
             # Everything the stage logged is in MLflow before its result is read; what an outage kept
