@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from traingate.capacity import incremental
 from traingate.capacity.incremental import Running, straightforward_pass
 from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import Policy, reserve
@@ -296,3 +297,50 @@ def test_a_kept_reservation_equals_the_one_found_again_as_time_carries_jobs_past
             if not run.free.fits(head.slots):
                 want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
                 assert run.reserve(head, now) == want, (now, slots)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_passes_after_the_heads_reservation_moved_replay_as_the_straightforward_schedule(seed, monkeypatch):
+    # A pass that finds the last head again with another reservation looks again, besides what it looks at
+    # anyway, only at the groups given up on for their prediction alone that the new reservation now admits
+    # (incremental._widened). Gang heads over one-node jobs whose predictions are often wrong (so running
+    # jobs end early or run late, and the reservation moves) exercise it.
+    widened = []
+    real = incremental._widened
+
+    def counted(*args):
+        out = real(*args)
+        widened.append(out is not None)
+        return out
+
+    monkeypatch.setattr(incremental, "_widened", counted)
+    rng = np.random.default_rng(200 + seed)
+    gpn, nodes = 4, int(rng.integers(6, 10))
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
+            "scheduling": {"starvation_bound_h": 2},
+        }
+    )
+    rows = generate(
+        TraceParams(
+            n_jobs=400,
+            capacity=gpn * nodes,
+            gpus_per_node=gpn,
+            load=float(rng.uniform(1.0, 1.4)),
+            seed=seed,
+            teams=(("vision", 0.5), ("speech", 0.5)),
+            classes=(("urgent", 0.05), ("production", 0.3), ("research", 0.65)),
+            small_sizes=((1, 0.5), (2, 0.3), (4, 0.2)),
+            large_sizes=((2 * gpn, 0.6), (3 * gpn, 0.4)),
+            small_median_s=600,
+            large_median_s=2 * 3600,
+        )
+    )
+    trace = _bunched(rows, rng, bunch_s=60, estimate_every=3)
+    for name in ("fifo+backfill", "fairshare+backfill", "fairshare+aged+backfill+preempt"):
+        fast = simulate(trace, cfg, Policy.parse(name))
+        slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
+        assert _schedule_of(fast) == _schedule_of(slow), name
+    assert any(widened)

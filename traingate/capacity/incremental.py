@@ -50,6 +50,7 @@ class FreeIndex:
         self.count = [0] * (gpus_per_node + 1)
         self.count[gpus_per_node] = nodes
         # by_free[f]: node indices that had f free when pushed; an entry whose node no longer has f is stale.
+        # by_free[0] stays empty.
         self.by_free: list[list[int]] = [[] for _ in range(gpus_per_node + 1)]
         self.by_free[gpus_per_node] = list(range(nodes))
         self.top = gpus_per_node if nodes else 0  # the most free GPUs on one node: a job of s <= top fits
@@ -68,9 +69,11 @@ class FreeIndex:
             while t and not count[t]:
                 t -= 1
             self.top = t
+        if not f:  # a full node is never looked up (a job asks one GPU or more)
+            return
         h = self.by_free[f]
         heapq.heappush(h, node)
-        if len(h) > 4 * self.count[f] + 64:  # drop stale entries before they outnumber live ones
+        if len(h) > 4 * count[f] + 64:  # drop stale entries before they outnumber live ones
             self.by_free[f] = sorted({i for i in h if self.free[i] == f})
 
     def _lowest(self, f: int) -> int:
@@ -532,12 +535,16 @@ def plan_pass(
         after = _after_ends(now, run, queue, rules, settled, predict)  # type: ignore[arg-type]
         if after is not None:
             skip, extra = True, after
+    widened = False
     if skip and not queue._fresh and not queue._singles and not extra:
         same = _unchanged(now, run, queue, rules, settled)  # type: ignore[arg-type]
-        if same is not None:
+        if isinstance(same, Plan):
             assert settled is not None
             _record(run, queue, (run._n, sig, settled[2], None, same.reserved_s, same.head, settled[6]))
             return same, []
+        if same is not None:  # the same head, its reservation moved
+            settled = _widened(now, run, queue, rules, predict, settled, same.moved, extra)  # type: ignore[arg-type]
+            widened = skip = settled is not None
     keyf = _key_maker(rules, usage, predict, now, queue)
     while True:
         heap: list[tuple[tuple, Any, int]] = []
@@ -557,9 +564,14 @@ def plan_pass(
         for j in queue._singles.values():
             heap.append((keyf(j), None, 0))
         plan = _pass(now, gpn, run, queue, rules, predict, keyf, heap, (settled, looked) if settled and skip else None)
-        if plan is not None:
+        if not isinstance(plan, _Retry):
             break
-        skip = False  # the head or its reservation is not the last pass's: every group is looked at
+        if not widened:
+            settled = _widened(now, run, queue, rules, predict, settled, plan.moved, extra)  # type: ignore[arg-type]
+            widened = skip = settled is not None
+            if widened:
+                continue
+        skip = False  # the head is not the last pass's: every group is looked at
     queue._fresh.clear()
     done, victims, head_group, single, late = plan
     known = queue._late
@@ -634,13 +646,41 @@ def _after_ends(
     return out
 
 
-def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | None:
+def _widened(
+    now: float,
+    run: Running,
+    queue: Queue,
+    rules: Rules,
+    predict: Predictor,
+    settled: Settled,
+    moved: float | None,
+    extra: list[_Group],
+) -> Settled | None:
+    """The last pass's record with the head's reservation ``moved``, and ``extra`` given the groups to look
+    at again besides, when only that reservation moved (the same head; both reservations found): a group
+    the last passes gave up on did not fit at its turn, and still would not, or was given up on for its
+    prediction alone (``Queue._late``), and of these only those now predicted to end by ``moved`` may start.
+    None when the head is another or a reservation is missing: every group is looked at."""
+    if moved is None or settled[4] is None or run.shared:
+        return None
+    margin = rules.backfill_margin_s
+    for h in queue._late.values():
+        if h.off < len(h.jobs):
+            j = h.jobs[h.off]
+            p = predict(j)
+            if p is not None and now + j.overhead_s + max(p - j.done_s, 0.0) + margin <= moved:
+                extra.append(h)
+    return (settled[0], settled[1], settled[2], settled[3], moved, settled[5], settled[6])
+
+
+def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | _Retry | None:
     """The plan of a pass that would look at the last head's group only (nothing started, the same
     order, no fresh group, no single job, and what ended since, if anything, leaves every group as the
     last pass left it: see ``Settled`` and ``_after_ends``), or None when it may decide
     otherwise: a group of a class that may preempt waits, or the head's reservation moved. The head's
     group did not fit with these free GPUs and quotas and still does not (its first job may be another
-    one, when the last head started in another pool, of the same size); nothing behind it is looked at."""
+    one, when the last head started in another pool, of the same size); nothing behind it is looked at.
+    A ``_Retry`` with the new reservation when only that moved."""
     g = settled[2]
     if settled[3] is not None or (g is not None and g.off == len(g.jobs)):
         return None  # the last head has gone: the pass finds another
@@ -653,7 +693,7 @@ def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Se
         head = g.jobs[g.off].job_id
         shadow = run.reserve(g.jobs[g.off], now) if rules.policy.backfill else None
         if shadow != settled[4]:
-            return None
+            return _Retry(shadow)
     plan = queue._quiet  # most passes end here, on the same head and reservation as the one before
     if plan is None or plan.head != head or plan.reserved_s != shadow:
         plan = queue._quiet = Plan((), (), head, shadow, ())
@@ -661,7 +701,12 @@ def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Se
 
 
 class _Retry(Exception):
-    """A pass over the unsettled groups found a head or a reservation other than the last pass's."""
+    """A pass over the unsettled groups found a head or a reservation other than the last pass's;
+    ``moved``: the same head with another reservation (that reservation), else None."""
+
+    def __init__(self, moved: float | None = None) -> None:
+        super().__init__()
+        self.moved = moved
 
 
 def _pass(
@@ -674,10 +719,10 @@ def _pass(
     keyf: Any,
     heap: list[tuple[tuple, Any, int]],
     skipping: tuple[Settled, set[int]] | None,
-) -> tuple[Plan, list[Job], _Group | None, str | None, list[_Group]] | None:
+) -> tuple[Plan, list[Job], _Group | None, str | None, list[_Group]] | _Retry:
     """:func:`plan_pass`'s loop over ``heap``, the waiting groups' first jobs and the single jobs.
     With ``skipping`` (the last pass's record, the ids of the groups in the heap) the heap holds only
-    the groups that pass must look at; then None (nothing changed yet) when the head or its
+    the groups that pass must look at; then a ``_Retry`` (nothing changed yet) when the head or its
     reservation differs from the last pass's. Also the head's group, or its id when it is single, and
     the groups given up on for their prediction alone."""
     policy = rules.policy
@@ -851,8 +896,10 @@ def _pass(
                         stop = True  # strict order: nothing behind the head may start
                     if guard:
                         assert settled is not None
-                        if (g, None if g is not None else job.job_id) != settled[2:4] or shadow != settled[4]:
+                        if (g, None if g is not None else job.job_id) != settled[2:4]:
                             raise _Retry
+                        if shadow != settled[4]:
+                            raise _Retry(shadow)
                     stop = stop or behind_head()
             if nodes is not None:
                 assert how is not None
@@ -872,11 +919,11 @@ def _pass(
                 break
         if guard and head is None:
             raise _Retry  # the last pass's head has gone (started in another pool)
-    except _Retry:
-        for job, g in reversed(ahead):  # the pass starts over with every group: as if none had started
+    except _Retry as retry:
+        for job, g in reversed(ahead):  # the pass starts over: as if none had started
             run.remove(job.job_id)
             queue._untake(job, g)
-        return None
+        return retry
     plan = Plan(
         tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
     )

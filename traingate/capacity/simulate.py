@@ -142,14 +142,21 @@ def simulate(
                 f"the replay does not preempt on shared GPUs: drop +preempt or round the fractions up to 1"
             )
         assert planner is None, "jobs on shared GPUs are planned by plan_pass only"
+    # never_fits reads a job's pool, class, team and size only: asked once per distinct request.
+    fine: set[tuple[str, str, str, int, tuple[str, ...]]] = set()
     for tj in trace:
-        why = never_fits(tj.job, config.pools, config.priority_classes, config.quotas)
+        j = tj.job
+        k = (j.pool, j.priority, j.team, j.slots, tj.pools)
+        if k in fine:
+            continue
+        why = never_fits(j, config.pools, config.priority_classes, config.quotas)
         for name in tj.pools[1:]:
             why = why or never_fits(
-                dataclasses.replace(tj.job, pool=name), config.pools, config.priority_classes, config.quotas
+                dataclasses.replace(j, pool=name), config.pools, config.priority_classes, config.quotas
             )
         if why:
-            raise CapacityError(f"job {tj.job.job_id}: {why}")
+            raise CapacityError(f"job {j.job_id}: {why}")
+        fine.add(k)
     h = config.scheduling.half_life_h if half_life_h is None else half_life_h
     t0, c0 = time.perf_counter(), time.process_time()
     records: list[JobRecord] = []
@@ -207,9 +214,9 @@ def _running(name: str, trace: Sequence[TraceJob], config: CapacityConfig) -> Ru
     """The running jobs of pool ``name``: on shared GPUs (placed by ``simulator.placement``) when a job
     that accepts it asks a fraction of a GPU, the fragmentation measured against the sizes asked there."""
     pool = config.pools[name]
-    asks = [tj.gpus if tj.gpus is not None else tj.job.slots for tj in trace if name in tj.accepts]
     if not any(tj.job.milli for tj in trace if name in tj.accepts):
         return Running(pool.nodes, pool.gpus_per_node)
+    asks = [tj.gpus if tj.gpus is not None else tj.job.slots for tj in trace if name in tj.accepts]
     return SharedRunning(pool.nodes, pool.gpus_per_node, Workload.of(asks), config.simulator.placement)
 
 
@@ -261,15 +268,18 @@ def _replay_pools(
             if arrivals
             else (0.0, 0.0)
         )
+    held = {
+        (n, s): footprint(s, config.pools[n].gpus_per_node) for n, s in {(tj.job.pool, tj.job.slots) for tj in trace}
+    }
     rec = {
-        tj.job.job_id: JobRecord(
-            tj.job.job_id,
-            tj.job.team,
-            tj.job.priority,
-            tj.job.pool,
-            tj.job.milli / MILLI if tj.job.milli else tj.job.slots,
-            tj.job.milli / MILLI if tj.job.milli else footprint(tj.job.slots, config.pools[tj.job.pool].gpus_per_node),
-            tj.job.submit_s,
+        (j := tj.job).job_id: JobRecord(
+            j.job_id,
+            j.team,
+            j.priority,
+            j.pool,
+            j.milli / MILLI if j.milli else j.slots,
+            j.milli / MILLI if j.milli else held[j.pool, j.slots],
+            j.submit_s,
             tj.duration_s,
         )
         for tj in trace
