@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from traingate.capacity.estimate import Predictor, predicted_remaining
-from traingate.capacity.gang import fits, footprint, free_per_node, place, release, take
+from traingate.capacity.gang import fits, footprint, free_per_node, nodes_needed, place, release, take
 from traingate.capacity.jobs import Job, at_risk_s, started
 from traingate.capacity.pools import (
     CapacityConfig,
@@ -385,14 +385,26 @@ def choose_victims(
     def enough() -> bool:
         return team_freed >= over_quota and fits(job.slots, f, gpus_per_node)
 
+    # Releases only add free GPUs: whether the job fits is followed through the nodes each candidate
+    # frees (one that fits stays so), not a scan of every node per candidate.
+    small = job.slots <= gpus_per_node
+    wanted = 0 if small else nodes_needed(job.slots, gpus_per_node)
+    whole = 0 if small else f.count(gpus_per_node)
+    fit = fits(job.slots, f, gpus_per_node)
     for r in cands:
-        if over_quota and r.team != job.team and fits(job.slots, f, gpus_per_node):
+        if over_quota and r.team != job.team and fit:
             continue  # it fits already; only the team's own jobs can bring it under its cap
         release(f, r.slots, r.nodes, gpus_per_node)
+        if not fit:
+            if small:
+                fit = any(f[n] >= job.slots for n in r.nodes)
+            else:
+                whole += sum(f[n] == gpus_per_node for n in r.nodes)  # a node it held was not whole before
+                fit = whole >= wanted
         chosen.append(r)
         if r.team == job.team:
             team_freed += footprint(r.slots, gpus_per_node)
-        if enough():
+        if team_freed >= over_quota and fit:
             break
     else:
         return None
