@@ -47,8 +47,8 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         )
     tail = ["-m", "traingate.runtime.train", "--job", str(job.job_path)]
     if zygote_socket is not None:
-        # Warm restarts (supervision.warm_restarts): a thin entry that has the stage's zygote fork the
-        # worker. The socket is an argument, not a TRAINGATE_* variable: reading envvars would import
+        # Warm restarts (supervision.warm_restarts): a thin entry that has the zygote (the run's or the stage's)
+        # fork the worker. The socket is an argument, not a TRAINGATE_* variable: reading envvars would import
         # traingate.secrets and pydantic (~0.3 s), ten times the entry's whole budget.
         tail = ["-m", "traingate.runtime.warm", zygote_socket, "--job", str(job.job_path)]
     if job.world_size == 1:

@@ -2,8 +2,9 @@
 
 A cold training process spends ~3 s importing torch, TorchDynamo and traingate before it can
 rejoin its group; after a lost worker that is most of the time to recovery. With
-``supervision.warm_restarts`` the supervisor starts one zygote per stage (:class:`Zygote`), which
-imports all of that once and forks a ready worker per request. Once a launch's workers are forked it also
+``supervision.warm_restarts`` one zygote (:class:`Zygote`) imports all of that once and forks a ready worker
+per request: the ladder starts one per run, which every stage of the run on this host borrows, and a stage
+supervised alone starts its own. Once a launch's workers are forked it also
 loads their recipe's data (:func:`traingate.runtime.train.preload_data`): the workers of an in-place restart
 find it in memory. What torchrun launches is the thin
 entry ``python -m traingate.runtime.warm SOCKET --job JOB`` (this module's top level imports only
