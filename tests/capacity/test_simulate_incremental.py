@@ -19,12 +19,19 @@ from traingate.capacity.trace import TraceParams, generate
 
 
 def _config(gpn: int, nodes: int):
+    return _pool("p", gpn, nodes, {"vision": {"p": gpn * nodes * 5 // 8}, "speech": {"p": gpn * nodes // 2}},
+                 bound_h=1, price=2.0)
+
+
+def _pool(name: str, gpn: int, nodes: int, quotas: dict, bound_h: float, price: float = 1.0):
+    """One pool of ``nodes`` x ``gpn`` GPUs with the simulator's restart costs these tests share; ``bound_h`` short,
+    so that jobs cross the starvation bound along their traces."""
     return parse_config(
         {
-            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 2.0, "worker": "docker"}},
-            "quotas": {"vision": {"p": gpn * nodes * 5 // 8}, "speech": {"p": gpn * nodes // 2}},
+            "pools": {name: {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": price, "worker": "docker"}},
+            "quotas": quotas,
             "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
-            "scheduling": {"starvation_bound_h": 1},  # short: jobs cross it along these traces
+            "scheduling": {"starvation_bound_h": bound_h},
         }
     )
 
@@ -108,14 +115,7 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
     rng = np.random.default_rng(seed)
     gpn, nodes = int(rng.choice([2, 4, 8])), int(rng.integers(2, 7))
     quotas = {"vision": {"p": gpn * nodes * 5 // 8}} if seed % 2 else {}
-    cfg = parse_config(
-        {
-            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
-            "quotas": quotas,
-            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
-            "scheduling": {"starvation_bound_h": 1},  # short: jobs cross it along these traces
-        }
-    )
+    cfg = _pool("p", gpn, nodes, quotas, bound_h=1)
     rows = generate(
         TraceParams(
             n_jobs=150,
@@ -239,14 +239,7 @@ def test_passes_after_job_ends_that_leave_out_what_the_last_pass_gave_up_on_repl
     # their own and limit stops exercise it; no class preempts here.
     rng = np.random.default_rng(100 + seed)
     gpn, nodes = 4, int(rng.integers(4, 9))
-    cfg = parse_config(
-        {
-            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
-            "quotas": {"vision": {"p": gpn * nodes * 3 // 4}} if seed % 3 == 2 else {},
-            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
-            "scheduling": {"starvation_bound_h": 2},
-        }
-    )
+    cfg = _pool("p", gpn, nodes, {"vision": {"p": gpn * nodes * 3 // 4}} if seed % 3 == 2 else {}, bound_h=2)
     rows = generate(
         TraceParams(
             n_jobs=400,
@@ -316,13 +309,7 @@ def test_passes_after_the_heads_reservation_moved_replay_as_the_straightforward_
     monkeypatch.setattr(incremental, "_widened", counted)
     rng = np.random.default_rng(200 + seed)
     gpn, nodes = 4, int(rng.integers(6, 10))
-    cfg = parse_config(
-        {
-            "pools": {"p": {"gpus_per_node": gpn, "nodes": nodes, "price_per_gpu_hour": 1.0, "worker": "docker"}},
-            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 10},
-            "scheduling": {"starvation_bound_h": 2},
-        }
-    )
+    cfg = _pool("p", gpn, nodes, {}, bound_h=2)
     rows = generate(
         TraceParams(
             n_jobs=400,
