@@ -50,19 +50,7 @@ def _trace(gpn: int, nodes: int, n: int, seed: int, estimates: bool):
         )
     )
     return [
-        TraceJob(
-            Job(
-                r["job_id"],
-                r["team"],
-                r["priority"],
-                "p",
-                r["gpus"],
-                r["submit_s"],
-                est_duration_s=(r["duration_s"] * (0.5 + (k % 4) / 2) if estimates and k % 3 else None),
-                checkpoint_every_s=600.0,
-            ),
-            r["duration_s"],
-        )
+        _row_job(r, r["submit_s"], r["duration_s"] * (0.5 + (k % 4) / 2) if estimates and k % 3 else None)
         for k, r in enumerate(rows)
     ]
 
@@ -72,21 +60,22 @@ def _bunched(rows: list[dict], rng, bunch_s: int, estimate_every: int) -> list[T
     user estimate of 0.3-2x its duration, checkpoints every 10 minutes."""
     est = rng.uniform(0.3, 2.0, len(rows))
     return [
-        TraceJob(
-            Job(
-                r["job_id"],
-                r["team"],
-                r["priority"],
-                "p",
-                r["gpus"],
-                round(r["submit_s"] / bunch_s) * float(bunch_s),
-                est_duration_s=r["duration_s"] * est[k] if k % estimate_every == 0 else None,
-                checkpoint_every_s=600.0,
-            ),
-            r["duration_s"],
+        _row_job(
+            r,
+            round(r["submit_s"] / bunch_s) * float(bunch_s),
+            r["duration_s"] * est[k] if k % estimate_every == 0 else None,
         )
         for k, r in enumerate(rows)
     ]
+
+
+def _row_job(r: dict, submit_s: float, est_duration_s: float | None) -> TraceJob:
+    """A generated row as a job of pool "p" submitted at ``submit_s``, with checkpoints every 10 minutes."""
+    return TraceJob(
+        Job(r["job_id"], r["team"], r["priority"], "p", r["gpus"], submit_s, est_duration_s=est_duration_s,
+            checkpoint_every_s=600.0),
+        r["duration_s"],
+    )
 
 
 def _schedule_of(res):
