@@ -187,6 +187,23 @@ def write_stop(stage_dir: Path, reason: str) -> None:
     write_json(stage_dir / STOP, {"reason": reason})
 
 
+def claim_stop(stage_dir: Path, reason: str) -> bool:
+    """Mark the launch stopped unless it already is; whether this call marked it.
+
+    For the ranks of a group that fail at once: the first to claim the mark is the one that stops the
+    agent, so the agent gets one SIGTERM, not one per rank (a second would interrupt its shutdown).
+    """
+    tmp = stage_dir / f".{STOP}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"reason": reason}))
+    try:
+        os.link(tmp, stage_dir / STOP)  # fails if the mark exists: exclusive, and whole when it appears
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_stop(stage_dir: Path) -> str | None:
     """Why the supervisor stops the current launch, or None when it does not."""
     data = read_json(stage_dir / STOP)

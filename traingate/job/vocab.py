@@ -56,6 +56,16 @@ RETRYABLE = frozenset(
 )
 
 
+# Failures torchrun may answer with an in-place restart of the group; any other needs the supervisor
+# (a bug or NaN must stop, an OOM restarts with a smaller batch, a full disk stays full). The rank that
+# fails with one of those stops its agent itself (traingate.runtime.train), so a restart forked in
+# milliseconds from a zygote cannot begin before the supervisor's stop arrives.
+# A preemption of the group is one too: its agent (traingate.runtime.agent) outlives the SIGTERM.
+INPLACE_OK = frozenset(
+    {Cause.WORKER_LOST, Cause.PREEMPTED, Cause.COLLECTIVE_TIMEOUT, Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR}
+)
+
+
 def status_for(cause: Cause | str | None) -> Status:
     """The status a stage ends in when its last launch ended with ``cause`` (None: completed)."""
     if cause is None:

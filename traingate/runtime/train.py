@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from traingate.job import envvars, files
 from traingate.job.stagejob import StageJob
-from traingate.job.vocab import Cause, Status
+from traingate.job.vocab import INPLACE_OK, Cause, Status
 from traingate.recipes import get_recipe
 from traingate.recipes.base import TensorData
 from traingate.redact import RedactingFilter
@@ -618,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         trainer.close()
+        if outcome.status == Status.DIVERGED:
+            _no_restart_in_place(out_dir, outcome.exit_code, Cause.DIVERGED)
         orphan = trainer.stop.reason if trainer.stop.orphaned else None
         if outcome.status == Status.PREEMPTED and orphan is None:
             # A SIGTERM that came before this rank's watch saw its supervisor die (the CLI's guardian stops
@@ -638,14 +640,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         return outcome.exit_code
     except (SpecError, CheckpointRefused) as e:
-        return _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR)
+        return _no_restart_in_place(out_dir, _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR))
     except CheckpointError as e:
         cause = cause_of_exception(e)
         cause = cause if cause == Cause.DISK_FULL else Cause.CHECKPOINT_ERROR
-        return _last_words(out_dir, d, cause, e, exit_code_for(cause))
+        code = _last_words(out_dir, d, cause, e, exit_code_for(cause))
+        return code if cause in INPLACE_OK else _no_restart_in_place(out_dir, code, cause)
     except Exception as e:  # noqa: BLE001 - classified and reported through last words, then exit non-zero
         cause = cause_of_exception(e)
-        return _last_words(out_dir, d, cause, e, exit_code_for(cause))
+        code = _last_words(out_dir, d, cause, e, exit_code_for(cause))
+        return code if cause in INPLACE_OK else _no_restart_in_place(out_dir, code, cause)
     finally:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
@@ -690,6 +694,25 @@ def _stop_agent() -> None:
     if envvars.inplace_restart_count() or "TORCHELASTIC_RUN_ID" in os.environ:
         with contextlib.suppress(ProcessLookupError):
             os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _no_restart_in_place(out_dir: Path, code: int, cause: Cause = Cause.USER_ERROR) -> int:
+    """Stop the group for a failure a restart in place cannot fix (``cause`` not in ``INPLACE_OK``); ``code``.
+
+    torchrun answers a failed worker by restarting the group in place. The supervisor stops the tree when it
+    reads this rank's last words, but a zygote forks the next incarnation in milliseconds, which would begin
+    (and count as an attempt) before that stop arrives. So the first failing rank marks the launch stopped and
+    SIGTERMs its agent, which then shuts the group down (traingate.runtime.agent) as on the supervisor's stop.
+    """
+    if envvars.inplace_restart_count() or "TORCHELASTIC_RUN_ID" in os.environ:
+        try:
+            claimed = files.claim_stop(out_dir, f"{cause}: a restart in place cannot fix it")
+        except OSError as e:
+            log.error("could not mark the launch stopped: %s", e)
+            claimed = False
+        if claimed:
+            _stop_agent()
+    return code
 
 
 def _last_words(out_dir: Path, d: DistInfo | None, cause: Cause, e: BaseException, code: int) -> int:

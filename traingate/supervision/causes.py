@@ -23,7 +23,7 @@ import signal
 from dataclasses import dataclass, field, replace
 
 from traingate.job.files import LastWords
-from traingate.job.vocab import RETRYABLE, Cause, Status
+from traingate.job.vocab import INPLACE_OK, RETRYABLE, Cause, Status
 from traingate.runtime import exitcodes
 
 # torchrun's failure summary: "exitcode  : -9 (pid: 123)" for a worker killed by SIGKILL.
@@ -34,12 +34,6 @@ _LOST = "rank {rank} ended without last words (killed); its peers' SIGTERM was t
 # What the supervisor's stop of a tree sends: SIGTERM, then SIGKILL to what outlives the grace.
 _STOP_SIGNALS = {signal.SIGTERM.value, signal.SIGKILL.value}
 NOT_CHECKPOINTED = "stopped on request before its emergency checkpoint"
-# Failures torchrun may answer with an in-place restart of the group; any other needs the supervisor
-# (a bug or NaN must stop, an OOM restarts with a smaller batch, a full disk stays full).
-# A preemption of the group is one too: its agent (traingate.runtime.agent) outlives the SIGTERM.
-INPLACE_OK = frozenset(
-    {Cause.WORKER_LOST, Cause.PREEMPTED, Cause.COLLECTIVE_TIMEOUT, Cause.TRANSIENT_IO, Cause.CHECKPOINT_ERROR}
-)
 
 
 @dataclass
