@@ -17,10 +17,10 @@ from traingate.settings import Settings
 
 pytestmark = pytest.mark.slow
 
-# $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 40 steps take 4 s of training
+# $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 80 steps take 8 s of training
 # with the injected slowness (as tests/monitor/test_budget_cli.py). The smoke gate's default rule, resumed from a
 # checkpoint, holds only when the pause comes after the first checkpoint, which a loaded machine may not reach.
-BUDGET = ["stages.smoke.max_steps=40", "resources.procs_per_node=1", "pools.cpu-local.price_per_gpu_hour=100",
+BUDGET = ["stages.smoke.max_steps=80", "resources.procs_per_node=1", "pools.cpu-local.price_per_gpu_hour=100",
           "budget.max_run_usd=0.15", "gates.smoke.rules=[{metric: nonfinite_steps, op: '==', value: 0}]"]
 
 

@@ -24,12 +24,15 @@ from traingate.spec import load_spec
 from traingate.supervision.supervisor import Hooks, read_state, supervise
 
 # 1 process, 0.1 s a step (the `slow` fault): long enough for the monitor (1 s cadence) to see the spike.
+# The step-time rule is off: a step's own time (the fault's sleep is not in it) is about 5 ms of compute, whose
+# median the box's load alone moves by more than the rule's 20%; these tests name every alert they expect.
 SPEC = """
 resources: {procs_per_node: 1}
 stages: {full: {max_steps: 60}}
 checkpoint: {every_steps: 10, keep_last: 10}
 tracking: {enabled: false}
 supervision: {backoff_base_s: 0.2, hang_timeout_s: 20, preempt_grace_s: 20}
+alerts: {step_time_regression: {enabled: false}}
 """
 
 

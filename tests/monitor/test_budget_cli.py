@@ -21,8 +21,8 @@ def test_a_run_paused_by_its_budget_resumes_to_the_end_once_the_budget_is_raised
 
     env = {**os.environ, "TRAINGATE_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
            "PYTHONUNBUFFERED": "1", "TRAINGATE_INJECT": "slow@0:0", **prefect_api}
-    # $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 40 steps take 4 s of training.
-    args = ["--until", "smoke", "--set", "stages.smoke.max_steps=40", "--set", "resources.procs_per_node=1",
+    # $100 a slot-hour, one slot: 2.8 cents a second against 15 cents; smoke's 80 steps take 8 s of training.
+    args = ["--until", "smoke", "--set", "stages.smoke.max_steps=80", "--set", "resources.procs_per_node=1",
             "--set", "pools.cpu-local.price_per_gpu_hour=100", "--set", "budget.max_run_usd=0.15"]
     p = subprocess.run([PYTHON, "-m", "flows.cli", "run", str(tiny_spec()), *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
