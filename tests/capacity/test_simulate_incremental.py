@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from traingate.capacity import incremental
+from traingate.capacity import gang, incremental
 from traingate.capacity.incremental import Running, straightforward_pass
 from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import Policy, reserve
@@ -320,3 +320,29 @@ def test_passes_after_the_heads_reservation_moved_replay_as_the_straightforward_
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
         assert _schedule_of(fast) == _schedule_of(slow), name
     assert any(widened)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_free_index_places_as_gang_place_on_its_free_list_as_jobs_of_one_node_and_gang_jobs_come_and_go(seed):
+    # FreeIndex counts a gang job's whole nodes at once on take and release; gang.place over the plain list
+    # of free GPUs per node is the reference, after every change.
+    rng = np.random.default_rng(seed)
+    gpn, nodes = 8, 12
+    idx, free = incremental.FreeIndex(nodes, gpn), [gpn] * nodes
+    held: list[tuple[int, tuple[int, ...]]] = []
+    for _ in range(600):
+        if held and rng.random() < 0.45:
+            slots, at = held.pop(int(rng.integers(len(held))))
+            idx.release(slots, at)
+            gang.release(free, slots, at, gpn)
+        else:
+            slots = int(rng.choice([1, 2, 3, 4, 8, 16, 24, 40]))
+            at = idx.place(slots)
+            assert at == gang.place(slots, free, gpn)
+            if at is not None:
+                idx.take(slots, at)
+                gang.take(free, slots, at, gpn)
+                held.append((slots, at))
+        assert idx.free == free and idx.total == sum(free)
+        for s in (1, 3, 8, 16, 24, 40):
+            assert idx.place(s) == gang.place(s, free, gpn) and idx.fits(s) == gang.fits(s, free, gpn)

@@ -111,16 +111,48 @@ class FreeIndex:
         return self.count[self.gpn] >= nodes_needed(slots, self.gpn)
 
     def take(self, slots: int, nodes: tuple[int, ...]) -> None:
-        g = slots if slots <= self.gpn else self.gpn
+        gpn = self.gpn
+        if slots <= gpn:
+            for n in nodes:
+                self._set(n, self.free[n] - slots)
+            self.total -= slots * len(nodes)
+            return
+        # A gang job takes whole nodes (``place``): each goes from gpn free to none, counted at once (what
+        # ``_set`` does per node; a full node has no heap entry to push).
+        free, count, k = self.free, self.count, len(nodes)
         for n in nodes:
-            self._set(n, self.free[n] - g)
-        self.total -= g * len(nodes)
+            assert free[n] == gpn, f"node {n}: {free[n]} free, a gang job takes whole nodes"
+            free[n] = 0
+        count[gpn] -= k
+        count[0] += k
+        if self.top == gpn and not count[gpn]:
+            t = gpn
+            while t and not count[t]:
+                t -= 1
+            self.top = t
+        self.total -= gpn * k
 
     def release(self, slots: int, nodes: tuple[int, ...]) -> None:
-        g = slots if slots <= self.gpn else self.gpn
+        gpn = self.gpn
+        if slots <= gpn:
+            for n in nodes:
+                self._set(n, self.free[n] + slots)
+            self.total += slots * len(nodes)
+            return
+        # A gang job's nodes are whole again: counted at once, each pushed to the whole nodes' heap.
+        free, count, k = self.free, self.count, len(nodes)
+        h = self.by_free[gpn]
+        push = heapq.heappush
         for n in nodes:
-            self._set(n, self.free[n] + g)
-        self.total += g * len(nodes)
+            assert not free[n], f"node {n}: {free[n]} free under a gang job"
+            free[n] = gpn
+            push(h, n)
+        count[0] -= k
+        count[gpn] += k
+        self.top = gpn
+        if len(h) > 4 * count[gpn] + 64:
+            self.by_free[gpn] = sorted({i for i in h if free[i] == gpn})
+        self.total += gpn * k
 
     def fragmented(self, head_slots: int | None) -> float:
         """Same answer as :func:`traingate.capacity.gang.fragmented` on ``free``."""

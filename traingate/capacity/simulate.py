@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from traingate.capacity.estimate import HistoryEstimator
-from traingate.capacity.fairshare import advance
+from traingate.capacity.fairshare import LN2
 from traingate.capacity.fill import MILLI, Workload
 from traingate.capacity.gang import footprint
 from traingate.capacity.incremental import Queue, Running, plan_pass
@@ -230,7 +230,10 @@ class _PoolState:
     tot: PoolTotals
     run: Running
     waiting: Queue = field(default_factory=lambda: Queue(reported=True))  # told whose predictions move
-    usage: dict[str, float] = field(default_factory=dict)  # team -> decayed GPU-hours
+    # team -> decayed GPU-hours (fairshare.advance at each event, in place), kept when ``fair``: its order
+    # ranks teams by it
+    usage: dict[str, float] = field(default_factory=dict)
+    fair: bool = False
     stranded: float = 0.0
     start_t: float = 0.0  # first and last submission of the jobs that accept it
     window_end: float = 0.0
@@ -314,7 +317,10 @@ def _replay_pools(
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
     # Fair-share usage is read only by the orders that rank teams by it; the others skip its decay.
-    fair = {st.name: st.rules.policy.order in (Order.FAIRSHARE, Order.MULTIFACTOR) for st in order}
+    for st in order:
+        st.fair = st.rules.policy.order in (Order.FAIRSHARE, Order.MULTIFACTOR)
+    decays = any(st.fair for st in order)
+    d = gain = 0.0
 
     while i < n or any(st.run.jobs or st.waiting.byid for st in order):
         while ends and stale(ends[0]):
@@ -323,6 +329,9 @@ def _replay_pools(
         assert nt < math.inf, f"pools {names}: jobs wait with nothing running and nothing to come"
         dt = nt - t
         if dt > 0:
+            if decays:  # fairshare.advance's step, done in place on each pool's usage below
+                d = 2.0 ** (-dt / half_life_s)
+                gain = half_life_s / LN2 * (1.0 - d) / 3600.0
             for st in order:
                 tot = st.tot
                 busy = tot.capacity - st.run.free.total
@@ -330,10 +339,15 @@ def _replay_pools(
                 in_window = max(0.0, min(nt, st.window_end) - t) if st.window_end > st.start_t else dt
                 tot.window_busy_gpu_s += busy * in_window
                 tot.fragmented_gpu_s += st.stranded * in_window
-                for team, g in st.run.held.items():
-                    tot.team_gpu_s[team] = tot.team_gpu_s.get(team, 0.0) + g * dt
-                if fair[st.name]:
-                    st.usage = advance(st.usage, st.run.held, dt, half_life_s)
+                holding, spent = st.run.held, tot.team_gpu_s
+                for team, g in holding.items():
+                    spent[team] = spent.get(team, 0.0) + g * dt
+                if st.fair:
+                    usage = st.usage
+                    for team in usage:
+                        usage[team] *= d
+                    for team, g in holding.items():
+                        usage[team] = usage.get(team, 0.0) + g * gain
             t = nt
         while ends and ends[0][0] <= t:
             end = heapq.heappop(ends)
