@@ -133,3 +133,14 @@ def test_yaml_anchors_and_merge_keys_still_work_while_duplicates_are_refused():
     with pytest.raises(SpecError, match=r"pools\.b\.price_per_gpu_hour = '3.0': duplicate key"):
         load_spec_text(text.replace("price_per_gpu_hour: 2.0}", "price_per_gpu_hour: 2.0, price_per_gpu_hour: 3.0}"))
 
+
+@pytest.mark.parametrize("overrides, warm", [
+    ([], True),  # cpu-local: no GPUs per node
+    (["resources.work_pool=gpu-a100"], False),
+    (["supervision.warm_restarts=false"], False),
+    (["resources.work_pool=gpu-a100", "supervision.warm_restarts=true"], True),
+    (["pools.cpu-local.gpus_per_node=4"], False),  # the pool as the spec describes it, not its name
+])
+def test_warm_restarts_unset_are_on_for_a_cpu_pool_and_off_for_a_gpu_pool_and_a_given_value_wins(overrides, warm):
+    spec = load_spec_text(TINY_DIGITS).with_overrides(overrides)
+    assert spec.warm_restarts is warm

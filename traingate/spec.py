@@ -314,10 +314,10 @@ class SupervisionSpec(_Section):
     checkpoint_check_s: float = Field(
         default=10.0, gt=0, le=MAX_SECONDS, description="how often to look for a stale checkpoint"
     )
-    warm_restarts: bool = Field(
-        default=False,
-        description="fork workers from a pre-imported zygote (traingate.runtime.warm), one per ladder run: "
-        "skips ~3 s of imports per worker start",
+    warm_restarts: bool | None = Field(
+        default=None,
+        description="fork workers from a pre-imported zygote (traingate.runtime.warm): skips ~3 s of imports "
+        "per worker start; unset: on for a CPU pool, off for a GPU pool (checked on CPU only)",
     )
 
 
@@ -420,6 +420,13 @@ class RunSpec(_Section):
     @property
     def pool(self) -> PoolSpec:
         return self.pools[self.resources.work_pool]
+
+    @property
+    def warm_restarts(self) -> bool:
+        """``supervision.warm_restarts`` as it applies to this spec's pool: unset, on for a CPU pool and off for a
+        GPU pool (a zygote imports torch before it forks; CUDA after such a fork is not checked here)."""
+        given = self.supervision.warm_restarts
+        return self.pool.gpus_per_node == 0 if given is None else given
 
     @property
     def world_size(self) -> int:

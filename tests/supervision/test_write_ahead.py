@@ -267,7 +267,7 @@ def test_a_builtin_stage_whose_orchestrator_is_killed_resumes_from_its_latest_ch
     sup, _ = _resume(spec, run_dir)
 
     assert sup.status == Status.COMPLETED, sup.error
-    attempts = _check_orphan_record(stage_dir, "traingate.runtime.train")
+    attempts = _check_orphan_record(stage_dir, "traingate.runtime.warm")  # a CPU pool: warm restarts by default
     assert attempts[-1]["resume_from_step"] == k
     assert sup.attempts[-1].start_step == (k or 0)  # rank 0 loaded the newest complete checkpoint
     assert files.read_result(stage_dir).steps_done == 30

@@ -51,8 +51,7 @@ def ladder(prefect_harness, tmp_path_factory):
         mp.setenv("TRAINGATE_STATE_DIR", str(root / "state"))
         uri = fresh_store(root / "state" / "mlflow.db")
         spec = root / "spec.yaml"
-        spec.write_text(TINY_DIGITS.replace("purpose: exercise the ladder in tests", f"purpose: '{PURPOSE}'")
-                        + "supervision: {warm_restarts: true}\n")
+        spec.write_text(TINY_DIGITS.replace("purpose: exercise the ladder in tests", f"purpose: '{PURPOSE}'"))
         from flows.pipeline import pipeline
 
         state = pipeline(str(spec), [], "full", return_state=True)
@@ -236,8 +235,8 @@ def test_smoke_stages_planned_stop_and_resume_is_one_run_with_one_restart(ladder
 
 @pytest.mark.slow
 def test_every_training_stage_forks_its_workers_from_the_runs_one_zygote_which_ends_with_the_run(ladder):
-    """With warm restarts the run imports the training stack once: the smoke stage's two halves and both ranks
-    of canary and full are forked from that zygote."""
+    """Warm restarts are on by default on a CPU pool: the run imports the training stack once, and the smoke
+    stage's two halves and both ranks of canary and full are forked from that zygote."""
     import psutil
 
     run_dir = ladder["root"] / "state" / "runs" / ladder["summary"]["run_id"]

@@ -251,12 +251,12 @@ def driver_for(job: StageJob) -> RecipeDriver:
     return ScriptDriver() if job.is_script else BuiltinDriver()
 
 
-ZYGOTE_LOG = "zygote.log"  # in the stage directory (a run's zygote: in the run directory)
+ZYGOTE_LOG = "zygote.log"  # in the stage directory
 
 
 def starts_warm(job: StageJob) -> bool:
     """Whether a zygote forks ``job``'s workers: ``supervision.warm_restarts``, on a job a zygote can serve."""
-    return job.spec.supervision.warm_restarts and driver_for(job).cold_start_reason(job) is None
+    return job.spec.warm_restarts and driver_for(job).cold_start_reason(job) is None
 
 
 def start_zygote(job: StageJob, python: str = sys.executable, shared: bool = False) -> warm.Zygote | None:

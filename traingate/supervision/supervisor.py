@@ -109,11 +109,13 @@ def supervise(
     driver = driver_for(job)
     # supervision.warm_restarts: one pre-imported zygote forks every worker of this stage's launches
     # (traingate.runtime.warm); it is this process's child, so it dies with the stage (or, shared, the run).
-    warm = job.spec.supervision.warm_restarts
-    why = driver.cold_start_reason(job) if warm else None
-    if why is not None:
-        hooks.info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
-    if not warm or why is not None:
+    if job.spec.warm_restarts and (why := driver.cold_start_reason(job)) is not None:
+        if job.spec.supervision.warm_restarts:  # asked for, not the CPU pool's default
+            hooks.info(f"{job.stage}: supervision.warm_restarts has no effect on {why}; starting it cold")
+        if zygote is not None:
+            zygote.release()
+            zygote = None
+    elif not job.spec.warm_restarts:
         if zygote is not None:
             zygote.release()
             zygote = None
