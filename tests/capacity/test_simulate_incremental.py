@@ -10,9 +10,9 @@ import pytest
 
 from traingate.capacity import gang, incremental
 from traingate.capacity.incremental import Running, straightforward_pass
-from traingate.capacity.jobs import Job, started
-from traingate.capacity.policy import Policy, reserve
-from traingate.capacity.pools import parse_config
+from traingate.capacity.jobs import Job, at_risk_s, started
+from traingate.capacity.policy import Policy, choose_victims, reserve
+from traingate.capacity.pools import _default_classes, parse_config
 from traingate.capacity.report import COMPARED
 from traingate.capacity.simulate import TraceJob, simulate
 from traingate.capacity.trace import TraceParams, generate
@@ -346,3 +346,62 @@ def test_the_free_index_places_as_gang_place_on_its_free_list_as_jobs_of_one_nod
         assert idx.free == free and idx.total == sum(free)
         for s in (1, 3, 8, 16, 24, 40):
             assert idx.place(s) == gang.place(s, free, gpn) and idx.fits(s) == gang.fits(s, free, gpn)
+
+
+def _victims_by_scans(job, now, free, running, gpn, classes, over_quota, restart_cost_s):
+    """choose_victims spelled out: candidates by work lost, taken until the job fits and its team is under its
+    cap, then each spared, most expensive first, when a scan of every node says the job fits without it."""
+    mine = classes[job.priority].priority
+    cands = sorted(
+        (r for r in running if classes[r.priority].priority < mine and r.started_s < now),
+        key=lambda r: (gang.footprint(r.slots, gpn) * (at_risk_s(r, now) + restart_cost_s),
+                       classes[r.priority].priority, -r.started_s, r.job_id),
+    )
+    f, chosen = list(free), []
+
+    def enough(victims):
+        freed = sum(gang.footprint(r.slots, gpn) for r in victims if r.team == job.team)
+        return freed >= over_quota and gang.fits(job.slots, f, gpn)
+
+    for r in cands:
+        if over_quota and r.team != job.team and gang.fits(job.slots, f, gpn):
+            continue
+        gang.release(f, r.slots, r.nodes, gpn)
+        chosen.append(r)
+        if enough(chosen):
+            break
+    else:
+        return None
+    for r in list(reversed(chosen)):
+        gang.take(f, r.slots, r.nodes, gpn)
+        rest = [c for c in chosen if c is not r]
+        if enough(rest):
+            chosen = rest
+        else:
+            gang.release(f, r.slots, r.nodes, gpn)
+    return tuple(chosen)
+
+
+def test_victims_are_those_a_scan_of_every_node_per_candidate_chooses_on_random_pools():
+    # choose_victims follows whether the job fits through the nodes each victim frees or takes back.
+    classes = _default_classes()
+    rng = np.random.default_rng(0)
+    chosen_some = 0
+    for _ in range(800):
+        gpn, nodes = int(rng.choice([4, 8])), int(rng.integers(1, 12))
+        free, running = [gpn] * nodes, []
+        for k in range(int(rng.integers(0, 30))):
+            s = int(rng.choice([1, 2, 3, gpn, 2 * gpn, 3 * gpn]))
+            at = gang.place(s, free, gpn)
+            if at is not None:
+                gang.take(free, s, at, gpn)
+                job = Job(f"r{k}", str(rng.choice(list("abc"))), str(rng.choice(list(classes))), "p", s, 0.0,
+                          checkpoint_every_s=float(rng.choice([300.0, 0.0])) or None)
+                running.append(started(job, float(rng.uniform(0, 900)), at))
+        job = Job("x", str(rng.choice(list("abc"))), str(rng.choice(list(classes))), "p",
+                  int(rng.choice([1, 2, gpn, 2 * gpn, 4 * gpn])), 0.0)
+        over, cost = int(rng.choice([0, 0, 1, gpn, 3 * gpn])), float(rng.choice([0.0, 60.0]))
+        fast = choose_victims(job, 1000.0, free, running, gpn, classes, over, cost)
+        assert fast == _victims_by_scans(job, 1000.0, free, running, gpn, classes, over, cost)
+        chosen_some += bool(fast)
+    assert chosen_some > 50

@@ -382,9 +382,6 @@ def choose_victims(
     chosen: list[Job] = []
     team_freed = 0
 
-    def enough() -> bool:
-        return team_freed >= over_quota and fits(job.slots, f, gpus_per_node)
-
     # Releases only add free GPUs: whether the job fits is followed through the nodes each candidate
     # frees (one that fits stays so), not a scan of every node per candidate.
     small = job.slots <= gpus_per_node
@@ -408,16 +405,29 @@ def choose_victims(
             break
     else:
         return None
-    for r in reversed(list(chosen)):  # most expensive first
-        take(f, r.slots, r.nodes, gpus_per_node)
-        if r.team == job.team:
-            team_freed -= footprint(r.slots, gpus_per_node)
-        if enough():
-            chosen.remove(r)
+    # Each victim, most expensive first, is spared when the job fits without it. Whether it fits is
+    # followed through the victim's nodes, not by a scan of every node per victim:
+    # ``have`` counts the nodes with room enough for a job of one node, the whole nodes for a gang job.
+    gpn = gpus_per_node
+    need = job.slots
+    have = sum(1 for v in f if v >= need) if small else f.count(gpn)
+    for i in range(len(chosen) - 1, -1, -1):
+        r = chosen[i]
+        before = have
+        if small:
+            have -= sum(1 for n in r.nodes if f[n] >= need)
+            take(f, r.slots, r.nodes, gpn)
+            have += sum(1 for n in r.nodes if f[n] >= need)
         else:
-            release(f, r.slots, r.nodes, gpus_per_node)
-            if r.team == job.team:
-                team_freed += footprint(r.slots, gpus_per_node)
+            have -= sum(1 for n in r.nodes if f[n] == gpn)  # none of its nodes is whole once it holds them
+            take(f, r.slots, r.nodes, gpn)
+        mine_freed = footprint(r.slots, gpn) if r.team == job.team else 0
+        if team_freed - mine_freed >= over_quota and have >= (1 if small else wanted):
+            team_freed -= mine_freed
+            del chosen[i]
+        else:
+            release(f, r.slots, r.nodes, gpn)
+            have = before
     return tuple(chosen)
 
 
