@@ -42,3 +42,26 @@ def test_metrics_are_extracted_by_named_groups_with_steps():
     s = summarize(series)
     assert s["nonfinite_steps"] == 1 and s["loss"] == 1.0 and s["acc"] == 0.5
     assert s["loss_decrease_fraction"] == 0.5 and s["steps"] == 3
+
+
+def test_an_output_line_reaches_the_reader_before_the_log_so_a_killed_supervisor_leaves_no_line_unrecorded(tmp_path):
+    """A script's metric points are recorded by the output reader; the orphaned attempt's last step is read back
+    from them. A line must not be in the stage's log before the reader has it: a supervisor killed in between
+    would leave a step the log shows and the record lacks."""
+    import os
+    import sys
+
+    from traingate.launch.proc import run
+
+    log = tmp_path / "stdout.log"
+    in_log_first: list[str] = []
+
+    def on_line(line: str) -> None:
+        if log.exists() and line in log.read_text().splitlines():
+            in_log_first.append(line)
+
+    res = run([sys.executable, "-c", "for i in range(50): print(f'step {i}', flush=True)"], dict(os.environ),
+              tmp_path, log, on_line=on_line)
+    assert res.returncode == 0
+    assert log.read_text().splitlines() == [f"step {i}" for i in range(50)]
+    assert in_log_first == []

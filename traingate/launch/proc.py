@@ -112,20 +112,22 @@ class ProcessTree:
             log = open(self.log_path, "a")
         except OSError as e:
             self.log_error = e
-        for line in self.popen.stdout:
-            line = redact(line)
+        for raw in self.popen.stdout:
+            raw = redact(raw)
+            line = raw.rstrip("\n")
+            self._tail.append(line)
+            # The reader (a script's metric points) before the log: a line the log shows is one the stage's
+            # record has read, even when the supervisor is killed between the two.
+            if self._on_line is not None:
+                self._on_line(line)
             if log is not None:
                 try:
-                    log.write(line)
+                    log.write(raw)
                     log.flush()
                 except OSError as e:
                     # A full disk must not stop the draining: a child blocked on a full pipe hangs instead
                     # of failing. The tail stays in memory; the error is reported with the result.
                     self.log_error, log = e, None
-            line = line.rstrip("\n")
-            self._tail.append(line)
-            if self._on_line is not None:
-                self._on_line(line)
         if log is not None:
             log.close()
 
