@@ -181,16 +181,28 @@ def paused_flow_runs(client, since) -> list:
     return [fr for fr in client.read_flow_runs(flow_run_filter=paused) if fr.state is not None and fr.state.is_paused()]
 
 
-def wait_paused_for_input(client, since, besides: set = frozenset(), timeout_s: float = 300) -> tuple:
+def wait_paused_for_input(client, since, besides: set = frozenset(), timeout_s: float = 300,
+                          described: bool = False) -> tuple:
     """The flow run started after ``since`` that paused for a Resume form, and that pause's keyset, once it pauses
-    (a pause whose response key is in ``besides`` does not count: the same run paused again)."""
+    (a pause whose response key is in ``besides`` does not count: the same run paused again) and its form's
+    schema (``described``: and its description) is stored: Prefect sets the Paused state first and saves the form
+    after it, schema then description."""
     import time
+
+    from prefect.exceptions import PrefectHTTPStatusError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for fr in paused_flow_runs(client, since):
             keyset = fr.state.state_details.run_input_keyset
             if keyset and keyset["response"] not in besides:
+                try:
+                    for key in ("schema", "description") if described else ("schema",):
+                        client.read_flow_run_input(fr.id, keyset[key])
+                except PrefectHTTPStatusError as e:
+                    if e.response.status_code != 404:
+                        raise
+                    continue  # paused, its form not saved yet
                 return fr, keyset
         time.sleep(1)
     raise AssertionError(f"no flow run paused for its Resume form within {timeout_s:.0f} s")

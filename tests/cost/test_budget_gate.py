@@ -81,7 +81,7 @@ def test_a_ui_run_its_gate_refuses_on_budget_pauses_for_a_new_budget_and_a_suffi
     t.start()
     try:
         with get_client(sync_client=True) as c:
-            fr, keyset = wait_paused_for_input(c, since)
+            fr, keyset = wait_paused_for_input(c, since, described=True)
             run_id = fr.name
             assert not (state_dir / "runs" / run_id / "canary").exists()  # refused before it starts
             # the form the UI draws: the budgets first, starting at the run's own; above it, the estimate

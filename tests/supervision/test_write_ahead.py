@@ -42,10 +42,13 @@ MOMENTS = ["before_launch", "mid_step", "mid_save"]
 
 
 def _processes(run_id: str) -> list[psutil.Process]:
-    out = []
+    """The live processes of this test's run: its run id under this test's state dir (another copy of the suite
+    running the same test at the same time has a run of the same id)."""
+    out, state = [], os.environ.get("TRAINGATE_STATE_DIR")
     for p in psutil.process_iter(["status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get("TRAINGATE_RUN_ID") == run_id:
+            env = p.environ() if p.info["status"] != psutil.STATUS_ZOMBIE else {}
+            if env.get("TRAINGATE_RUN_ID") == run_id and env.get("TRAINGATE_STATE_DIR") == state:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
