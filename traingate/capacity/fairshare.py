@@ -52,9 +52,20 @@ def advance(
     usage: Mapping[str, float], gpus_held: Mapping[str, float], dt_s: float, half_life_s: float
 ) -> dict[str, float]:
     """Usage ``dt_s`` seconds later, each team having held ``gpus_held[team]`` GPUs throughout."""
-    d = 2.0 ** (-dt_s / half_life_s)
-    gain = half_life_s / LN2 * (1.0 - d) / 3600.0
-    out = {team: u * d for team, u in usage.items()}
-    for team, g in gpus_held.items():
-        out[team] = out.get(team, 0.0) + g * gain
+    out = dict(usage)
+    advance_in_place(out, gpus_held, *decay_step(dt_s, half_life_s))
     return out
+
+
+def decay_step(dt_s: float, half_life_s: float) -> tuple[float, float]:
+    """(decay, gain) of ``dt_s`` seconds: usage is multiplied by the decay, each GPU held adds the gain."""
+    d = 2.0 ** (-dt_s / half_life_s)
+    return d, half_life_s / LN2 * (1.0 - d) / 3600.0
+
+
+def advance_in_place(usage: dict[str, float], gpus_held: Mapping[str, float], decay: float, gain: float) -> None:
+    """:func:`advance` on ``usage`` itself, with one :func:`decay_step` (a replay steps many pools by one)."""
+    for team in usage:
+        usage[team] *= decay
+    for team, g in gpus_held.items():
+        usage[team] = usage.get(team, 0.0) + g * gain

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from traingate.capacity.estimate import HistoryEstimator
-from traingate.capacity.fairshare import LN2
+from traingate.capacity.fairshare import advance_in_place, decay_step
 from traingate.capacity.fill import MILLI, Workload
 from traingate.capacity.gang import footprint
 from traingate.capacity.incremental import Queue, Running, plan_pass
@@ -230,7 +230,7 @@ class _PoolState:
     tot: PoolTotals
     run: Running
     waiting: Queue = field(default_factory=lambda: Queue(reported=True))  # told whose predictions move
-    # team -> decayed GPU-hours (fairshare.advance at each event, in place), kept when ``fair``: its order
+    # team -> decayed GPU-hours (fairshare.advance_in_place at each event), kept when ``fair``: its order
     # ranks teams by it
     usage: dict[str, float] = field(default_factory=dict)
     fair: bool = False
@@ -329,9 +329,8 @@ def _replay_pools(
         assert nt < math.inf, f"pools {names}: jobs wait with nothing running and nothing to come"
         dt = nt - t
         if dt > 0:
-            if decays:  # fairshare.advance's step, done in place on each pool's usage below
-                d = 2.0 ** (-dt / half_life_s)
-                gain = half_life_s / LN2 * (1.0 - d) / 3600.0
+            if decays:  # one step of fair-share decay for every pool's usage below
+                d, gain = decay_step(dt, half_life_s)
             for st in order:
                 tot = st.tot
                 busy = tot.capacity - st.run.free.total
@@ -343,11 +342,7 @@ def _replay_pools(
                 for team, g in holding.items():
                     spent[team] = spent.get(team, 0.0) + g * dt
                 if st.fair:
-                    usage = st.usage
-                    for team in usage:
-                        usage[team] *= d
-                    for team, g in holding.items():
-                        usage[team] = usage.get(team, 0.0) + g * gain
+                    advance_in_place(st.usage, holding, d, gain)
             t = nt
         while ends and ends[0][0] <= t:
             end = heapq.heappop(ends)

@@ -640,16 +640,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         return outcome.exit_code
     except (SpecError, CheckpointRefused) as e:
-        return _no_restart_in_place(out_dir, _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR))
+        return _no_restart_in_place(
+            out_dir, _last_words(out_dir, d, Cause.USER_ERROR, e, exitcodes.USER_ERROR), Cause.USER_ERROR
+        )
     except CheckpointError as e:
         cause = cause_of_exception(e)
         cause = cause if cause == Cause.DISK_FULL else Cause.CHECKPOINT_ERROR
-        code = _last_words(out_dir, d, cause, e, exit_code_for(cause))
-        return code if cause in INPLACE_OK else _no_restart_in_place(out_dir, code, cause)
+        return _no_restart_in_place(out_dir, _last_words(out_dir, d, cause, e, exit_code_for(cause)), cause)
     except Exception as e:  # noqa: BLE001 - classified and reported through last words, then exit non-zero
         cause = cause_of_exception(e)
-        code = _last_words(out_dir, d, cause, e, exit_code_for(cause))
-        return code if cause in INPLACE_OK else _no_restart_in_place(out_dir, code, cause)
+        return _no_restart_in_place(out_dir, _last_words(out_dir, d, cause, e, exit_code_for(cause)), cause)
     finally:
         if trainer is not None and trainer.ckpt is not None:
             trainer.ckpt.close(raise_errors=False)  # flush an in-flight save on every way out
@@ -696,7 +696,7 @@ def _stop_agent() -> None:
             os.kill(os.getppid(), signal.SIGTERM)
 
 
-def _no_restart_in_place(out_dir: Path, code: int, cause: Cause = Cause.USER_ERROR) -> int:
+def _no_restart_in_place(out_dir: Path, code: int, cause: Cause) -> int:
     """Stop the group for a failure a restart in place cannot fix (``cause`` not in ``INPLACE_OK``); ``code``.
 
     torchrun answers a failed worker by restarting the group in place. The supervisor stops the tree when it
@@ -704,7 +704,7 @@ def _no_restart_in_place(out_dir: Path, code: int, cause: Cause = Cause.USER_ERR
     (and count as an attempt) before that stop arrives. So the first failing rank marks the launch stopped and
     SIGTERMs its agent, which then shuts the group down (traingate.runtime.agent) as on the supervisor's stop.
     """
-    if envvars.inplace_restart_count() or "TORCHELASTIC_RUN_ID" in os.environ:
+    if cause not in INPLACE_OK and (envvars.inplace_restart_count() or "TORCHELASTIC_RUN_ID" in os.environ):
         try:
             claimed = files.claim_stop(out_dir, f"{cause}: a restart in place cannot fix it")
         except OSError as e:
