@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ class Injector:
         if f.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.kind == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
+            stop_here()
         elif f.kind == "term":
             _preempt_tree()
         elif f.kind == "nan":
@@ -153,7 +154,18 @@ class Injector:
         if phase == "tensor_write" and self._take(("io",), step, exact=False) is not None:
             raise OSError(errno.EIO, f"injected transient storage failure at checkpoint step {step}")
         if phase == "before_manifest" and self._take(("savestop",), step, exact=False) is not None:
-            os.kill(os.getpid(), signal.SIGSTOP)
+            stop_here()
+
+
+def stop_here() -> None:
+    """SIGSTOP this process from the calling thread, which goes no further.
+
+    Sent to the thread, not the process: a process-wide SIGSTOP is taken by whichever thread the kernel picks
+    (the main one when it can), and until that thread runs on a busy machine the caller (an async save's
+    writer) goes on and writes what the fault is meant to cut short. Sent to itself, the caller handles the
+    stop on its way back from the call, and a stop signal stops every thread of the process.
+    """
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def _preempt_tree() -> None:
