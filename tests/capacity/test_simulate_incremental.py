@@ -161,6 +161,31 @@ def test_an_urgent_arrivals_preemption_lets_a_job_the_last_pass_gave_up_on_backf
     assert _schedule_of(fast) == _schedule_of(slow)
 
 
+def test_an_urgent_job_behind_the_head_preempts_at_the_next_arrival_a_job_that_started_at_the_pass_before():
+    # At 10 e (urgent) ends, r starts in order, h waits as the head, and u (urgent) behind it finds no victim:
+    # r started at 10, not before. At 11 y joins the head's group: a pass with nothing started or ended since
+    # and no new group still looks at u, whose class may preempt (Queue.preempting), and u preempts r.
+    cfg = parse_config(
+        {
+            "pools": {"p": {"gpus_per_node": 4, "nodes": 1, "price_per_gpu_hour": 1.0, "worker": "process"}},
+            "simulator": {"checkpoint_every_s": 600, "restart_cost_s": 60, "preempt_grace_s": 0},
+        }
+    )
+    trace = [
+        TraceJob(Job("e", "t", "urgent", "p", 4, 0.0), 10.0),
+        TraceJob(Job("r", "t", "research", "p", 4, 1.0), 100.0),
+        TraceJob(Job("h", "t", "research", "p", 4, 2.0), 100.0),
+        TraceJob(Job("u", "t", "urgent", "p", 1, 3.0), 5.0),
+        TraceJob(Job("y", "t", "research", "p", 4, 11.0), 100.0),
+    ]
+    fast = simulate(trace, cfg, Policy.parse("fifo+preempt"))
+    res = {r.job_id: r for r in fast.records}
+    assert res["r"].attempts[0] == (10.0, (0,), "in order") and res["r"].preempted_at[0] == 11.0
+    assert res["u"].attempts == [(11.0, (0,), "preemption")]
+    slow = simulate(trace, cfg, Policy.parse("fifo+preempt"), planner=straightforward_pass)
+    assert _schedule_of(fast) == _schedule_of(slow)
+
+
 def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_head_starts_at_its_reservation():
     cfg = parse_config(
         {

@@ -37,7 +37,7 @@ from traingate.capacity.fill import MILLI
 from traingate.capacity.gang import footprint, nodes_needed
 from traingate.capacity.jobs import Job, started
 from traingate.capacity.policy import How, Order, Plan, Rules, Start, choose_victims, order_key, schedule
-from traingate.capacity.pools import PoolConfig
+from traingate.capacity.pools import PoolConfig, PriorityClass
 
 
 class FreeIndex:
@@ -409,6 +409,7 @@ class Queue:
         self._group_of: dict[str, _Group] = {}
         self._singles: dict[str, Job] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
+        self._live_n: dict[str, int] = {}  # class -> how many of them are of it
         # Groups that had no waiting job and have one since the last pass, and that pass's record:
         # see ``Settled``.
         self._fresh: list[_Group] = []
@@ -418,8 +419,8 @@ class Queue:
         # (team, slots) whose predictions moved since the last pass (None: not reported).
         self._late: dict[int, _Group] = {}  # by id; each has ``late`` set
         self._quiet: Plan | None = None  # the last plan that started nothing and held nothing by quota
+        self._ranking: tuple | None = None  # the teams' last fair-share ranking (see ``_ranking``)
         self._repredicted: set[tuple[str, int]] | None = set() if reported else None
-        self._reported = reported
 
     def __len__(self) -> int:
         return len(self.byid)
@@ -439,6 +440,7 @@ class Queue:
         if g.off == len(g.jobs):
             self._fresh.append(g)
             self._live[id(g)] = g
+            self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
@@ -473,6 +475,7 @@ class Queue:
         self._group_of[job.job_id] = g
         if g.off == len(g.jobs):
             self._live[id(g)] = g
+            self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
         if g.off and g.jobs[g.off - 1] is job:
             g.off -= 1
         else:
@@ -494,7 +497,12 @@ class Queue:
             nxt = pos
         if g.off == len(g.jobs):
             del self._live[id(g)]
+            self._live_n[g.priority] -= 1
         return nxt
+
+    def preempting(self, classes: Mapping[str, PriorityClass]) -> bool:
+        """Whether a group of a class that may preempt waits."""
+        return any(n and classes[p].preempts for p, n in self._live_n.items())
 
 
 def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
@@ -516,23 +524,45 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
     order = rules.policy.order
     if order is Order.MULTIFACTOR:
         return None
-    sig: tuple = ()
-    if order is Order.FAIRSHARE:
-        # The teams from the least used, each with whether it ties the one before (the first: 0.0, a team
-        # without usage). Teams that tie may come in either order: a change, slower but never wrong.
-        ranked: list[Any] = []
-        last = 0.0
-        for t, v in sorted(usage.items(), key=itemgetter(1)):
-            ranked += (t, v == last)
-            last = v
-        sig = tuple(ranked)
+    sig: tuple = _ranking(usage, queue) if order is Order.FAIRSHARE else ()
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
-        aged = [j.job_id for j in queue._singles.values() if j.submit_s <= cutoff]
-        aged += [j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff]
+        aged = [j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff]
+        if queue._singles:
+            aged = [j.job_id for j in queue._singles.values() if j.submit_s <= cutoff] + aged
         # In the dicts' order: the same jobs listed in another order count as a change (the pass then
         # looks at every group), which is slower but never wrong.
         sig = (sig, tuple(aged))
+    return sig
+
+
+def _ranking(usage: Mapping[str, float], queue: Queue) -> tuple:
+    """The teams from the least used, each with whether it ties the one before (the first: 0.0, a team
+    without usage). Teams that tie may come in either order: a change, slower but never wrong. The
+    ranking rarely changes from event to event: kept on the queue when no two teams tie, and while the
+    teams it lists are those of ``usage`` and their usages still rise strictly along it (the first still
+    0.0 or not as it was), sorting them again would list them the same."""
+    kept = queue._ranking
+    if kept is not None and len(usage) == kept[3]:
+        first, rest, sig, _ = kept
+        get = usage.get
+        last = get(first)
+        if last is not None and (last == 0.0) is sig[1]:
+            for t in rest:
+                v = get(t)
+                if v is None or not last < v:
+                    break
+                last = v
+            else:
+                return sig
+    ranked: list[Any] = []
+    last = 0.0
+    for t, v in sorted(usage.items(), key=itemgetter(1)):
+        ranked += (t, v == last)
+        last = v
+    sig = tuple(ranked)
+    ties = any(ranked[3::2])
+    queue._ranking = None if ties or not ranked else (ranked[0], tuple(ranked[2::2]), sig, len(usage))
     return sig
 
 
@@ -584,7 +614,9 @@ def plan_pass(
         groups: list[_Group] = []  # those looked at, while skipping
         if settled is not None and skip:
             preempting = (
-                [g for g in queue._live.values() if classes[g.priority].preempts] if rules.policy.preempt else []
+                [g for g in queue._live.values() if classes[g.priority].preempts]
+                if rules.policy.preempt and queue.preempting(classes)
+                else []
             )
             for h in (*queue._fresh, *preempting, settled[2], *extra):
                 if h is not None and id(h) not in looked and h.off < len(h.jobs):
@@ -627,9 +659,12 @@ def plan_pass(
 def _record(run: Running, queue: Queue, settled: Settled) -> None:
     """Keep ``settled`` as the last pass's record; what happens from here is reported against it."""
     queue._settled = settled
-    run._gone = []
-    if queue._reported:
-        queue._repredicted = set()
+    if run._gone is None:
+        run._gone = []
+    else:
+        run._gone.clear()
+    if queue._repredicted is not None:  # kept by a queue that is told (``reported``)
+        queue._repredicted.clear()
 
 
 def _after_ends(
@@ -716,10 +751,8 @@ def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Se
     g = settled[2]
     if settled[3] is not None or (g is not None and g.off == len(g.jobs)):
         return None  # the last head has gone: the pass finds another
-    if rules.policy.preempt:
-        classes = rules.classes
-        if any(classes[h.priority].preempts for h in queue._live.values()):
-            return None
+    if rules.policy.preempt and queue.preempting(rules.classes):
+        return None
     head, shadow = None, None
     if g is not None:
         head = g.jobs[g.off].job_id

@@ -289,10 +289,13 @@ def _replay_pools(
     }
     multi = {tj.job.job_id: tj.pools for tj in trace if len(tj.pools) > 1}
     where: dict[str, _PoolState] = {}  # job id -> the pool it started in
-    running_in: dict[str, dict[str, Job]] = {}  # job id -> the running jobs of that pool
-    # (end, job id, attempt, why): why 0 = its work is done, 1 = its backfill limit; stale after a stop
+    # (end, job id, attempt, why): why 0 = its work is done, 1 = its backfill limit
     ends: list[tuple[float, str, int, int]] = []
+    # (job id, attempt) of the attempts a preemption stopped: their entries in ``ends`` are stale. Every
+    # other attempt leaves the running set at its entry.
+    stopped: set[tuple[str, int]] = set()
     estimator = HistoryEstimator()
+    estimate = estimator.predict
     # A running job's prediction is fixed when it starts, as a Slurm job's end is by its time limit;
     # a job that ran into its backfill limit has shown its prediction wrong and is not predicted again.
     fixed: dict[str, float | None] = {}
@@ -307,12 +310,7 @@ def _replay_pools(
             return None
         if job.started_s is not None and job.job_id in fixed:
             return fixed[job.job_id]
-        return estimator.predict(job)
-
-    def stale(end: tuple[float, str, int, int]) -> bool:
-        jobs = running_in.get(end[1])
-        job = jobs.get(end[1]) if jobs is not None else None
-        return job is None or job.attempt != end[2]
+        return estimate(job)
 
     i, n = 0, len(arrivals)
     t = arrivals[0].job.submit_s if arrivals else 0.0
@@ -321,53 +319,72 @@ def _replay_pools(
         st.fair = st.rules.policy.order in (Order.FAIRSHARE, Order.MULTIFACTOR)
     decays = any(st.fair for st in order)
     d = gain = 0.0
+    # What the per-event accounting reads of each pool, looked up once: the objects stay the same.
+    accounts = [
+        (
+            st,
+            st.tot,
+            st.run.free,
+            st.run.held,
+            st.tot.team_gpu_s,
+            st.usage if st.fair else None,
+            st.window_end > st.start_t,
+        )
+        for st in order
+    ]
+    linked = len(order) > 1
+    grace, restart_cost = sim.preempt_grace_s, sim.restart_cost_s
+    heappush, heappop = heapq.heappush, heapq.heappop
+    PREEMPTION, BACKFILL = How.PREEMPTION, How.BACKFILL
+    how_value = {h: h.value for h in How}
 
     while i < n or any(st.run.jobs or st.waiting.byid for st in order):
-        while ends and stale(ends[0]):
-            heapq.heappop(ends)
+        while stopped and ends and (ends[0][1], ends[0][2]) in stopped:
+            _, jid, attempt, _ = heappop(ends)
+            stopped.remove((jid, attempt))
         nt = min(arrivals[i].job.submit_s if i < n else math.inf, ends[0][0] if ends else math.inf)
         assert nt < math.inf, f"pools {names}: jobs wait with nothing running and nothing to come"
         dt = nt - t
         if dt > 0:
             if decays:  # one step of fair-share decay for every pool's usage below
                 d, gain = decay_step(dt, half_life_s)
-            for st in order:
-                tot = st.tot
-                busy = tot.capacity - st.run.free.total
+            for st, tot, free, holding, spent, usage, windowed in accounts:
+                busy = tot.capacity - free.total
                 tot.busy_gpu_s += busy * dt
-                in_window = max(0.0, min(nt, st.window_end) - t) if st.window_end > st.start_t else dt
+                in_window = max(0.0, min(nt, st.window_end) - t) if windowed else dt
                 tot.window_busy_gpu_s += busy * in_window
                 tot.fragmented_gpu_s += st.stranded * in_window
-                holding, spent = st.run.held, tot.team_gpu_s
                 for team, g in holding.items():
                     spent[team] = spent.get(team, 0.0) + g * dt
-                if st.fair:
-                    advance_in_place(st.usage, holding, d, gain)
+                if usage is not None:
+                    advance_in_place(usage, holding, d, gain)
             t = nt
         while ends and ends[0][0] <= t:
-            end = heapq.heappop(ends)
-            if stale(end):
+            _, jid, attempt, why = heappop(ends)
+            if stopped and (jid, attempt) in stopped:
+                stopped.remove((jid, attempt))
                 continue
-            _, jid, _, why = end
             st = where[jid]
             st.last_t = t
             job = st.run.remove(jid)
             fixed.pop(jid, None)
+            r = rec[jid]
             if why:
                 # Held to its limit: stopped at its checkpoint like a victim, back in its pool's queue.
                 overran.add(jid)
-                st.waiting.add(requeued(job, t, sim.restart_cost_s), discredited=True)
-                rec[jid].preempted_at.append(t)
-                rec[jid].limit_stops.append(t)
+                st.waiting.add(requeued(job, t, restart_cost), discredited=True)
+                r.preempted_at.append(t)
+                r.limit_stops.append(t)
                 continue
-            rec[jid].end_s = t
+            r.end_s = t
             estimator.observe(job, true[jid])
-            unseen.discard((job.team, job.slots))
+            if unseen:
+                unseen.discard((job.team, job.slots))
             if unseen:
                 st.run.predictions_changed()
             else:
                 st.waiting.repredicted(job.team, job.slots)
-            if len(order) > 1:  # one history predicts the jobs of every pool
+            if linked:  # one history predicts the jobs of every pool
                 for other in order:
                     if other is not st:
                         other.run.predictions_changed()
@@ -381,42 +398,48 @@ def _replay_pools(
             i += 1
         heads: list[tuple[_PoolState, str | None]] = []
         for st in order:
+            run, waiting = st.run, st.waiting
             while True:
-                plan, victims = planner(t, st.pool, st.run, st.waiting, st.rules, st.usage, predict)
+                plan, victims = planner(t, st.pool, run, waiting, st.rules, st.usage, predict)
                 for v in victims:
-                    fixed.pop(v.job_id, None)  # its next attempt is predicted when it starts
-                    rec[v.job_id].preempted_at.append(t)
-                    st.waiting.add(requeued(v, t, sim.restart_cost_s), discredited=v.job_id in overran)
+                    vid = v.job_id
+                    stopped.add((vid, v.attempt))
+                    fixed.pop(vid, None)  # its next attempt is predicted when it starts
+                    rec[vid].preempted_at.append(t)
+                    waiting.add(requeued(v, t, restart_cost), discredited=vid in overran)
                 for s in plan.starts:
-                    job = st.run.jobs[s.job_id]
-                    fixed[job.job_id] = pred = predict(job)
-                    if s.how is How.PREEMPTION and sim.preempt_grace_s:
-                        st.run.remove(job.job_id)
-                        job = dataclasses.replace(job, overhead_s=job.overhead_s + sim.preempt_grace_s)
-                        st.run.add(job, pred)
-                    finish = t + job.overhead_s + true[job.job_id] - job.done_s
+                    jid = s.job_id
+                    job = run.jobs[jid]
+                    # predict(job) for a running job
+                    pred = None if jid in overran else fixed[jid] if jid in fixed else estimate(job)
+                    fixed[jid] = pred
+                    how = s.how
+                    if how is PREEMPTION and grace:
+                        run.remove(jid)
+                        job = dataclasses.replace(job, overhead_s=job.overhead_s + grace)
+                        run.add(job, pred)
+                    finish = t + job.overhead_s + true[jid] - job.done_s
                     why = 0
-                    if s.how is How.BACKFILL:
+                    if how is BACKFILL:
                         # Backfilled on its prediction, held to it: it may not delay the head it jumped.
-                        assert pred is not None, f"{job.job_id}: backfilled without a prediction"
+                        assert pred is not None, f"{jid}: backfilled without a prediction"
                         limit = t + job.overhead_s + max(pred - job.done_s, 0.0)
                         if finish > limit:
                             finish, why = limit, 1
-                    heapq.heappush(ends, (finish, job.job_id, job.attempt, why))
-                    r = rec[job.job_id]
+                    heappush(ends, (finish, jid, job.attempt, why))
+                    r = rec[jid]
                     if r.first_start_s is None:
                         r.first_start_s = t
-                        where[job.job_id] = st
-                        running_in[job.job_id] = st.run.jobs
-                        if job.job_id in multi:
+                        where[jid] = st
+                        if jid in multi:
                             # It runs here: out of the other pools' queues, its figures counted here.
-                            for name in multi[job.job_id]:
+                            for name in multi[jid]:
                                 if name != st.name:
-                                    states[name].waiting.pop(job.job_id)
+                                    states[name].waiting.pop(jid)
                             r.pool = st.name
                             if not job.milli:
                                 r.footprint = footprint(job.slots, st.pool.gpus_per_node)
-                    r.attempts.append((t, s.nodes, s.how.value))
+                    r.attempts.append((t, s.nodes, how_value[how]))
                 # Slots freed by a preemption may let a job the pass already passed over start.
                 if not plan.preempted:
                     break
