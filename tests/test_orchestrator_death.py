@@ -17,10 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from tgtest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT, describe, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -103,20 +102,6 @@ def _at_step(cli: Cli, stage: str, step: int) -> Callable[[], dict[str, Any] | N
     return check
 
 
-def _processes_of(run_id: str, pids: set[int]) -> list[str]:
-    """Live processes carrying the run's TRAINGATE_RUN_ID, or recorded in its heartbeats."""
-    alive = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if p.pid in pids or p.environ().get("TRAINGATE_RUN_ID") == run_id:
-                alive.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:160]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return alive
-
-
 def _heartbeat_pids(run_dir: Path) -> set[int]:
     pids = set()
     for f in run_dir.glob("*/heartbeat.rank*.json"):
@@ -165,7 +150,7 @@ def _kill_cli_and_check(cli: Cli, stage: str, parent_left: tuple[str, ...] = ("R
     killed_at = time.monotonic()
     cli.proc.send_signal(signal.SIGKILL)
     cli.proc.wait(30)
-    while (alive := _processes_of(run_id, pids)) and time.monotonic() - killed_at < GRACE_S:
+    while (alive := describe(run_processes(run_id, pids=frozenset(pids)))) and time.monotonic() - killed_at < GRACE_S:
         time.sleep(0.2)
     assert not alive, f"{GRACE_S} s after the CLI was killed, processes of run {run_id} live on: {alive}"
     # The orphaned tree noticed and checkpointed on its way out (unless it was between launches).
@@ -248,7 +233,7 @@ def test_a_rank_killed_mid_canary_is_a_restart_and_ctrl_c_mid_full_preempts_at_a
     assert latest is not None and latest >= ctrl_c_at and ckpt.manifest(latest)["emergency"] is True
     flow_run_id = json.loads((cli.run_dir() / "orchestrator.json").read_text())["flow_run_id"]
     assert _flow_run_state(flow_run_id) == "CANCELLED"
-    assert not _processes_of(run_id, _heartbeat_pids(cli.run_dir()))
+    assert not describe(run_processes(run_id, pids=frozenset(_heartbeat_pids(cli.run_dir()))))
 
 
 def test_the_stale_run_sweep_closes_runs_of_a_dead_orchestrator_and_leaves_a_live_one_alone(tmp_path):

@@ -82,6 +82,37 @@ def stop_tree(proc, first_signal: int, grace_s: float) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
+def run_processes(run_id: str, state_dir: str | None = None, pids: frozenset[int] = frozenset()) -> list:
+    """The live (not zombie) processes of a run: TRAINGATE_RUN_ID in their environment (and, given ``state_dir``,
+    that TRAINGATE_STATE_DIR: another copy of the suite at the same time has runs of the same id), or a pid in
+    ``pids``. A process forked from a zygote shows the zygote's environment, which carries the run's too."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+            ours = env.get("TRAINGATE_RUN_ID") == run_id and state_dir in (None, env.get("TRAINGATE_STATE_DIR"))
+            if ours or p.pid in pids:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def describe(processes: list) -> list[str]:
+    """pid and command line of each process, for an assertion's message."""
+    out = []
+    for p in processes:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
 def tail(path: Path, n: int = 4000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
@@ -104,10 +135,18 @@ def wait_healthy(url: str, proc, log: Path, timeout_s: float, what: str) -> None
         time.sleep(0.5)
 
 
+# A temporary server keeps its database in SQLite, where a transaction that reads and then writes fails at once
+# ("database is locked", answered 503: retry) when another commits in between. On a box busy enough to
+# deschedule the server mid-transaction (a second copy of the suite beside this one), with workers polling every
+# second and flow runs logging to it, that went on for minutes: Prefect's 5 retries (2 to 32 s apart, about a
+# minute) ran out on a run_deployment. Clients of these servers retry 7 times (about 4 minutes).
+CLIENT_RETRIES = "7"
+
+
 @contextlib.contextmanager
 def prefect_server(tmp_path: Path):
     """A real `prefect server start` on a free loopback port, its home and SQLite database under
-    ``tmp_path``; yields {"url", "env"}."""
+    ``tmp_path``; yields {"url", "env"} (``env``: for the processes that use it, CLIENT_RETRIES included)."""
     import os
     import signal
     import subprocess
@@ -127,7 +166,7 @@ def prefect_server(tmp_path: Path):
         # A copy of the session's migrated database (conftest: TRAINGATE_PREFECT_DB_CACHE) when none is here yet.
         seeding = local_server.seed_database(db, local_server.db_cache_dir(tmp_path))
         env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLIENT_MAX_RETRIES": CLIENT_RETRIES,
                "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{db}", **seeding.env}
         with log.open("wb") as out:
             proc = subprocess.Popen([str(Path(PYTHON).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
@@ -211,7 +250,8 @@ def wait_paused_for_input(client, since, besides: set = frozenset(), timeout_s: 
 @contextlib.contextmanager
 def prefect_api_at(url: str, **more):
     """This process's Prefect clients on the server at ``url`` for the block (``more``: further settings by
-    name, e.g. ``PREFECT_API_AUTH_STRING``): ``temporary_settings`` plus what it does not do. Prefect's events
+    name, e.g. ``PREFECT_API_AUTH_STRING``; the client retries CLIENT_RETRIES times unless ``more`` says otherwise):
+    ``temporary_settings`` plus what it does not do. Prefect's events
     and log workers are per process and keep the API they were started with, so they are drained on the
     way in and out. Without that, an event or a flow's log after the block goes to this server once it has
     stopped, and every later in-process emitter on this xdist worker queues behind their retries."""
@@ -224,6 +264,7 @@ def prefect_api_at(url: str, **more):
         APILogWorker.drain_all(timeout=10)
 
     rebind()
+    more = {"PREFECT_CLIENT_MAX_RETRIES": int(CLIENT_RETRIES), **more}
     updates = {prefect.settings.PREFECT_API_URL: url, **{getattr(prefect.settings, k): v for k, v in more.items()}}
     with prefect.settings.temporary_settings(updates=updates):
         try:

@@ -14,9 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from tgtest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT, describe, run_processes
 
 pytestmark = pytest.mark.slow
 
@@ -34,17 +33,6 @@ def _env(tmp: Path, prefect_api: dict[str, str]) -> dict[str, str]:
     }
     env.pop("TRAINGATE_INJECT", None)
     return env
-
-
-def _alive(run_id: str) -> list[str]:
-    out = []
-    for p in psutil.process_iter(["status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get("TRAINGATE_RUN_ID") == run_id:
-                out.append(" ".join(p.cmdline())[:120])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
 
 
 def _checkpoints(ckpt_dir: Path) -> dict[str, tuple[str, int]]:
@@ -93,7 +81,7 @@ def test_a_script_run_whose_cli_is_killed_mid_full_resumes_from_its_newest_check
         cli.wait(30)
         run_id = log.parent.parent.name
         deadline = time.monotonic() + GRACE_S + 30
-        while (alive := _alive(run_id)) and time.monotonic() < deadline:
+        while (alive := describe(run_processes(run_id))) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not alive, alive
     finally:

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 import pytest
-from tgtest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT, run_processes
 
 from traingate.job import files
 from traingate.job.stagejob import derive
@@ -42,17 +42,8 @@ MOMENTS = ["before_launch", "mid_step", "mid_save"]
 
 
 def _processes(run_id: str) -> list[psutil.Process]:
-    """The live processes of this test's run: its run id under this test's state dir (another copy of the suite
-    running the same test at the same time has a run of the same id)."""
-    out, state = [], os.environ.get("TRAINGATE_STATE_DIR")
-    for p in psutil.process_iter(["status"]):
-        try:
-            env = p.environ() if p.info["status"] != psutil.STATUS_ZOMBIE else {}
-            if env.get("TRAINGATE_RUN_ID") == run_id and env.get("TRAINGATE_STATE_DIR") == state:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
+    """The live processes of this test's run, under this test's state dir."""
+    return run_processes(run_id, os.environ.get("TRAINGATE_STATE_DIR"))
 
 
 def _wait(predicate: Callable[[], Any], timeout_s: float, what: str, stub: subprocess.Popen, log: Path) -> Any:
