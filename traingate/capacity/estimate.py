@@ -47,20 +47,27 @@ class HistoryEstimator:
     def observe(self, job: Job, duration_s: float) -> None:
         """Record a finished job's whole run (its work, without queueing or restart overhead)."""
         key = (job.team, job.slots)
-        for acc in (
-            self._by_team_size.setdefault(key, [0.0, 0.0]),
-            self._by_size.setdefault(job.slots, [0.0, 0.0]),
-            self._all,
-        ):
-            acc[0] += duration_s
-            acc[1] += 1
+        acc = self._by_team_size.get(key)
+        if acc is None:
+            acc = self._by_team_size[key] = [0.0, 0.0]
+        acc[0] += duration_s
+        acc[1] += 1
+        acc = self._by_size.get(job.slots)
+        if acc is None:
+            acc = self._by_size[job.slots] = [0.0, 0.0]
+        acc[0] += duration_s
+        acc[1] += 1
+        acc = self._all
+        acc[0] += duration_s
+        acc[1] += 1
         memo = self._memo
         memo.pop(key, None)
         for k in self._from_size.pop(job.slots, ()):
             memo.pop(k, None)
-        for k in self._from_all:
-            memo.pop(k, None)
-        self._from_all.clear()
+        if self._from_all:
+            for k in self._from_all:
+                memo.pop(k, None)
+            self._from_all.clear()
 
     def predict(self, job: Job) -> float | None:
         if job.est_duration_s is not None:

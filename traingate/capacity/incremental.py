@@ -269,12 +269,14 @@ class Running:
 
     def _take(self, job: Job) -> None:
         """``job``'s GPUs are held: taken from the free ones and counted for its team."""
-        self.free.take(job.slots, job.nodes)
-        self.held[job.team] = self.held.get(job.team, 0) + footprint(job.slots, self.gpn)
+        s, gpn = job.slots, self.gpn
+        self.free.take(s, job.nodes)
+        self.held[job.team] = self.held.get(job.team, 0) + (s if s <= gpn else -(-s // gpn) * gpn)  # footprint
 
     def _release(self, job: Job) -> None:
-        self.free.release(job.slots, job.nodes)
-        self.held[job.team] -= footprint(job.slots, self.gpn)
+        s, gpn = job.slots, self.gpn
+        self.free.release(s, job.nodes)
+        self.held[job.team] -= s if s <= gpn else -(-s // gpn) * gpn  # footprint
 
     def reserve(self, job: Job, now: float) -> float | None:
         """Same answer as :func:`traingate.capacity.policy.reserve` for a ``job`` that does not fit now:
@@ -372,32 +374,36 @@ def _holds(end: float, start: float, answer: float) -> float:
 
 
 class _Group:
-    """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait."""
+    """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait. A
+    ``single`` group holds one job that is decided alone (see ``Queue``)."""
 
-    __slots__ = ("jobs", "late", "off", "priority")
+    __slots__ = ("jobs", "late", "off", "priority", "single")
 
-    def __init__(self, priority: str) -> None:
+    def __init__(self, priority: str, single: bool = False) -> None:
         self.jobs: list[Job] = []
         self.off = 0
         self.priority = priority
         self.late = False  # given up on for its prediction alone (see Queue._late)
+        self.single = single
 
 
 # A pass's record, kept on its queue: the version of the running set and the predictions after it
-# (``Running._n``), the order signature (``_order_signature``), its head's group or (a single job) id,
-# the head's reservation, the head's id, and whether the pass preempted nothing. When the next pass
+# (``Running._n``), the order signature (``_order_signature``), its head's group, the head's
+# reservation, the head's id, and whether the pass preempted nothing. When the next pass
 # finds the same version and order, every group that waited then, but those of a class that may
 # preempt, waits on (``plan_pass`` says why). When jobs have only ended since (``Running._gone``) and
 # the queue is told whose predictions moved (``Queue.repredicted``), so do the groups that still do
 # not fit and those given up on for their prediction alone whose prediction stayed, while the head
 # still does not fit and keeps its reservation (``_after_ends`` says why).
-Settled = tuple[int, Any, "_Group | None", "str | None", "float | None", "str | None", bool]
+Settled = tuple[int, Any, "_Group | None", "float | None", "str | None", bool]
 
 
 class Queue:
     """The waiting jobs of one pool. Grouped by (class, team, slots): first attempts without an
     estimate of their own (each predicted from the same history), and apart from them the jobs
-    whose prediction is discredited (none of them is predicted); the rest one by one. ``reported``:
+    whose prediction is discredited (none of them is predicted); the rest (jobs with an estimate of
+    their own, requeued jobs with their work done and restart cost) each in a ``single`` group of its
+    own, which a pass leaves out, looks at again and gives up on as it does any group. ``reported``:
     its owner calls :meth:`repredicted` whenever a job end moves a waiting job's prediction (and
     ``Running.predictions_changed`` when it cannot say whose); then a pass after job ends may leave out
     what the last pass gave up on (see ``Settled``)."""
@@ -407,7 +413,6 @@ class Queue:
         self._groups: dict[tuple[str, str, int, int, bool], _Group] = {}
         self._by_key: dict[tuple[str, int], list[_Group]] = {}  # (team, slots) -> its groups
         self._group_of: dict[str, _Group] = {}
-        self._singles: dict[str, Job] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
         self._live_n: dict[str, int] = {}  # class -> how many of them are of it
         # Groups that had no waiting job and have one since the last pass, and that pass's record:
@@ -429,13 +434,13 @@ class Queue:
         """Enqueue ``job``; ``discredited``: the predictor gives it no prediction any more."""
         self.byid[job.job_id] = job
         plain = not (job.attempt or job.est_duration_s is not None or job.overhead_s or job.done_s)
-        if not (plain or discredited):
-            self._singles[job.job_id] = job
-            return
         k = (job.priority, job.team, job.slots, job.milli, discredited)
-        g = self._groups.get(k)
+        g = None if not (plain or discredited) else self._groups.get(k)
         if g is None:
-            g = self._groups[k] = _Group(job.priority)
+            if plain or discredited:
+                g = self._groups[k] = _Group(job.priority)
+            else:  # decided alone: a group of its own
+                g = _Group(job.priority, single=True)
             self._by_key.setdefault((job.team, job.slots), []).append(g)
         if g.off == len(g.jobs):
             self._fresh.append(g)
@@ -462,32 +467,28 @@ class Queue:
     def pop(self, job_id: str) -> Job:
         """Remove the waiting job ``job_id`` wherever it stands."""
         job = self.byid[job_id]
-        g = self._group_of.get(job_id)
-        self._take(job, g, 0 if g is None else g.jobs.index(job, g.off))
+        g = self._group_of[job_id]
+        self._take(job, g, g.jobs.index(job, g.off))
         return job
 
-    def _untake(self, job: Job, g: _Group | None) -> None:
+    def _untake(self, job: Job, g: _Group) -> None:
         """Put back a job that ``_take`` removed, at its place in its group."""
         self.byid[job.job_id] = job
-        if g is None:
-            self._singles[job.job_id] = job
-            return
         self._group_of[job.job_id] = g
         if g.off == len(g.jobs):
             self._live[id(g)] = g
             self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
+            if g.single:
+                self._by_key.setdefault((job.team, job.slots), []).append(g)
         if g.off and g.jobs[g.off - 1] is job:
             g.off -= 1
         else:
             key = (job.submit_s, job.job_id)
             g.jobs.insert(bisect_right(g.jobs, key, lo=g.off, key=lambda j: (j.submit_s, j.job_id)), job)
 
-    def _take(self, job: Job, g: _Group | None, pos: int) -> int:
+    def _take(self, job: Job, g: _Group, pos: int) -> int:
         """Remove a started job; the position of the group's next job."""
         del self.byid[job.job_id]
-        if g is None:
-            del self._singles[job.job_id]
-            return pos
         del self._group_of[job.job_id]
         if pos == g.off:
             g.off += 1
@@ -498,6 +499,8 @@ class Queue:
         if g.off == len(g.jobs):
             del self._live[id(g)]
             self._live_n[g.priority] -= 1
+            if g.single:  # done with: no job joins it
+                self._by_key[(job.team, job.slots)].remove(g)
         return nxt
 
     def preempting(self, classes: Mapping[str, PriorityClass]) -> bool:
@@ -509,8 +512,7 @@ def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now
     """The policy's sort key (``policy.order_key``, as ``policy.queue_order`` sorts by it)."""
     teams: set[str] = set()
     if rules.policy.order is Order.MULTIFACTOR:
-        teams = {k[1] for k, g in queue._groups.items() if g.off < len(g.jobs)}
-        teams.update(j.team for j in queue._singles.values())
+        teams = {g.jobs[g.off].team for g in queue._live.values()}
     return order_key(
         rules.policy, rules.classes, usage, predict, now, rules.slurm_priority, teams, rules.starvation_bound_s
     )
@@ -519,8 +521,8 @@ def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now
 def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue: Queue) -> tuple | None:
     """What the waiting jobs' order depends on besides the jobs and their predictions: nothing under
     fifo, priority and sjf; the teams' fair-share ranking; None under multifactor (ages move it). Under
-    ``+aged`` also which groups' first jobs and single jobs are past the starvation bound (a group is
-    ranked by its first job, and a job crossing the bound moves ahead)."""
+    ``+aged`` also which groups' first jobs are past the starvation bound (a group is ranked by its first
+    job, and a job crossing the bound moves ahead)."""
     order = rules.policy.order
     if order is Order.MULTIFACTOR:
         return None
@@ -528,9 +530,7 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
         aged = [j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff]
-        if queue._singles:
-            aged = [j.job_id for j in queue._singles.values() if j.submit_s <= cutoff] + aged
-        # In the dicts' order: the same jobs listed in another order count as a change (the pass then
+        # In the dict's order: the same jobs listed in another order count as a change (the pass then
         # looks at every group), which is slower but never wrong.
         sig = (sig, tuple(aged))
     return sig
@@ -590,7 +590,7 @@ def plan_pass(
     # only at the others, the groups of classes that may preempt, and the last head's group.
     same_order = settled is not None and sig is not None and settled[1] == sig
     # Not after a pass that preempted: the GPUs it freed may fit what it gave up on before.
-    skip = same_order and settled[0] == run._n and settled[6]  # type: ignore[index]
+    skip = same_order and settled[0] == run._n and settled[5]  # type: ignore[index]
     extra: list[_Group] = []
     if same_order and not skip:
         # Jobs ended since: the groups that may decide otherwise now, if the others may be left out.
@@ -598,11 +598,11 @@ def plan_pass(
         if after is not None:
             skip, extra = True, after
     widened = False
-    if skip and not queue._fresh and not queue._singles and not extra:
+    if skip and not queue._fresh and not extra:
         same = _unchanged(now, run, queue, rules, settled)  # type: ignore[arg-type]
         if isinstance(same, Plan):
             assert settled is not None
-            _record(run, queue, (run._n, sig, settled[2], None, same.reserved_s, same.head, settled[6]))
+            _record(run, queue, (run._n, sig, settled[2], same.reserved_s, same.head, settled[5]))
             return same, []
         if same is not None:  # the same head, its reservation moved
             settled = _widened(now, run, queue, rules, predict, settled, same.moved, extra)  # type: ignore[arg-type]
@@ -625,8 +625,6 @@ def plan_pass(
                     heap.append((keyf(h.jobs[h.off]), h, h.off))
         else:
             heap = [(keyf(g.jobs[g.off]), g, g.off) for g in queue._live.values()]
-        for j in queue._singles.values():
-            heap.append((keyf(j), None, 0))
         plan = _pass(now, gpn, run, queue, rules, predict, keyf, heap, (settled, looked) if settled and skip else None)
         if not isinstance(plan, _Retry):
             break
@@ -637,7 +635,7 @@ def plan_pass(
                 continue
         skip = False  # the head is not the last pass's: every group is looked at
     queue._fresh.clear()
-    done, victims, head_group, single, late = plan
+    done, victims, head_group, late = plan
     known = queue._late
     if victims or not skip:  # after a preemption, nothing is known of the groups given up on before it
         for g in known.values():
@@ -652,7 +650,7 @@ def plan_pass(
         for g in late:
             g.late = True
             known[id(g)] = g
-    _record(run, queue, (run._n, sig, head_group, single, done.reserved_s, done.head, not victims))
+    _record(run, queue, (run._n, sig, head_group, done.reserved_s, done.head, not victims))
     return done, victims
 
 
@@ -683,15 +681,15 @@ def _after_ends(
     freed make what it gave up on before undecided)."""
     gone = run._gone
     repredicted = queue._repredicted
-    if gone is None or repredicted is None or run.shared or not settled[6] or rules.policy.order is Order.SJF:
+    if gone is None or repredicted is None or run.shared or not settled[5] or rules.policy.order is Order.SJF:
         return None
     quotas = rules.quotas
     if quotas and any(quotas.get(j.team) is not None for j in gone):
         return None
     free = run.free
-    g, head_id = settled[2], settled[5]
+    g, head_id = settled[2], settled[4]
     if head_id is not None:
-        head = queue._singles.get(head_id) if g is None else g.jobs[g.off] if g.off < len(g.jobs) else None
+        head = g.jobs[g.off] if g is not None and g.off < len(g.jobs) else None
         if head is None or head.job_id != head_id or free.fits(head.slots, head.milli):
             return None
     gpn = free.gpn
@@ -702,7 +700,7 @@ def _after_ends(
             n = h.jobs[h.off].slots
             if n <= top if n <= gpn else n <= room:  # free.fits
                 out.append(h)
-    shadow, margin = settled[4], rules.backfill_margin_s
+    shadow, margin = settled[3], rules.backfill_margin_s
     for k in repredicted:
         for h in queue._by_key.get(k, ()):
             if h.late:
@@ -728,7 +726,7 @@ def _widened(
     the last passes gave up on did not fit at its turn, and still would not, or was given up on for its
     prediction alone (``Queue._late``), and of these only those now predicted to end by ``moved`` may start.
     None when the head is another or a reservation is missing: every group is looked at."""
-    if moved is None or settled[4] is None or run.shared:
+    if moved is None or settled[3] is None or run.shared:
         return None
     margin = rules.backfill_margin_s
     for h in queue._late.values():
@@ -737,27 +735,34 @@ def _widened(
             p = predict(j)
             if p is not None and now + j.overhead_s + max(p - j.done_s, 0.0) + margin <= moved:
                 extra.append(h)
-    return (settled[0], settled[1], settled[2], settled[3], moved, settled[5], settled[6])
+    return (settled[0], settled[1], settled[2], moved, settled[4], settled[5])
 
 
 def _unchanged(now: float, run: Running, queue: Queue, rules: Rules, settled: Settled) -> Plan | _Retry | None:
     """The plan of a pass that would look at the last head's group only (nothing started, the same
-    order, no fresh group, no single job, and what ended since, if anything, leaves every group as the
+    order, no fresh group, and what ended since, if anything, leaves every group as the
     last pass left it: see ``Settled`` and ``_after_ends``), or None when it may decide
-    otherwise: a group of a class that may preempt waits, or the head's reservation moved. The head's
+    otherwise: a group of a class that may preempt waits, the head's team is now over its quota (a job of
+    its team backfilled behind it), or the head's reservation moved. The head's
     group did not fit with these free GPUs and quotas and still does not (its first job may be another
     one, when the last head started in another pool, of the same size); nothing behind it is looked at.
     A ``_Retry`` with the new reservation when only that moved."""
     g = settled[2]
-    if settled[3] is not None or (g is not None and g.off == len(g.jobs)):
+    if g is not None and g.off == len(g.jobs):
         return None  # the last head has gone: the pass finds another
     if rules.policy.preempt and queue.preempting(rules.classes):
         return None
     head, shadow = None, None
     if g is not None:
-        head = g.jobs[g.off].job_id
-        shadow = run.reserve(g.jobs[g.off], now) if rules.policy.backfill else None
-        if shadow != settled[4]:
+        job = g.jobs[g.off]
+        cap = rules.quotas.get(job.team) if rules.quotas else None
+        if cap is not None:  # as _pass counts it: a job of its team started behind it may hold it by quota now
+            need = job.milli / MILLI if job.milli else footprint(job.slots, run.gpn)
+            if run.held.get(job.team, 0) + need - cap > 0:
+                return None
+        head = job.job_id
+        shadow = run.reserve(job, now) if rules.policy.backfill else None
+        if shadow != settled[3]:
             return _Retry(shadow)
     plan = queue._quiet  # most passes end here, on the same head and reservation as the one before
     if plan is None or plan.head != head or plan.reserved_s != shadow:
@@ -784,17 +789,16 @@ def _pass(
     keyf: Any,
     heap: list[tuple[tuple, Any, int]],
     skipping: tuple[Settled, set[int]] | None,
-) -> tuple[Plan, list[Job], _Group | None, str | None, list[_Group]] | _Retry:
-    """:func:`plan_pass`'s loop over ``heap``, the waiting groups' first jobs and the single jobs.
+) -> tuple[Plan, list[Job], _Group | None, list[_Group]] | _Retry:
+    """:func:`plan_pass`'s loop over ``heap``, the waiting groups' first jobs.
     With ``skipping`` (the last pass's record, the ids of the groups in the heap) the heap holds only
     the groups that pass must look at; then a ``_Retry`` (nothing changed yet) when the head or its
-    reservation differs from the last pass's. Also the head's group, or its id when it is single, and
-    the groups given up on for their prediction alone."""
+    reservation differs from the last pass's. Also the head's group and the groups given up on for their
+    prediction alone."""
     policy = rules.policy
     classes = rules.classes
     quotas = rules.quotas
     margin = rules.backfill_margin_s
-    singles = queue._singles
     free = run.free
     shared = run.shared
     heapq.heapify(heap)
@@ -805,7 +809,7 @@ def _pass(
     victims_out: list[Job] = []
     quota_held: list[str] = []
     dead: list[_Group] = []
-    ahead: list[tuple[Job, _Group | None]] = []  # started before the head while skipping, as waiting
+    ahead: list[tuple[Job, _Group]] = []  # started before the head while skipping, as waiting
     late: list[_Group] = []  # given up on behind the head for their prediction alone (see Queue._late)
     head: Job | None = None
     head_group: _Group | None = None
@@ -815,7 +819,7 @@ def _pass(
     # of it in order): it only takes free GPUs, which leaves out what the groups left out lacked; a
     # preemption before the head frees GPUs, and the pass starts over with every group.
     settled, looked = skipping if skipping is not None else (None, set())
-    guard = settled is not None and (settled[2] is not None or settled[3] is not None)
+    guard = settled is not None and settled[2] is not None
 
     def evict(victims: tuple[Job, ...], key: tuple) -> None:
         nonlocal settled, smallest
@@ -847,7 +851,7 @@ def _pass(
         keep = []
         for e in heap:
             g = e[1]
-            if g is None or classes[g.jobs[e[2]].priority].preempts:
+            if classes[g.jobs[e[2]].priority].preempts:
                 keep.append(e)
             else:
                 dead.append(g)
@@ -857,7 +861,7 @@ def _pass(
 
     def behind_head() -> bool:
         """Once the head is found: ``nothing_backfills()``, and else the heap cut down to the jobs that
-        may still start: single jobs, those of classes that may preempt, those of teams with a quota
+        may still start: those of classes that may preempt, those of teams with a quota
         (their turn records them held), and those that fit now and are predicted to end by the
         reservation. Along a pass free slots only fall and predictions stay put (a preemption brings
         the groups left out back from ``dead``), so each job left out would be given up on at its turn."""
@@ -872,10 +876,6 @@ def _pass(
         preempt = policy.preempt
         for e in heap:
             g = e[1]
-            if g is None:
-                low = min(low, singles[e[0][-1]].slots)
-                keep.append(e)
-                continue
             j = g.jobs[e[2]]
             n = j.slots
             if n < low:
@@ -903,18 +903,19 @@ def _pass(
     try:
         while heap:
             key, g, pos = heapq.heappop(heap)
-            job = g.jobs[pos] if g is not None else singles[key[-1]]
+            job = g.jobs[pos]
             can_preempt = policy.preempt and classes[job.priority].preempts
             if head is not None and not can_preempt and (shadow is None or not free.fits(job.slots, job.milli)):
-                if g is not None:  # behind the head only a backfill could start it, and there is no room
-                    dead.append(g)
+                dead.append(g)  # behind the head only a backfill could start it, and there is no room
                 continue
             nodes: tuple[int, ...] | None = None
             how: How | None = None
             stop = False
-            need = job.milli / MILLI if job.milli else footprint(job.slots, gpn)
-            cap = quotas.get(job.team)
-            over = 0 if cap is None else max(0, run.held.get(job.team, 0) + need - cap)
+            cap = quotas.get(job.team) if quotas else None
+            over: float = 0
+            if cap is not None:
+                need = job.milli / MILLI if job.milli else footprint(job.slots, gpn)
+                over = max(0, run.held.get(job.team, 0) + need - cap)
             if over:
                 vs = (
                     choose_victims(
@@ -944,7 +945,7 @@ def _pass(
                     if p is not None and now + job.overhead_s + max(p - job.done_s, 0.0) + margin <= shadow:
                         nodes = free.place(job.slots, job.milli)
                         how = How.BACKFILL
-                    elif g is not None and not can_preempt:  # it fits (checked above): its prediction decides
+                    elif not can_preempt:  # it fits (checked above): its prediction decides
                         late.append(g)
                 if nodes is None and can_preempt:
                     vs = choose_victims(
@@ -961,9 +962,9 @@ def _pass(
                         stop = True  # strict order: nothing behind the head may start
                     if guard:
                         assert settled is not None
-                        if (g, None if g is not None else job.job_id) != settled[2:4]:
+                        if g is not settled[2]:
                             raise _Retry
-                        if shadow != settled[4]:
+                        if shadow != settled[3]:
                             raise _Retry(shadow)
                     stop = stop or behind_head()
             if nodes is not None:
@@ -974,11 +975,11 @@ def _pass(
                 starts.append(Start(job.job_id, nodes, how))
                 if guard and head is None:
                     ahead.append((job, g))
-                if g is not None and nxt < len(g.jobs):
+                if nxt < len(g.jobs):
                     heapq.heappush(heap, (keyf(g.jobs[nxt]), g, nxt))
                 if head is not None and nothing_backfills():
                     break
-            elif g is not None:
+            else:
                 dead.append(g)
             if stop:
                 break
@@ -990,10 +991,13 @@ def _pass(
             queue._untake(job, g)
         return retry
     plan = Plan(
-        tuple(starts), tuple(v.job_id for v in victims_out), head.job_id if head else None, shadow, tuple(quota_held)
+        tuple(starts),
+        tuple([v.job_id for v in victims_out]) if victims_out else (),
+        head.job_id if head else None,
+        shadow,
+        tuple(quota_held),
     )
-    single = None if head is None or head_group is not None else head.job_id
-    return plan, victims_out, head_group, single, late
+    return plan, victims_out, head_group, late
 
 
 def straightforward_pass(
