@@ -305,33 +305,24 @@ class Running:
         wholes = self.free.count[gpn]
         freed = free[:]
         # Both lists merged in order; equal ends may come in any order: the answer is an end, the same
-        # whichever of them fits it. late's end is now + (now - start), policy.predicted_end's.
+        # whichever of them fits it. late's end is now + (now - start), policy.predicted_end's. The jobs
+        # used are ends[:i] and late[:j].
         nl = len(late)
         j = 0
         inf = math.inf
-        first_end = inf  # the first end it used, -inf if one was late
-        used: list[tuple[float, float]] = []  # (end, start) of the jobs it used that were not late, by end
-        late_start = inf  # the earliest start of a late job it used
         found: float | None = None
-        e_end = ends[i][0] if i < ne else inf
+        e_end = ends[0][0] if ne else inf
         l_end = now + (now + late[0][0]) if nl else inf
         while i < ne or j < nl:
             if e_end <= l_end:
                 end, jid = e_end, ends[i][1]
                 i += 1
                 e_end = ends[i][0] if i < ne else inf
-                if first_end == inf:
-                    first_end = end
-                r = jobs[jid]
-                used.append((end, r.started_s))  # type: ignore[arg-type]
             else:
                 end, jid = l_end, late[j][1]
-                if late_start == inf:  # late is by start, latest first: the last one used started earliest
-                    first_end = -inf
-                late_start = -late[j][0]
                 j += 1
                 l_end = now + (now + late[j][0]) if j < nl else inf
-                r = jobs[jid]
+            r = jobs[jid]
             rs = r.slots
             if rs > gpn:  # a gang job held its nodes whole: they are whole again, and nothing else frees them
                 if small:
@@ -354,12 +345,18 @@ class Running:
                 if wholes >= k:
                     found = end
                     break
-        if found is not None:  # the answer holds until a job it used is late and predicted past it
-            first_end = found if late_start == inf else min(found, _holds(-inf, late_start, found))
-            for u_end, u_start in used:  # by end: once one ends after the bound so far, so do the rest
+        # The answer holds until a job it used is late and predicted past it. No answer (every job used)
+        # holds until the first of ends is late (it is over at once when late has any job). late is by
+        # start, latest first: the last one used started earliest.
+        if found is None:
+            first_end = -inf if j else ends[0][0] if i else inf
+        else:
+            first_end = found if not j else min(found, _holds(-inf, -late[j - 1][0], found))
+            for u in range(i):  # by end: once one ends after the bound so far, so do the rest
+                u_end, jid = ends[u]
                 if u_end >= first_end:
                     break
-                first_end = min(first_end, _holds(u_end, u_start, found))
+                first_end = min(first_end, _holds(u_end, jobs[jid].started_s, found))  # type: ignore[arg-type]
         self._cache = [job.slots, first_end, found, now]
         return found
 
