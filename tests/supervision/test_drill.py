@@ -59,3 +59,30 @@ def test_drill_refuses_a_plan_that_does_not_fit_the_stage(tiny_spec, state_dir, 
 
     assert cli(["drill", str(tiny_spec(DRILL_SPEC)), "--faults", "20"]) == 2
     assert "do not fit in 30 steps" in capsys.readouterr().out
+
+
+def test_a_killed_rank_is_matched_to_the_launch_it_ended_when_rank_0_last_reported_the_step_before():
+    # The record of a drill on a busy machine: rank 1 killed itself at step 23 while rank 0's last report was 22;
+    # the next launch resumed from step 20 and was ended by a SIGTERM at 28.
+    from types import SimpleNamespace
+
+    from traingate.job.vocab import Cause
+    from traingate.supervision.attempts import Attempt
+    from traingate.supervision.drill import records
+
+    def attempt(number, start, end, cause, at):
+        return Attempt(number, at, at + 5, cause=cause, start_steps={0: start}, end_step=end)
+
+    sup = SimpleNamespace(attempts=[
+        attempt(0, 0, 21, Cause.COLLECTIVE_TIMEOUT, 0.0),
+        attempt(1, 20, 22, Cause.WORKER_LOST, 10.0),
+        attempt(2, 20, 29, Cause.PREEMPTED, 20.0),
+        attempt(3, 25, 40, None, 30.0),
+    ])
+    fired = [
+        {"fault": "ctimeout@21:0", "kind": "ctimeout", "step": 21, "time": 4.0},
+        {"fault": "kill@23:1", "kind": "kill", "step": 23, "time": 14.9},
+        {"fault": "term@28", "kind": "term", "step": 28, "time": 24.0},
+    ]
+    assert [r.classified_as for r in records(sup, fired)] == [
+        Cause.COLLECTIVE_TIMEOUT, Cause.WORKER_LOST, Cause.PREEMPTED]

@@ -184,15 +184,17 @@ def records(sup: Supervision, fired: list[dict[str, Any]]) -> list[FaultRecord]:
         if m["fault"] in seen:
             continue  # a fault on every rank fires once per rank: report it once
         seen.add(m["fault"])
-        # The launch it ended is the first that trained over the step it fired at (a fault fires once): the
+        # The launch it ended is the first that trained up to the step it fired at (a fault fires once): the
         # steps are the ranks' own record. Clocks are not: a relaunched group's process start (read from the
-        # kernel) can be stamped a little before the marker the killed rank wrote just before it died.
+        # kernel) can be stamped a little before the marker the killed rank wrote just before it died. A launch's
+        # end step is rank 0's last report, which may be a step behind the rank that fired (on a busy machine);
+        # faults are planned at least 2 steps apart, so the launch before it never reaches the step before.
         step = int(m["step"])
         ended: Attempt | None = next(
             (
                 a
                 for a in sup.attempts
-                if a.start_step is not None and a.end_step is not None and a.start_step <= step <= a.end_step
+                if a.start_step is not None and a.end_step is not None and a.start_step <= step <= a.end_step + 1
             ),
             None,
         ) or next((a for a in sup.attempts if a.launched_at <= m["time"] <= (a.ended_at or float("inf"))), None)
