@@ -104,11 +104,13 @@ def run_processes(run_id: str, state_dir: str | None = None, pids: frozenset[int
 
 def describe(processes: list) -> list[str]:
     """pid and command line of each process, for an assertion's message."""
+    import psutil
+
     out = []
     for p in processes:
         try:
             out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
-        except Exception:  # noqa: BLE001 - gone meanwhile
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone meanwhile
             out.append(f"{p.pid} (gone)")
     return out
 
