@@ -10,6 +10,11 @@ commands the ladder runs, started directly in sequence with no Prefect, no MLflo
 pytest run (the recipe contract for a built-in recipe, the script's own tests), then each training stage's
 command (the demo's smoke as its two halves, a stop at a checkpoint and a resume, as the ladder runs it), each
 from a StageJob written up front. The two alternate (bare first in even rounds, the ladder first in odd ones).
+
+A script is handed what the ladder hands it in both columns: the ladder gives a script's stage process the stage's
+MLflow run (``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``), and a script may log there itself (the bundled classifier
+does: MLflow's import and its writes are the script's own work), so each bare stage gets an MLflow run of its own in
+a SQLite store, created before the clock starts.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows import local_server
+from flows import cli_engine, local_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, tuple[Path, list[str]]] = {
@@ -48,24 +53,27 @@ def _env(state: Path) -> dict[str, str]:
     return env
 
 
-def _ladder(state: Path, spec: Path, overrides: list[str], until: str = "full") -> float:
+def _ladder(state: Path, spec: Path, overrides: list[str], until: str = "full", engine: bool = True) -> float:
     cmd = [sys.executable, "-m", "flows.cli", "run", str(spec), "--until", until]
     for o in overrides:
         cmd += ["--set", o]
+    env = {**_env(state), **({} if engine else {cli_engine.ENGINE_VAR: "off"})}
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(state), capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"traingate run {spec.name} failed: {(p.stdout + p.stderr)[-3000:]}")
     return wall
 
 
-Plan = dict[str, list[tuple[list[str], Path]]]
+Plan = dict[str, list[tuple[list[str], Path, dict[str, str]]]]
 
 
 def _bare_plan(spec_path: Path, overrides: list[str], root: Path) -> tuple[Plan, Path]:
     """Each stage's commands and working directory, from StageJobs written up front, without tracking; and the
     resolved spec file."""
+    from mlflow.tracking import MlflowClient
+
     from traingate.job.stagejob import derive
     from traingate.launch.command import stage_command
     from traingate.recipes.checks import __file__ as checks_init
@@ -76,8 +84,10 @@ def _bare_plan(spec_path: Path, overrides: list[str], root: Path) -> tuple[Plan,
     spec_file = write_resolved(spec, root / "spec.yaml")
     py = sys.executable
     script = spec.recipe.script
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(store) if script is not None else None
 
-    def job_cmd(stage: str, halves: int = 1, name: str | None = None) -> tuple[list[str], Path]:
+    def job_cmd(stage: str, halves: int = 1, name: str | None = None) -> tuple[list[str], Path, dict[str, str]]:
         # The smoke halves share the run's checkpoint location: the second resumes from the first.
         job = derive(
             spec, stage, run_id=root.name, run_dir=root, settings=Settings.from_env(), stage_dir=root / (name or stage)
@@ -87,19 +97,26 @@ def _bare_plan(spec_path: Path, overrides: list[str], root: Path) -> tuple[Plan,
             job.launch(time.time()), tracking_uri=None, mlflow_run_id=None, stop_at_step=stop_at_step
         )
         job.write()
-        cwd = Path(script.workdir) if script is not None else Path(job.stage_dir)
-        return stage_command(job, py), cwd
+        if client is None:
+            return stage_command(job, py), Path(job.stage_dir), {}
+        assert script is not None
+        experiment = client.get_experiment_by_name("bare") or client.get_experiment(client.create_experiment("bare"))
+        run = client.create_run(experiment.experiment_id, run_name=stage)
+        mlflow_env = {"MLFLOW_TRACKING_URI": store, "MLFLOW_RUN_ID": run.info.run_id}
+        return stage_command(job, py), Path(script.workdir), mlflow_env
 
     pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plan: Plan = {}
     if script is None:
         (root / "unit").mkdir(parents=True, exist_ok=True)
         contract = str(Path(checks_init).with_name("test_recipe_contract.py"))
-        plan["unit"] = [([*pytest, f"--rootdir={root / 'unit'}", contract], root / "unit")]
+        plan["unit"] = [([*pytest, f"--rootdir={root / 'unit'}", contract], root / "unit", {})]
         plan["smoke"] = [job_cmd("smoke", 2, "smoke-a"), job_cmd("smoke")]
     else:
         plan["unit"] = (
-            [([*pytest, f"--rootdir={script.workdir}", *script.tests], Path(script.workdir))] if script.tests else []
+            [([*pytest, f"--rootdir={script.workdir}", *script.tests], Path(script.workdir), {})]
+            if script.tests
+            else []
         )
         plan["smoke"] = [job_cmd("smoke")]
     plan["canary"] = [job_cmd("canary")]
@@ -116,12 +133,35 @@ def _bare(state: Path, spec: Path, overrides: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for stage, cmds in plan.items():
         t0 = time.perf_counter()
-        for cmd, cwd in cmds:
+        for cmd, cwd, extra in cmds:
             subprocess.run(
-                cmd, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800
+                cmd,
+                env={**env, **extra},
+                cwd=cwd,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=1800,
             )
         out[stage] = time.perf_counter() - t0
     return out
+
+
+def _ratio(ladder: list[float], bare: list[float]) -> float:
+    return statistics.median(lad / b for lad, b in zip(ladder, bare, strict=True))
+
+
+def _list(values: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in values)
+
+
+def _engine_ready(state: Path, timeout_s: float = 300.0) -> None:
+    d = local_server.server_dir(state)
+    deadline = time.monotonic() + timeout_s
+    while not ((record := cli_engine._read(d)) and f"ready on {record['socket']}" in (d / cli_engine.LOG).read_text()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the CLI engine was not ready in {timeout_s:.0f} s: {d / cli_engine.LOG}")
+        time.sleep(0.2)
 
 
 def main() -> str:
@@ -129,40 +169,50 @@ def main() -> str:
         state = Path(tmp) / "state"
         try:
             t0 = time.perf_counter()
-            _ladder(state, CASES["demo (digits, built-in recipe)"][0], [], until="unit")  # starts the kept server
+            # Starts the kept server and, as it ends, the CLI engine beside it; both warm before the clock.
+            _ladder(state, CASES["demo (digits, built-in recipe)"][0], [], until="unit")
+            _engine_ready(state)
             warmup_s = time.perf_counter() - t0
-            results: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in CASES}
+            results: dict[str, list[tuple[float, float, dict[str, float]]]] = {name: [] for name in CASES}
             loads = []
             for r in range(REPEATS):
                 for name, (spec, overrides) in CASES.items():
                     if r % 2 == 0:
                         bare = _bare(state, spec, overrides)
-                        lad = _ladder(state, spec, overrides)
+                        forked = _ladder(state, spec, overrides)
+                        cold = _ladder(state, spec, overrides, engine=False)
                     else:
-                        lad = _ladder(state, spec, overrides)
+                        cold = _ladder(state, spec, overrides, engine=False)
+                        forked = _ladder(state, spec, overrides)
                         bare = _bare(state, spec, overrides)
-                    results[name].append((lad, bare))
+                    results[name].append((forked, cold, bare))
                     loads.append(os.getloadavg()[0])
         finally:
+            cli_engine.stop(state)
             local_server.stop(state)
     lines = [
-        f"| spec | bare commands (s) | `traingate run`, kept server (s) | ladder / bare (median of {REPEATS} pairs) |",
-        "|---|---:|---:|---:|",
+        "| spec | bare commands (s) | `traingate run`, forked from the CLI engine (s) | ladder / bare | "
+        "`traingate run`, cold (s) | cold ladder / bare |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     detail = []
-    for name, pairs in results.items():
-        bare_s = [sum(b.values()) for _, b in pairs]
-        lad_s = [lad for lad, _ in pairs]
-        ratio = statistics.median(lad / b for lad, b in zip(lad_s, bare_s, strict=True))
-        lines.append(f"| {name} | {statistics.median(bare_s):.1f} | {statistics.median(lad_s):.1f} | {ratio:.2f}x |")
-        per_stage = ", ".join(f"{s} {statistics.median(b[s] for _, b in pairs):.1f}" for s in pairs[0][1])
+    for name, runs in results.items():
+        bare_s = [sum(b.values()) for _, _, b in runs]
+        forked_s = [f for f, _, _ in runs]
+        cold_s = [c for _, c, _ in runs]
+        lines.append(
+            f"| {name} | {statistics.median(bare_s):.1f} | {statistics.median(forked_s):.1f} | "
+            f"{_ratio(forked_s, bare_s):.2f}x | {statistics.median(cold_s):.1f} | {_ratio(cold_s, bare_s):.2f}x |"
+        )
+        per_stage = ", ".join(f"{s} {statistics.median(b[s] for _, _, b in runs):.1f}" for s in runs[0][2])
         detail.append(
-            f"- {name}: ladder {', '.join(f'{x:.1f}' for x in lad_s)} s; bare "
-            f"{', '.join(f'{x:.1f}' for x in bare_s)} s (bare per stage, medians: {per_stage} s)"
+            f"- {name}: forked {_list(forked_s)} s; cold {_list(cold_s)} s; bare {_list(bare_s)} s "
+            f"(bare per stage, medians: {per_stage} s)"
         )
     lines += [
         "",
-        f"First `traingate run --until unit` (kept server's cold start, stores created): {warmup_s:.1f} s. "
+        f"Ratios: the median of the rounds' ratios ({REPEATS} rounds). First `traingate run --until unit` (the kept "
+        f"server's cold start, stores created, the CLI engine started): {warmup_s:.1f} s. "
         f"Load average {min(loads):.1f}-{max(loads):.1f}.",
         "",
         *detail,

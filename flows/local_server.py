@@ -156,16 +156,21 @@ def connect(state_dir: Path) -> Record | None:
     """Point this process's Prefect client at the kept server (started now if none is running) and return
     its record; None where the setting or ``PREFECT_API_URL`` says another server is used.
 
-    Call it before anything imports Prefect: Prefect reads its settings from the environment at import.
+    Call it before anything makes a Prefect client: Prefect reads its settings from the environment at import,
+    and again here when it is imported already.
     """
     if os.environ.get("PREFECT_API_URL") or mode() is Mode.TEMPORARY:
         return None
-    assert "prefect" not in sys.modules, "connect() after Prefect was imported: its client keeps its old settings"
     record, started = ensure(state_dir)
     os.environ["PREFECT_API_URL"] = record.api_url
     os.environ[CLIENT_AUTH_VAR] = _secrets(server_dir(state_dir))[AUTH_VAR]
     os.environ.pop(AUTH_VAR, None)  # a temporary server's (authenticate_temporary): no server of this process
     os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
+    if "prefect" in sys.modules:
+        # A command forked from the CLI engine (flows.cli_engine), which imported Prefect under its own environment
+        # and made no client: Prefect's settings and logging are read again, from this one.
+        sys.modules["prefect.context"].refresh_global_settings_context()
+        sys.modules["prefect.logging.configuration"].setup_logging(incremental=False)
     if started:
         print(
             f"traingate: started a local Prefect server at {record.ui_url} (pid {record.pid}), kept for later "

@@ -131,13 +131,13 @@ def serve(path: str, worker_pid: int) -> int:
         importlib.import_module(name)
     gc.freeze()
     gc.enable()
-    extra = _extra_threads()
+    extra = extra_threads()
     if extra:
         print(f"flow-run zygote: threads {extra} after the imports; not serving, flow runs start cold", file=sys.stderr)
         listener.close()
         os.unlink(path)
         return 3
-    code = _code_files()
+    code = code_files()
     print(
         f"flow-run zygote: ready on {path} (pid {os.getpid()}), imports {time.time() - started:.2f} s, "
         f"{time.process_time():.2f} CPU-s, {len(code)} code files watched",
@@ -148,21 +148,21 @@ def serve(path: str, worker_pid: int) -> int:
     while os.getppid() == worker_pid:
         ready, _, _ = select.select([listener.fileno(), wake[0]], [], [], 0.5)
         if wake[0] in ready:
-            _drain(wake[0])
+            drain(wake[0])
         if listener.fileno() in ready:
             conn, _ = listener.accept()
             changed = _fork_flow_run(conn, listener, wake, children, code)
             if changed:  # the code on disk is not what this zygote imported: start again on the new code
                 listener.close()
-                _reap(children)
+                reap(children)
                 os.execv(sys.executable, [sys.executable, "-m", "flows.warm_engine", "--serve", path, str(worker_pid)])
-        _reap(children)
+        reap(children)
     listener.close()
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     return 0
 
 
-def _extra_threads() -> list[str]:
+def extra_threads() -> list[str]:
     names = []
     for tid in os.listdir("/proc/self/task"):
         if int(tid) == os.getpid():
@@ -177,7 +177,7 @@ def _extra_threads() -> list[str]:
     return names
 
 
-def _code_files() -> dict[str, tuple[int, int]]:
+def code_files() -> dict[str, tuple[int, int]]:
     """(mtime, size) of every imported module file of this checkout: what a forked flow run would run."""
     out = {}
     root = str(CODE_ROOT) + os.sep
@@ -192,7 +192,7 @@ def _code_files() -> dict[str, tuple[int, int]]:
     return out
 
 
-def _changed(code: dict[str, tuple[int, int]]) -> str | None:
+def changed_file(code: dict[str, tuple[int, int]]) -> str | None:
     for file, seen in code.items():
         try:
             st = os.stat(file)
@@ -203,11 +203,11 @@ def _changed(code: dict[str, tuple[int, int]]) -> str | None:
     return None
 
 
-def _interpreter_vars(env: Mapping[str, str]) -> set[tuple[str, str]]:
+def interpreter_vars(env: Mapping[str, str]) -> set[tuple[str, str]]:
     return {(k, v) for k, v in env.items() if k.startswith("PYTHON")}
 
 
-def _drain(fd: int) -> None:
+def drain(fd: int) -> None:
     while True:
         try:
             if not os.read(fd, 512):
@@ -234,13 +234,13 @@ def _fork_flow_run(
         return False
     conn.settimeout(None)
     code_dir = request["env"].get(CODE_DIR_VAR)
-    changed = _changed(code)
+    changed = changed_file(code)
     why = None
     if changed:
         why = f"{changed} changed since it was imported"
     elif not code_dir or Path(code_dir).resolve() != CODE_ROOT:
         why = f"{CODE_DIR_VAR}={code_dir!r} is not {CODE_ROOT}, the code it imported"
-    elif differ := _interpreter_vars(request["env"]) ^ _interpreter_vars(os.environ):
+    elif differ := interpreter_vars(request["env"]) ^ interpreter_vars(os.environ):
         # PYTHONPATH and the like act when an interpreter starts: the zygote's, not the flow run's, made this one.
         why = f"the flow run's {sorted({k for k, _ in differ})} differ from the zygote's (read at interpreter start)"
     if why:
@@ -316,7 +316,7 @@ def _become_flow_run(
     handoff.finish(conn, done, code)
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def reap(children: dict[int, socket.socket]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

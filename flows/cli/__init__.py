@@ -17,7 +17,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from flows import local_server, logsafety
+from flows import cli_engine, local_server, logsafety
 from flows.cli import arguments, console
 from traingate.secrets import move_tracking_credentials
 from traingate.settings import Settings
@@ -84,11 +84,15 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and (forked := cli_engine.forward(sys.argv[1:])) is not None:
+        return forked  # run by the kept server's engine (flows.cli_engine)
     _embedded_defaults(Settings.from_env())  # before anything imports prefect
     logsafety.install()  # before anything logs: Prefect's API log handler stores what it is given
     args = _parser().parse_args(argv)
     with console.session(args.cmd, Settings.from_env(), args.verbose):  # the terminal: traingate's lines
         code = _command(args)
+    if argv is None and args.cmd in cli_engine.COMMANDS:
+        cli_engine.ensure(Settings.from_env().state_dir)  # the next such command on the kept server is forked
     if argv is None:  # the `traingate` process itself, which ends with this return
         # Its exit collects every object of the libraries it loaded (Prefect, MLflow, pandas): 4-15 s on a loaded
         # 2-core box. Frozen, the collector skips them and the process ends in a fraction of a second.

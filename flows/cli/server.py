@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from flows import local_server
+from flows import cli_engine, local_server
 from traingate.settings import Settings
 
 
@@ -27,6 +27,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print(f"running: {_describe(running, d)}")
         return 0
+    cli_engine.stop(state_dir)  # the engine forking commands for this server (it ends with the server too)
     stopped = local_server.stop(state_dir)
     print(f"stopped (pid {stopped.pid})" if stopped else "not running")
     return 0

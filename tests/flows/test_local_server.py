@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tgtest import PYTHON, ROOT
+from tgtest import PYTHON, ROOT, describe, run_processes
 
-from flows import local_server
+from flows import cli_engine, local_server
 
 
 def _env(state: Path, **extra: str) -> dict[str, str]:
@@ -58,7 +59,8 @@ print(json.dumps({"pid": record.pid, "url": os.environ["PREFECT_API_URL"], "flow
 
 
 @pytest.mark.slow  # two real Prefect server starts (10-20 s each on a loaded 2-core box)
-def test_two_commands_at_once_share_one_kept_server_a_later_client_reuses_it_and_stop_leaves_no_process(tmp_path):
+def test_two_commands_at_once_share_one_kept_server_later_commands_reuse_it_forked_from_its_engine_and_stop_leaves_no_process(
+        tmp_path):
     state = tmp_path / "state"
     starts = [subprocess.Popen([PYTHON, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=_env(state),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -97,18 +99,121 @@ def test_two_commands_at_once_share_one_kept_server_a_later_client_reuses_it_and
         assert status.returncode == 0 and f"pid {record.pid}," in status.stdout, status
         assert not any(auth.split(":")[1] in text for text in [*lines, later.stdout, later.stderr, status.stdout])
 
-        # A crashed server (SIGKILL) leaves a stale record: the next command replaces it with a new server.
+        engine = _commands_are_forked_from_the_servers_engine(state, record, tmp_path)
+
+        # A crashed server (SIGKILL) leaves a stale record: the next command replaces it with a new server. The
+        # engine ends with the server it served.
         os.kill(record.pid, signal.SIGKILL)
         again, started = local_server.ensure(state)
         assert started and again.pid != record.pid
         assert not local_server.alive_in_group(record.pgid)
+        assert _gone([engine], 30), describe([psutil.Process(engine)])
+        assert not (d / cli_engine.RECORD).exists()
         record = again
+        # A cold command on the new server leaves an engine for it, which `server stop` ends.
+        cold = _cli(state, "run", str(SPEC2), "--until", "unit", "--set", DATA)
+        assert cold.returncode == 0, cold.stdout[-3000:] + cold.stderr[-3000:]
+        engine = _engine_ready(d)["pid"]
     finally:
         stopped = _cli(state, "server", "stop")
     assert stopped.returncode == 0 and stopped.stdout.strip() == f"stopped (pid {record.pid})", stopped
     assert not local_server.alive_in_group(record.pgid)
-    assert not (d / local_server.RECORD).exists()
+    assert _gone([engine], 30), describe([psutil.Process(engine)])
+    assert not (d / local_server.RECORD).exists() and not (d / cli_engine.RECORD).exists()
     assert _cli(state, "server", "status").returncode == 1
+
+
+SPEC2 = ROOT / "examples" / "script_project2" / "spec.yaml"
+DATA = f"data.uri={(ROOT / 'examples' / 'script_project2' / 'data.csv').as_uri()}"
+# The same script, slowed so that a stage can be interrupted while it trains.
+SLOW = 'recipe.script.command=[python, train.py, --ckpt-dir, "${TRAINGATE_CHECKPOINT_DIR}", --sleep, "0.05"]'
+
+
+def _engine_log(d: Path) -> str:
+    return (d / cli_engine.LOG).read_text() if (d / cli_engine.LOG).exists() else ""
+
+
+def _engine_ready(d: Path) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        record = cli_engine._read(d)
+        if record is not None and f"ready on {record['socket']}" in _engine_log(d):
+            return record
+        assert time.monotonic() < deadline, (_engine_log(d), record, sorted(os.listdir(d)))
+        time.sleep(0.2)
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _interrupted(state: Path, out: Path, sig: int) -> tuple[int, str, str]:
+    """`traingate run` of the slowed script to its canary, sent ``sig`` (to its process group, as a terminal's
+    Ctrl-C is) once the canary trains: its exit status, output and run id."""
+    before = set((state / "runs").glob("*/canary"))
+    with open(out, "w") as f:
+        cli = subprocess.Popen([PYTHON, "-m", "flows.cli", "run", str(SPEC2), "--until", "canary", "--set", DATA,
+                                "--set", SLOW], cwd=ROOT, env=_env(state), stdout=f, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "canary running" not in out.read_text():
+            assert cli.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.1)
+        os.killpg(cli.pid, sig)
+        code = cli.wait(180)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    [canary] = set((state / "runs").glob("*/canary")) - before
+    return code, out.read_text(), canary.parent.name
+
+
+def _commands_are_forked_from_the_servers_engine(state: Path, record: local_server.Record, tmp_path: Path) -> int:
+    """`traingate run` and `resume` on the kept server: the first one cold, which leaves the server an engine; later
+    ones forked from it, with a cold command's output, exit status, Ctrl-C and death; one whose interpreter
+    settings differ from the engine's runs cold. Returns the engine's pid."""
+    d = local_server.server_dir(state)
+    first = _cli(state, "run", str(SPEC2), "--until", "smoke", "--set", DATA)
+    assert first.returncode == 0 and "pipeline PASSED" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
+    engine = _engine_ready(d)
+    assert engine["server_pid"] == record.pid
+    assert stat.S_IMODE(os.stat(os.path.dirname(engine["socket"])).st_mode) == 0o700
+    assert stat.S_IMODE((d / cli_engine.RECORD).stat().st_mode) == 0o600
+
+    # Ctrl-C reaches the forked command: the running stage is preempted and the run stops resumable.
+    code, text, run_id = _interrupted(state, tmp_path / "int.out", signal.SIGINT)
+    assert code == 1 and "Traceback" not in text, text[-4000:]
+    assert f"pipeline STOPPED: canary preempted at a checkpoint; continue with: traingate resume {run_id}" in text
+    forked = [int(p) for p in re.findall(r"forked (\d+) for `traingate run`", _engine_log(d))]
+    assert len(forked) == 1, _engine_log(d)
+
+    # A SIGKILLed `traingate` takes its forked command with it, and that command's training processes; the run
+    # resumes, forked too.
+    code, text, killed = _interrupted(state, tmp_path / "kill.out", signal.SIGKILL)
+    forked = [int(p) for p in re.findall(r"forked (\d+) for `traingate run`", _engine_log(d))]
+    assert code == -signal.SIGKILL and len(forked) == 2, _engine_log(d)
+    assert _gone(forked, 30), describe([psutil.Process(p) for p in forked if psutil.pid_exists(p)])
+    deadline = time.monotonic() + 60
+    while left := run_processes(killed, str(state)):
+        assert time.monotonic() < deadline, describe(left)
+        time.sleep(0.2)
+    resumed = _cli(state, "resume", killed, "--until", "canary")
+    assert resumed.returncode == 0 and "resume PASSED" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr
+    assert "for `traingate resume`" in _engine_log(d)
+
+    # An interpreter setting (read at interpreter start) the engine does not share: the command runs cold.
+    cold = _cli(state, "run", str(SPEC2), "--dry-run", PYTHONHASHSEED="7")
+    assert cold.returncode == 0 and "plan for 'script-resume-demo'" in cold.stdout, cold.stderr[-3000:]
+    assert "a command runs cold: the command's ['PYTHONHASHSEED'] differ" in _engine_log(d)
+    assert len(re.findall(r"forked \d+ for", _engine_log(d))) == 3
+    return engine["pid"]
 
 
 def test_a_record_of_a_live_process_that_is_not_the_server_is_stale_and_that_process_is_left_alone(tmp_path):

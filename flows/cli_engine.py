@@ -1,0 +1,367 @@
+"""`traingate run`, `resume` and `sweep` forked from a warm process kept beside the kept Prefect server.
+
+A cold `traingate run` spends 2-3 CPU-s before its flow starts: Python, Prefect, MLflow with SQLAlchemy and
+pandas, the ladder's modules. Beside the kept server (:mod:`flows.local_server`) traingate keeps a CLI
+engine that imported all of that once and forks one command per request. The `traingate` command asks it
+first (:func:`forward`) for a command of :data:`COMMANDS` when the kept server is the one in use (no
+``PREFECT_API_URL`` of the user's, ``TRAINGATE_PREFECT_SERVER`` kept): it hands the engine its argv,
+environment, working directory and stdin/stdout/stderr (SCM_RIGHTS, :mod:`traingate.runtime.handoff`); the
+forked child takes them (its own session), runs ``flows.cli.main(argv)`` (whose
+:func:`flows.local_server.connect` reads Prefect's settings and logging again from the command's
+environment) and its atexit handlers. The command relays SIGINT (Ctrl-C preempts the running stage at a
+checkpoint, as in a cold command) and SIGTERM to the child and ends as the child ended.
+
+The command runs cold, in its own process, with ``TRAINGATE_CLI_ENGINE=off``, when no engine answers, or when
+the engine refuses: its code on disk
+changed since it imported it (the engine then ends, and the next cold command starts a new one), the command
+runs another interpreter or another checkout, or the command's ``PYTHON*`` variables (read at interpreter
+start) differ from the engine's. A cold command of :data:`COMMANDS` that used the kept server starts an
+engine as it ends (:func:`ensure`), detached; the engine serves while the kept server it belongs to
+runs, and `traingate server stop` ends both. Its files sit in the server's directory (mode 0700):
+``engine.json`` (pid, socket, the server's pid), ``engine.log`` and ``engine.lock`` (held for its life: one
+engine per server). The socket is in a private temporary directory (0700: only this user may ask for a
+fork; a state directory's path may be too long for a unix socket's 107 bytes).
+
+The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{argv, env, cwd, python, code, path0}``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import gc
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from flows import local_server, warm_engine
+from traingate.runtime import handoff
+from traingate.settings import Settings
+
+COMMANDS = ("run", "resume", "sweep")
+# ``off`` (or 0, false, no): every command runs cold and none starts an engine.
+ENGINE_VAR = "TRAINGATE_CLI_ENGINE"
+RECORD = "engine.json"
+LOG = "engine.log"
+LOCK = "engine.lock"
+# What a cold run, resume or sweep imports before and while its flow runs: the CLI and its commands, the flows
+# (Prefect's engines, MLflow, pandas), MLflow's SQL stores with their migrations and SQLite dialect (imported on
+# a store's first use: about 1 CPU-s), and torch (a built-in recipe's data snapshot).
+PRELOADED = (
+    "flows.cli",
+    "flows.cli.run",
+    "flows.cli.resume",
+    "flows.cli.sweep",
+    "prefect.flow_engine",
+    "prefect.task_engine",
+    "prefect.utilities.visualization",
+    "prefect.concurrency.services",
+    "anyio._backends._asyncio",
+    "mlflow.store.tracking.sqlalchemy_workspace_store",
+    "mlflow.store.model_registry.sqlalchemy_workspace_store",
+    "alembic.command",
+    "sqlalchemy.dialects.sqlite",
+    "torch",
+)
+_COLD = -1  # what handoff.ask returns when the command is to run here
+
+
+# ---------------------------------------------------------------- the `traingate` command's side
+
+
+def forward(argv: list[str]) -> int | None:
+    """As the `traingate` command: the exit status of ``argv`` run by the kept server's engine, or None when it
+    is to run in this process."""
+    if not argv or argv[0] not in COMMANDS or os.environ.get("PREFECT_API_URL") or not _wanted():
+        return None
+    try:
+        if local_server.mode() is not local_server.Mode.KEPT:
+            return None
+    except local_server.LocalServerError:
+        return None  # the command reports the bad setting
+    record = _read(local_server.server_dir(Settings.from_env().state_dir))
+    if record is None:
+        return None
+    request = {
+        "argv": argv,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "python": sys.executable,
+        "code": str(warm_engine.CODE_ROOT),
+        "path0": sys.path[0],
+    }
+    code = handoff.ask(record["socket"], request, lambda: _COLD)
+    return None if code == _COLD else code
+
+
+def ensure(state_dir: Path) -> None:
+    """After a cold command that used the kept server: start an engine for that server unless one serves it."""
+    if not os.environ.get("PREFECT_API_URL") or not _wanted():
+        return  # the command used no server, or Prefect's temporary one
+    server = local_server.status(state_dir)
+    if server is None or os.environ["PREFECT_API_URL"] != server.api_url:
+        return  # the command used another server
+    d = local_server.server_dir(state_dir)
+    record = _read(d)
+    if record is not None and record.get("server_pid") == server.pid:
+        return
+    home = tempfile.mkdtemp(prefix="tg-cli-engine-")  # 0700
+    env = dict(os.environ)
+    # Forking needs a single-threaded engine; torch's OpenMP pool starts at import when the count is unset. Only
+    # the engine's own environment: its children take their command's.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    fd = os.open(d / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "flows.cli_engine", "--serve", os.path.join(home, "sock"), str(server.pid)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            cwd=str(warm_engine.CODE_ROOT),
+            start_new_session=True,  # not the command's: it outlives it, and a terminal's Ctrl-C is not its
+        )
+    finally:
+        os.close(fd)
+
+
+def stop(state_dir: Path) -> None:
+    """End the engine of the kept server in ``state_dir``, if one runs (it also ends with its server)."""
+    record = _read(local_server.server_dir(state_dir))
+    if record is not None:
+        try:
+            os.kill(int(record["pid"]), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+
+
+def _wanted() -> bool:
+    return os.environ.get(ENGINE_VAR, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def _read(d: Path) -> dict | None:
+    """The engine's record when its process runs, else None."""
+    try:
+        record = json.loads((d / RECORD).read_text())
+        os.kill(int(record["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "--serve" and argv[2].isdigit():
+        return serve(argv[1], int(argv[2]))
+    print("python -m flows.cli_engine: usage: --serve SOCKET SERVER_PID (started by traingate)", file=sys.stderr)
+    return 64
+
+
+def serve(path: str, server_pid: int) -> int:
+    """Bind ``path``, import the command stack once, then fork a command per request while the kept server
+    ``server_pid`` of this state directory runs. The socket is bound before the imports: a command that arrives
+    meanwhile waits in the backlog instead of starting cold beside the importing engine."""
+    state_dir = Settings.from_env().state_dir
+    d = local_server.server_dir(state_dir)
+    lock = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("cli engine: another engine serves this server; not serving", file=sys.stderr, flush=True)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        return 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake[1])
+    stopping: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    _write_record(d, {"pid": os.getpid(), "socket": path, "server_pid": server_pid})
+    started = time.time()
+    why = None
+    gc.disable()  # the imports make objects and no garbage; frozen after them, no later collection walks them
+    for name in PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # a library's module moved: the command imports what it needs itself
+            print(f"cli engine: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
+    gc.freeze()
+    gc.enable()
+    if extra := warm_engine.extra_threads():
+        why = f"threads {extra} after the imports"
+    code = warm_engine.code_files()
+    print(
+        f"cli engine: {'not serving: ' + why if why else 'ready'} on {path} (pid {os.getpid()}) for the server "
+        f"{server_pid}, imports {time.time() - started:.2f} s, {time.process_time():.2f} CPU-s",
+        file=sys.stderr,
+        flush=True,
+    )
+    children: dict[int, socket.socket] = {}
+    # One that cannot fork stays, refusing: a command then runs cold at once, and no later one starts another engine.
+    refusing = why
+    why = None
+    while why is None and not stopping and _server_runs(d, server_pid):
+        ready, _, _ = select.select([listener.fileno(), wake[0]], [], [], 0.5)
+        if wake[0] in ready:
+            warm_engine.drain(wake[0])
+        if listener.fileno() in ready:
+            conn, _ = listener.accept()
+            why = _fork_command(conn, listener, wake, children, code, refusing)
+        warm_engine.reap(children)
+    print(f"cli engine: ending: {why or ('stopped' if stopping else 'its server ended')}", file=sys.stderr, flush=True)
+    listener.close()
+    if (mine := _read(d)) is not None and mine.get("pid") == os.getpid():
+        (d / RECORD).unlink(missing_ok=True)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    return 0
+
+
+def _write_record(d: Path, record: dict) -> None:
+    tmp = d / f".{RECORD}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, d / RECORD)
+
+
+def _server_runs(d: Path, server_pid: int) -> bool:
+    try:
+        os.kill(server_pid, 0)
+        return json.loads((d / local_server.RECORD).read_text())["pid"] == server_pid
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _refusal(request: dict, code: dict[str, tuple[int, int]]) -> tuple[str | None, bool]:
+    """Why the engine does not fork ``request`` (None: it does), and whether it is to end for it."""
+    if changed := warm_engine.changed_file(code):
+        return f"{changed} changed since it was imported", True
+    if request.get("python") != sys.executable or request.get("code") != str(warm_engine.CODE_ROOT):
+        return f"the command runs {request.get('python')} on {request.get('code')}, not this engine's code", False
+    if differ := warm_engine.interpreter_vars(request["env"]) ^ warm_engine.interpreter_vars(os.environ):
+        names = sorted({k for k, _ in differ})
+        return f"the command's {names} differ from the engine's (read at interpreter start)", False
+    return None, False
+
+
+def _fork_command(
+    conn: socket.socket,
+    listener: socket.socket,
+    wake: tuple[int, int],
+    children: dict[int, socket.socket],
+    code: dict[str, tuple[int, int]],
+    refusing: str | None,
+) -> str | None:
+    """Fork the command asked for on ``conn``, or refuse it (it runs cold); why the engine is to end, if it is.
+    ``refusing``: why this engine forks nothing, if it does not."""
+    conn.settimeout(10.0)
+    try:
+        request, fds = handoff.read_request(conn)
+    except (OSError, ValueError) as e:
+        print(f"cli engine: bad request: {e}", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    conn.settimeout(None)
+    why, end = (refusing, False) if refusing else _refusal(request, code)
+    if why is not None:
+        print(f"cli engine: a command runs cold: {why}", file=sys.stderr, flush=True)
+        for fd in fds:
+            os.close(fd)
+        try:
+            conn.sendall(handoff.REC.pack(b"R", 0))
+        except OSError:
+            pass
+        conn.close()
+        return why if end else None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_command(conn, listener, wake, children, request, fds)  # ends in os._exit
+        finally:
+            os._exit(70)  # an exception escaped the command's own handling (EX_SOFTWARE)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    print(f"cli engine: forked {pid} for `traingate {request['argv'][0]}`", file=sys.stderr, flush=True)
+    return None
+
+
+def _become_command(
+    conn: socket.socket,
+    listener: socket.socket,
+    wake: tuple[int, int],
+    children: dict[int, socket.socket],
+    request: dict,
+    fds: list[int],
+) -> None:
+    """In the forked child: take the command's place (session, fds, environment, cwd) and run it."""
+    listener.close()
+    for other in children.values():
+        other.close()
+    signal.set_wakeup_fd(-1)
+    for fd in wake:
+        os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A command whose `traingate` process was SIGKILLed ends with it: nobody waits for its output.
+    done = handoff.take_place(conn, request, fds, "cli-entry-watch")
+    _std_streams()
+    sys.argv = ["traingate", *request["argv"]]
+    sys.path[0] = request["path0"]
+    torch = sys.modules["torch"]
+    if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    code = 0
+    try:
+        code = int(sys.modules["flows.cli"].main(request["argv"]))
+    except SystemExit as e:
+        code = handoff.exit_code(e)
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    # What interpreter shutdown does before a cold command ends: wait for non-daemon threads, then the atexit
+    # handlers (Prefect's log and event workers flush there).
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    handoff.finish(conn, done, code)
+
+
+def _std_streams() -> None:
+    """sys.stdin/stdout/stderr anew on the command's fds: the engine's were made for its own (a log file,
+    block-buffered); a terminal's stdout is line-buffered, as in a cold command."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        line = fd == 2 or (fd == 1 and os.isatty(1))
+        stream = open(  # noqa: SIM115 - the process's own standard stream, open until it ends
+            fd,
+            "r" if fd == 0 else "w",
+            buffering=1 if line else -1,
+            encoding=getattr(old, "encoding", None),
+            errors=getattr(old, "errors", None),
+            closefd=False,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
