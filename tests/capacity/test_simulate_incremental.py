@@ -11,7 +11,7 @@ import pytest
 from traingate.capacity import gang, incremental
 from traingate.capacity.incremental import Running, straightforward_pass
 from traingate.capacity.jobs import Job, at_risk_s, started
-from traingate.capacity.policy import Policy, choose_victims, reserve
+from traingate.capacity.policy import Policy, Rules, choose_victims, reserve
 from traingate.capacity.pools import _default_classes, parse_config
 from traingate.capacity.report import COMPARED
 from traingate.capacity.simulate import TraceJob, simulate
@@ -186,6 +186,57 @@ def test_an_urgent_job_behind_the_head_preempts_at_the_next_arrival_a_job_that_s
     assert _schedule_of(fast) == _schedule_of(slow)
 
 
+def test_a_job_given_up_on_for_its_prediction_starts_in_order_at_the_first_pass_after_it_crosses_the_bound():
+    # From 50 h (team a, unused) heads the queue and waits for x; g (team b, which holds x) fits beside x,
+    # predicted past h's reservation, and is given up on. At 3601 g reaches the starvation bound (1 h) and
+    # ranks first, and h2 joins h's group: a pass with the same free GPUs, predictions and groups as the
+    # one before, which still starts g in order (the aged part of the order's signature changed).
+    cfg = _pool("p", 4, 1, {}, bound_h=1)
+    trace = [
+        TraceJob(Job("x", "b", "research", "p", 2, 0.0), 20000.0),
+        TraceJob(Job("y", "b", "research", "p", 2, 0.0), 50.0),
+        TraceJob(Job("g", "b", "research", "p", 1, 1.0, est_duration_s=10000.0), 100.0),
+        TraceJob(Job("h", "a", "research", "p", 4, 2.0), 100.0),
+        TraceJob(Job("h2", "a", "research", "p", 4, 3601.0), 100.0),
+    ]
+    fast = simulate(trace, cfg, Policy.parse("fairshare+aged+backfill+preempt"))
+    res = {r.job_id: r for r in fast.records}
+    assert res["g"].attempts[0] == (3601.0, (0,), "in order")
+    slow = simulate(trace, cfg, Policy.parse("fairshare+aged+backfill+preempt"), planner=straightforward_pass)
+    assert _schedule_of(fast) == _schedule_of(slow)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arrive_start_and_age(seed):
+    # The signature's list of the groups' first jobs past the starvation bound is kept from pass to pass
+    # while no group's first job changes and none crosses the bound; listed anew, it is the same at every step.
+    rng = np.random.default_rng(seed)
+    cfg = _pool("p", 4, 2, {}, bound_h=1)
+    rules = Rules.of(Policy.parse("fairshare+aged+backfill+preempt"), cfg, "p")
+    queue = incremental.Queue()
+    usage: dict[str, float] = {}
+    now, n, back = 0.0, 0, None
+    for _ in range(600):
+        now += float(rng.exponential(200.0))
+        if back is not None:
+            queue._untake(*back)  # a pass that starts over puts back what it started
+            back = None
+        elif queue.byid and rng.random() < 0.4:
+            jid = str(rng.choice(sorted(queue.byid)))
+            g = queue._group_of[jid]
+            job = queue.pop(jid)
+            if rng.random() < 0.2:
+                back = (job, g)
+        else:
+            n += 1
+            submit = now if rng.random() < 0.7 else float(rng.uniform(0.0, now))  # requeued jobs keep theirs
+            job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 4])), submit)
+            queue.add(job, discredited=bool(rng.random() < 0.3))
+        cutoff = now - 3600.0
+        aged = tuple(j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff)
+        assert incremental._order_signature(rules, usage, now, queue) == ((), aged), now
+
+
 def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_head_starts_at_its_reservation():
     cfg = parse_config(
         {
@@ -308,6 +359,41 @@ def test_a_kept_reservation_equals_the_one_found_again_as_time_carries_jobs_past
             if not run.free.fits(head.slots):
                 want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
                 assert run.reserve(head, now) == want, (now, slots)
+
+
+@pytest.mark.parametrize("tied", (False, True))
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_reservation_equals_the_one_found_again_as_nodes_fill_and_empty_around_its_answer(seed, tied):
+    # Running keeps a gang head's reservation while k nodes stay whole by the answer and fewer than k before
+    # it: a job started past the answer takes one of the nodes whole by it beyond k, and an end makes nodes
+    # whole before it while fewer than k were. It keeps a one-node head's while the node an end frees has
+    # no room enough before the answer. Many jobs of one node beside gang jobs of two nodes; the head asks
+    # 6 GPUs or 4 nodes for stretches; with ``tied``, starts in whole seconds and predictions in steps of
+    # 30 s make ends tie.
+    rng = np.random.default_rng(300 + seed)
+    gpn, nodes = 8, int(rng.integers(5, 11))
+    run = Running(nodes, gpn)
+    pred: dict[str, float | None] = {}
+    now, n, which = 0.0, 0, 0
+    for _ in range(3000):
+        now += float(rng.integers(0, 6)) if tied else float(rng.exponential(float(rng.choice([1.0, 5.0, 30.0]))))
+        if run.jobs and rng.random() < 0.45:
+            run.remove(str(rng.choice(sorted(run.jobs))))
+        else:
+            slots = int(rng.choice([1, 1, 1, 2, 2, 3, 2 * gpn]))
+            at = run.free.place(slots)
+            if at is not None:
+                n += 1
+                job = started(Job(f"j{n}", "t", "research", "p", slots, now), now, at)
+                p = float(rng.integers(1, 6) * 30) if tied else float(rng.uniform(1.0, 300.0))
+                pred[job.job_id] = None if rng.random() < 0.1 else p
+                run.add(job, pred[job.job_id])
+        if rng.random() < 0.05:
+            which = 1 - which
+        head = Job("head", "t", "research", "p", (6, 4 * gpn)[which], now)
+        if not run.free.fits(head.slots):
+            want = reserve(head, now, run.free.free, list(run.jobs.values()), gpn, lambda j: pred[j.job_id])
+            assert run.reserve(head, now) == want, (now, head.slots)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -177,12 +177,14 @@ class Running:
         self._late: list[tuple[float, str]] = []  # (-start, id): past its prediction or none
         self._entry: dict[str, tuple[tuple[float, str], bool]] = {}  # id -> its entry, whether in _late
         # The last reservation: the head's slots, "now" it holds below, its answer, the "now" it was
-        # found at. The answer is decided by which running jobs are predicted to end before it; a job
-        # released before it stays so until "now" passes its end and then, counted late (predicted to
-        # end at now + the time it has run), until its end passes the answer (``_holds``). Kept when a
-        # job starts that is predicted to end (not late) by the answer: released before the answer and
-        # holding slots that were free, it moves the answer neither way. Kept for a gang head when a
-        # job of one node ends whose node neither empties nor crosses the answer (see ``_keeps``).
+        # found at, and for a gang head how many nodes beyond the k it needs are whole by the answer and
+        # how many more may be whole before it. The answer is decided by which running jobs are predicted
+        # to end before it; a job released before it stays so until "now" passes its end and then,
+        # counted late (predicted to end at now + the time it has run), until its end passes the answer
+        # (``_holds``). Kept when a job starts that is predicted to end (not late) by the answer: released
+        # before the answer and holding slots that were free, it moves the answer neither way; for a gang
+        # head also when one predicted past it takes nodes whole by it that are spared (``_spares``).
+        # Kept when a job ends that leaves the answer in place (``_keeps``).
         self._cache: list | None = None
         self._on: list[list[str]] = [[] for _ in range(nodes)]  # node -> its running jobs of one node
         # The jobs removed since the last pass (``plan_pass`` empties it), or None once anything else
@@ -215,8 +217,37 @@ class Running:
                     c[1] = min(c[1], end)
                 elif end <= c[2]:
                     c[1] = min(c[1], _holds(end, job.started_s, c[2]))
-                else:
+                elif not self._spares(c, job):
                     self._cache = None
+
+    def _spares(self, c: list, job: Job) -> bool:
+        """Whether reservation ``c`` of a head wider than a node holds with ``job`` started (its nodes
+        already taken), predicted to end past the answer. The answer is the k-th earliest of the nodes'
+        whole times (see ``_keeps``), and ``c[4]`` counts at least how many nodes beyond k are whole by
+        it; the job moves the time of each of its nodes that was whole by the answer past it, and the
+        answer stays while that count stays at 0 or more. A node of one node's jobs was whole by it
+        unless one of them is predicted past it (a late job's value at ``c[3]`` bounds it from below)."""
+        gpn = self.gpn
+        if c[0] <= gpn:
+            return False
+        if job.slots > gpn:
+            lost = len(job.nodes)  # whole nodes, held past the answer now
+        else:
+            lost = 1
+            answer, entry, jobs, twice = c[2], self._entry, self.jobs, 2 * c[3]
+            others = self._on[job.nodes[0]]  # the job itself last
+            for x in range(len(others) - 1):
+                jid = others[x]
+                (v, _), late = entry[jid]
+                if late:
+                    v = twice - jobs[jid].started_s  # type: ignore[operator]
+                if v > answer:
+                    lost = 0  # its node was whole past the answer already
+                    break
+        if lost > c[4]:
+            return False
+        c[4] -= lost
+        return True
 
     def predictions_changed(self) -> None:
         """A job that may wait here was predicted anew (a job ended in another pool): a new version, so
@@ -244,18 +275,36 @@ class Running:
         """Whether reservation ``c`` holds without ``job`` (already out of ``_on``). For a head wider than
         a node the answer is the end by which enough nodes are whole: each node is whole at the latest
         predicted end of its jobs, and the answer is the k-th earliest of these (k: the nodes still
-        wanted). A job of one node that ends moves only its node's time, and that node's leaves the k-th
-        in place when it stays on the same side of the answer. The cache is read only while "now" is
-        before ``c[1]``, while each job predicted to end before the answer is still predicted so (at its
-        end, or late and below the answer); a late job's end (now + time run) only grows, so its value
-        at ``c[3]`` bounds it from below."""
+        wanted), which holds while fewer than k nodes are whole before it and k or more by it. An end
+        moves only its nodes' times, and only earlier: the answer stays when each stays on its side of
+        the answer, and else while ``c[5]`` (how many more nodes may be whole before it; ``reserve``) is
+        not spent. The cache is read only while "now" is before ``c[1]``, while each job predicted to
+        end before the answer is still predicted so (at its end, or late and below the answer); a late
+        job's end (now + time run) only grows, so its value at ``c[3]`` bounds it from below."""
         answer = c[2]
-        if c[0] <= self.gpn or answer is None or job.slots > self.gpn:
+        if answer is None:
             return False
-        others = self._on[job.nodes[0]]
-        if not others:
-            return False  # the node is whole now
+        gpn = self.gpn
         entry, jobs, twice = self._entry, self.jobs, 2 * c[3]
+        if job.slots > gpn:  # its nodes are whole now
+            if c[0] <= gpn:
+                return False  # a head of one node fits now
+            if not is_late and e[0] < answer:
+                return True  # they were whole before the answer
+            return self._spend(c, len(job.nodes))
+        others = self._on[job.nodes[0]]
+        if c[0] <= gpn:
+            # A head of one node: the answer is the earliest time a node has room enough. This node has more
+            # room now, and the answer stays unless the node has room enough before it: counting every job
+            # of the node that may end before the answer, it has not.
+            room = self.free.free[job.nodes[0]] + job.slots  # the job's slots still counted held here
+            for jid in others:
+                (v, _), late = entry[jid]
+                if late:
+                    v = twice - jobs[jid].started_s  # type: ignore[operator]
+                if v < answer:
+                    room += jobs[jid].slots
+            return room < c[0]
         below = not is_late and e[0] < answer  # the node's time below the answer with the job and without
         for jid in others:
             (v, _), late = entry[jid]
@@ -265,7 +314,16 @@ class Running:
                 return True  # above the answer with the job and without it
             if late or v == answer:
                 below = False
-        return below
+        return below or self._spend(c, 1)
+
+    @staticmethod
+    def _spend(c: list, nodes: int) -> bool:
+        """Whether ``nodes`` more nodes may be whole before the answer of gang reservation ``c``; if so,
+        counted."""
+        if nodes > c[5]:
+            return False
+        c[5] -= nodes
+        return True
 
     def _take(self, job: Job) -> None:
         """``job``'s GPUs are held: taken from the free ones and counted for its team."""
@@ -311,6 +369,7 @@ class Running:
         j = 0
         inf = math.inf
         found: float | None = None
+        lo, lo_end = wholes, -inf  # the nodes whole before the end of the last whole-making step, and that end
         e_end = ends[0][0] if ne else inf
         l_end = now + (now + late[0][0]) if nl else inf
         while i < ne or j < nl:
@@ -328,6 +387,8 @@ class Running:
                 if small:
                     found = end
                     break
+                if end != lo_end:
+                    lo, lo_end = wholes, end
                 wholes += len(r.nodes)
                 if wholes >= k:
                     found = end
@@ -341,6 +402,8 @@ class Running:
                     found = end
                     break
             elif after == gpn:  # k whole nodes
+                if end != lo_end:
+                    lo, lo_end = wholes, end
                 wholes += 1
                 if wholes >= k:
                     found = end
@@ -357,7 +420,11 @@ class Running:
                 if u_end >= first_end:
                     break
                 first_end = min(first_end, _holds(u_end, jobs[jid].started_s, found))  # type: ignore[arg-type]
-        self._cache = [job.slots, first_end, found, now]
+        # For a head wider than a node, how many nodes beyond the k it needs are whole by the answer (at
+        # least: jobs that end at the answer after the k-th node were not looked at; see ``_spares``), and
+        # how many more may be whole before it with the answer unchanged (see ``_keeps``).
+        gang = found is not None and not small
+        self._cache = [job.slots, first_end, found, now, wholes - k if gang else 0, k - 1 - lo if gang else 0]
         return found
 
 
@@ -412,6 +479,10 @@ class Queue:
         self._group_of: dict[str, _Group] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
         self._live_n: dict[str, int] = {}  # class -> how many of them are of it
+        # Counts the changes to the live groups or their first jobs: the aged list of the order's
+        # signature (``_order_signature``) is kept while it stays and no first job crosses the bound.
+        self._firsts = 0
+        self._aged: tuple[int, float, float, tuple[str, ...]] | None = None
         # Groups that had no waiting job and have one since the last pass, and that pass's record:
         # see ``Settled``.
         self._fresh: list[_Group] = []
@@ -443,6 +514,7 @@ class Queue:
             self._fresh.append(g)
             self._live[id(g)] = g
             self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
+            self._firsts += 1
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
@@ -455,6 +527,7 @@ class Queue:
             g.jobs.insert(at, job)
             if at == g.off:  # the group's first job, looked at anew
                 self._fresh.append(g)
+                self._firsts += 1
 
     def repredicted(self, team: str, slots: int) -> None:
         """The prediction of the waiting jobs of ``team`` asking ``slots`` moved (a job like them ended)."""
@@ -472,6 +545,7 @@ class Queue:
         """Put back a job that ``_take`` removed, at its place in its group."""
         self.byid[job.job_id] = job
         self._group_of[job.job_id] = g
+        self._firsts += 1
         if g.off == len(g.jobs):
             self._live[id(g)] = g
             self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
@@ -490,6 +564,7 @@ class Queue:
         if pos == g.off:
             g.off += 1
             nxt = g.off
+            self._firsts += 1
         else:
             del g.jobs[pos]
             nxt = pos
@@ -502,7 +577,10 @@ class Queue:
 
     def preempting(self, classes: Mapping[str, PriorityClass]) -> bool:
         """Whether a group of a class that may preempt waits."""
-        return any(n and classes[p].preempts for p, n in self._live_n.items())
+        for p, n in self._live_n.items():  # a loop, not any() over a generator: asked at most passes
+            if n and classes[p].preempts:
+                return True
+        return False
 
 
 def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now: float, queue: Queue) -> Any:
@@ -526,10 +604,23 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
     sig: tuple = _ranking(usage, queue) if order is Order.FAIRSHARE else ()
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
-        aged = [j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff]
+        kept = queue._aged
+        # The same first jobs in the same groups, none of them past the bound since: the same list (most
+        # passes follow a pass that started nothing, or started jobs behind a group's first).
+        if kept is not None and kept[0] == queue._firsts and kept[1] <= cutoff < kept[2]:
+            return (sig, kept[3])
+        aged = []
+        nxt = math.inf  # the earliest submission of a first job not yet past the bound
+        for g in queue._live.values():
+            j = g.jobs[g.off]
+            if j.submit_s <= cutoff:
+                aged.append(j.job_id)
+            elif j.submit_s < nxt:
+                nxt = j.submit_s
         # In the dict's order: the same jobs listed in another order count as a change (the pass then
         # looks at every group), which is slower but never wrong.
-        sig = (sig, tuple(aged))
+        queue._aged = (queue._firsts, cutoff, nxt, tuple(aged))
+        sig = (sig, queue._aged[3])
     return sig
 
 
