@@ -208,8 +208,9 @@ def test_a_job_given_up_on_for_its_prediction_starts_in_order_at_the_first_pass_
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arrive_start_and_age(seed):
-    # The signature's list of the groups' first jobs past the starvation bound is kept from pass to pass
-    # while no group's first job changes and none crosses the bound; listed anew, it is the same at every step.
+    # The signature's list of the groups' first jobs past the starvation bound is kept from pass to pass while
+    # no job on it leaves its group's first place and no first job reaches the bound; listed anew, it is the
+    # same at every step. Steps of whole 100 s let jobs reach the bound exactly at a step.
     rng = np.random.default_rng(seed)
     cfg = _pool("p", 4, 2, {}, bound_h=1)
     rules = Rules.of(Policy.parse("fairshare+aged+backfill+preempt"), cfg, "p")
@@ -217,7 +218,7 @@ def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arri
     usage: dict[str, float] = {}
     now, n, back = 0.0, 0, None
     for _ in range(600):
-        now += float(rng.exponential(200.0))
+        now += float(rng.integers(1, 5) * 100)
         if back is not None:
             queue._untake(*back)  # a pass that starts over puts back what it started
             back = None
@@ -229,7 +230,7 @@ def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arri
                 back = (job, g)
         else:
             n += 1
-            submit = now if rng.random() < 0.7 else float(rng.uniform(0.0, now))  # requeued jobs keep theirs
+            submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)  # requeued: theirs
             job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 4])), submit)
             queue.add(job, discredited=bool(rng.random() < 0.3))
         cutoff = now - 3600.0

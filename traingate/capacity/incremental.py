@@ -479,10 +479,9 @@ class Queue:
         self._group_of: dict[str, _Group] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
         self._live_n: dict[str, int] = {}  # class -> how many of them are of it
-        # Counts the changes to the live groups or their first jobs: the aged list of the order's
-        # signature (``_order_signature``) is kept while it stays and no first job crosses the bound.
-        self._firsts = 0
-        self._aged: tuple[int, float, float, tuple[str, ...]] | None = None
+        # The aged list of the order's signature (``_order_signature``): the cutoff it was listed at, the
+        # earliest submission of a first job not past it since, and the list; see ``_first_moved``.
+        self._aged: list | None = None
         # Groups that had no waiting job and have one since the last pass, and that pass's record:
         # see ``Settled``.
         self._fresh: list[_Group] = []
@@ -514,7 +513,7 @@ class Queue:
             self._fresh.append(g)
             self._live[id(g)] = g
             self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
-            self._firsts += 1
+            self._first_moved(None, job)
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
             del g.jobs[: g.off]
@@ -527,7 +526,20 @@ class Queue:
             g.jobs.insert(at, job)
             if at == g.off:  # the group's first job, looked at anew
                 self._fresh.append(g)
-                self._firsts += 1
+                self._first_moved(None, job)  # submitted before the one behind it
+
+    def _first_moved(self, old: Job | None, new: Job | None) -> None:
+        """A live group's first job ``old`` left it, or ``new`` became one (a group's jobs are in submission
+        order: the job behind ``old`` was submitted after it, the one behind ``new`` before it). The aged
+        list kept for the order's signature (``_order_signature``) is listed anew if ``old`` is on it;
+        ``new`` is on it once the cutoff reaches its submission."""
+        kept = self._aged
+        if kept is None:
+            return
+        if old is not None and old.submit_s <= kept[0]:
+            self._aged = None
+        elif new is not None and new.submit_s < kept[1]:
+            kept[1] = new.submit_s
 
     def repredicted(self, team: str, slots: int) -> None:
         """The prediction of the waiting jobs of ``team`` asking ``slots`` moved (a job like them ended)."""
@@ -545,7 +557,7 @@ class Queue:
         """Put back a job that ``_take`` removed, at its place in its group."""
         self.byid[job.job_id] = job
         self._group_of[job.job_id] = g
-        self._firsts += 1
+        self._first_moved(None, job)  # it may be first again, submitted before the one behind it
         if g.off == len(g.jobs):
             self._live[id(g)] = g
             self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
@@ -564,7 +576,7 @@ class Queue:
         if pos == g.off:
             g.off += 1
             nxt = g.off
-            self._firsts += 1
+            self._first_moved(job, None)  # the next one, if any, was submitted after it
         else:
             del g.jobs[pos]
             nxt = pos
@@ -605,10 +617,11 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
     if rules.policy.aged and rules.starvation_bound_s is not None:
         cutoff = now - rules.starvation_bound_s
         kept = queue._aged
-        # The same first jobs in the same groups, none of them past the bound since: the same list (most
-        # passes follow a pass that started nothing, or started jobs behind a group's first).
-        if kept is not None and kept[0] == queue._firsts and kept[1] <= cutoff < kept[2]:
-            return (sig, kept[3])
+        # No job on the list has left its group's first place and no first job has reached the bound since
+        # (``Queue._first_moved``): the same list (a group that leaves ``_live`` and comes back, last, does
+        # so with a new first job, on the list only once past the bound).
+        if kept is not None and kept[0] <= cutoff < kept[1]:
+            return (sig, kept[2])
         aged = []
         nxt = math.inf  # the earliest submission of a first job not yet past the bound
         for g in queue._live.values():
@@ -619,8 +632,8 @@ def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue
                 nxt = j.submit_s
         # In the dict's order: the same jobs listed in another order count as a change (the pass then
         # looks at every group), which is slower but never wrong.
-        queue._aged = (queue._firsts, cutoff, nxt, tuple(aged))
-        sig = (sig, queue._aged[3])
+        queue._aged = [cutoff, nxt, tuple(aged)]
+        sig = (sig, queue._aged[2])
     return sig
 
 
