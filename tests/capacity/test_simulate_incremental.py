@@ -238,6 +238,38 @@ def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arri
         assert incremental._order_signature(rules, usage, now, queue) == ((), aged), now
 
 
+def test_a_victim_given_up_on_for_its_prediction_backfills_at_the_pass_after_a_like_job_ends_sooner():
+    # Every (team, size) has finished a job by 1005 ((t, 2) in 1000 s), so an end moves the predictions of
+    # its team and size only. At 1110 v (urgent) preempts a, which waits again in a group of its own; from
+    # 1120 h (both nodes) heads the queue, reserved for 2120 (v's and b's, d's estimates). At 1200 c (team u)
+    # ends: a fits beside v, predicted to end at 2260 (1000 s and its 60 s restart), and is given up on. e
+    # backfills there and ends at 1211 in 10 s: (t, 2) is predicted 505 s now, and the pass after that end,
+    # with the same head and reservation, looks at a again and backfills it (to end at 1776).
+    cfg = _pool("p", 4, 2, {}, bound_h=24)
+
+    def job(job_id, team, cls, slots, submit_s, duration_s, est=None):
+        return TraceJob(Job(job_id, team, cls, "p", slots, submit_s, est, checkpoint_every_s=600.0), duration_s)
+
+    trace = [
+        job("s8", "t", "research", 8, 0.0, 5.0),
+        job("s2", "t", "research", 2, 1.0, 1000.0),
+        job("c0", "u", "research", 2, 1.0, 10.0),
+        job("a", "t", "research", 2, 1100.0, 5000.0),
+        job("b", "t", "research", 2, 1100.0, 5000.0, est=1000.0),
+        job("c", "u", "research", 2, 1100.0, 100.0),
+        job("d", "t", "research", 2, 1100.0, 5000.0, est=1000.0),
+        job("v", "t", "urgent", 2, 1110.0, 5000.0, est=1000.0),
+        job("h", "t", "production", 8, 1120.0, 100.0, est=100.0),
+        job("e", "t", "research", 2, 1201.0, 10.0, est=10.0),
+    ]
+    policy = Policy.parse("fairshare+aged+backfill+preempt")
+    fast = simulate(trace, cfg, policy)
+    res = {r.job_id: r for r in fast.records}
+    assert res["a"].preempted_at[0] == 1110.0 and res["e"].attempts == [(1201.0, (0,), "backfill")]
+    assert res["a"].attempts[1] == (1211.0, (0,), "backfill")
+    assert _schedule_of(fast) == _schedule_of(simulate(trace, cfg, policy, planner=straightforward_pass))
+
+
 def test_a_backfilled_job_that_outruns_its_estimate_is_stopped_at_it_and_the_head_starts_at_its_reservation():
     cfg = parse_config(
         {
