@@ -22,7 +22,12 @@ runs, and `traingate server stop` ends both. Its files sit in the server's direc
 engine per server). The socket is in a private temporary directory (0700: only this user may ask for a
 fork; a state directory's path may be too long for a unix socket's 107 bytes).
 
-The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{argv, env, cwd, python, code, path0}``.
+A built-in recipe's unit stage asks the same engine to fork its tests (:mod:`traingate.launch.pytest_child`,
+``TRAINGATE_ENGINE_SOCKET`` in a forked command's environment): the engine holds pytest and the contract tests'
+imports too.
+
+The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{argv, env, cwd, python, code, path0}``, or a
+pytest run's (:mod:`traingate.launch.pytest_child`).
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ import time
 from pathlib import Path
 
 from flows import local_server, warm_engine
+from traingate.launch import pytest_child
 from traingate.runtime import handoff
-from traingate.settings import Settings
+from traingate.settings import CLI_ENGINE_VAR, ENGINE_SOCKET_VAR, Settings
 
 COMMANDS = ("run", "resume", "sweep")
 # ``off`` (or 0, false, no): every command runs cold and none starts an engine.
-ENGINE_VAR = "TRAINGATE_CLI_ENGINE"
+ENGINE_VAR = CLI_ENGINE_VAR
 RECORD = "engine.json"
 LOG = "engine.log"
 LOCK = "engine.lock"
@@ -72,6 +78,9 @@ PRELOADED = (
     "alembic.command",
     "sqlalchemy.dialects.sqlite",
     "torch",
+    # A built-in recipe's unit stage is forked from the engine too (traingate.launch.pytest_child).
+    "pytest",
+    *pytest_child.CONTRACT_PRELOAD,
 )
 _COLD = -1  # what handoff.ask returns when the command is to run here
 
@@ -280,7 +289,16 @@ def _fork_command(
         conn.close()
         return None
     conn.settimeout(None)
-    why, end = (refusing, False) if refusing else _refusal(request, code)
+    pytest_run = pytest_child.KIND in request
+    why: str | None
+    if refusing:
+        why, end = refusing, False
+    elif pytest_run and (changed := warm_engine.changed_file(code)):
+        why, end = f"{changed} changed since it was imported", True
+    elif pytest_run:
+        why, end = pytest_child.refusal(request, warm_engine.interpreter_vars(os.environ)), False
+    else:
+        why, end = _refusal(request, code)
     if why is not None:
         print(f"cli engine: a command runs cold: {why}", file=sys.stderr, flush=True)
         for fd in fds:
@@ -291,28 +309,26 @@ def _fork_command(
             pass
         conn.close()
         return why if end else None
+    engine = listener.getsockname()
     pid = os.fork()
     if pid == 0:
         try:
-            _become_command(conn, listener, wake, children, request, fds)  # ends in os._exit
+            _as_child(listener, wake, children)
+            if pytest_run:
+                pytest_child.forked(conn, request, fds)  # ends in os._exit
+            _become_command(conn, request, fds, engine)  # ends in os._exit
         finally:
-            os._exit(70)  # an exception escaped the command's own handling (EX_SOFTWARE)
+            os._exit(70)  # an exception escaped the child's own handling (EX_SOFTWARE)
     for fd in fds:
         os.close(fd)
     children[pid] = conn
-    print(f"cli engine: forked {pid} for `traingate {request['argv'][0]}`", file=sys.stderr, flush=True)
+    what = "a unit stage's tests" if pytest_run else f"`traingate {request['argv'][0]}`"
+    print(f"cli engine: forked {pid} for {what}", file=sys.stderr, flush=True)
     return None
 
 
-def _become_command(
-    conn: socket.socket,
-    listener: socket.socket,
-    wake: tuple[int, int],
-    children: dict[int, socket.socket],
-    request: dict,
-    fds: list[int],
-) -> None:
-    """In the forked child: take the command's place (session, fds, environment, cwd) and run it."""
+def _as_child(listener: socket.socket, wake: tuple[int, int], children: dict[int, socket.socket]) -> None:
+    """In the forked child: the engine's socket, pipes and signal handling let go of."""
     listener.close()
     for other in children.values():
         other.close()
@@ -322,9 +338,15 @@ def _become_command(
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _become_command(conn: socket.socket, request: dict, fds: list[int], engine: str) -> None:
+    """In the forked child: take the command's place (session, fds, environment, cwd) and run it; its unit stage
+    asks ``engine`` (this engine's socket) to fork its tests."""
     # A command whose `traingate` process was SIGKILLed ends with it: nobody waits for its output.
     done = handoff.take_place(conn, request, fds, "cli-entry-watch")
-    _std_streams()
+    os.environ[ENGINE_SOCKET_VAR] = engine
+    handoff.std_streams()
     sys.argv = ["traingate", *request["argv"]]
     sys.path[0] = request["path0"]
     torch = sys.modules["torch"]
@@ -343,24 +365,6 @@ def _become_command(
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     handoff.finish(conn, done, code)
-
-
-def _std_streams() -> None:
-    """sys.stdin/stdout/stderr anew on the command's fds: the engine's were made for its own (a log file,
-    block-buffered); a terminal's stdout is line-buffered, as in a cold command."""
-    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
-        old = getattr(sys, name)
-        line = fd == 2 or (fd == 1 and os.isatty(1))
-        stream = open(  # noqa: SIM115 - the process's own standard stream, open until it ends
-            fd,
-            "r" if fd == 0 else "w",
-            buffering=1 if line else -1,
-            encoding=getattr(old, "encoding", None),
-            errors=getattr(old, "errors", None),
-            closefd=False,
-        )
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
 
 
 if __name__ == "__main__":

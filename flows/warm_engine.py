@@ -44,12 +44,15 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from traingate.launch import pytest_child
 from traingate.runtime import handoff
 from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
 
 # What a cold flow-run process of the ladder imports before its first task: Prefect's engine, the flows
 # (MLflow, pandas, the tasks and the core library with them) and torch (a built-in recipe's data snapshot).
-PRELOADED = ("prefect.engine", "flows.pipeline", "flows.stage", "torch")
+# A built-in recipe's unit stage is forked from it too (traingate.launch.pytest_child): pytest and the contract tests'
+# imports.
+PRELOADED = ("prefect.engine", "flows.pipeline", "flows.stage", "torch", "pytest", *pytest_child.CONTRACT_PRELOAD)
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).
 _FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
@@ -235,16 +238,20 @@ def _fork_flow_run(
     conn.settimeout(None)
     code_dir = request["env"].get(CODE_DIR_VAR)
     changed = changed_file(code)
+    pytest_run = pytest_child.KIND in request
     why = None
     if changed:
         why = f"{changed} changed since it was imported"
+    elif pytest_run:
+        why = pytest_child.refusal(request, interpreter_vars(os.environ))
     elif not code_dir or Path(code_dir).resolve() != CODE_ROOT:
         why = f"{CODE_DIR_VAR}={code_dir!r} is not {CODE_ROOT}, the code it imported"
     elif differ := interpreter_vars(request["env"]) ^ interpreter_vars(os.environ):
         # PYTHONPATH and the like act when an interpreter starts: the zygote's, not the flow run's, made this one.
         why = f"the flow run's {sorted({k for k, _ in differ})} differ from the zygote's (read at interpreter start)"
     if why:
-        print(f"flow-run zygote: a flow run starts cold: {why}", file=sys.stderr, flush=True)
+        what = "a unit stage's tests start" if pytest_run else "a flow run starts"
+        print(f"flow-run zygote: {what} cold: {why}", file=sys.stderr, flush=True)
         for fd in fds:
             os.close(fd)
         try:
@@ -256,29 +263,26 @@ def _fork_flow_run(
     pid = os.fork()
     if pid == 0:
         try:
-            _become_flow_run(conn, listener, wake, children, request, fds)  # ends in os._exit
+            _as_child(listener, wake, children)
+            if pytest_run:
+                pytest_child.forked(conn, request, fds)  # ends in os._exit
+            _become_flow_run(conn, request, fds)  # ends in os._exit
         finally:
-            os._exit(70)  # an exception escaped the flow run's own handling (EX_SOFTWARE)
+            os._exit(70)  # an exception escaped the child's own handling (EX_SOFTWARE)
     for fd in fds:
         os.close(fd)
     children[pid] = conn
+    what = "a unit stage's tests" if pytest_run else "flow run"
     print(
-        f"flow-run zygote: forked {pid} for flow run {request['env'].get('PREFECT__FLOW_RUN_ID')}",
+        f"flow-run zygote: forked {pid} for {what} {request['env'].get('PREFECT__FLOW_RUN_ID')}",
         file=sys.stderr,
         flush=True,
     )
     return False
 
 
-def _become_flow_run(
-    conn: socket.socket,
-    listener: socket.socket,
-    wake: tuple[int, int],
-    children: dict[int, socket.socket],
-    request: dict,
-    fds: list[int],
-) -> None:
-    """In the forked child: take the entry's place (session, fds, environment, cwd) and run the flow run."""
+def _as_child(listener: socket.socket, wake: tuple[int, int], children: dict[int, socket.socket]) -> None:
+    """In the forked child: the zygote's socket, pipes and signal handling let go of."""
     listener.close()
     for other in children.values():
         other.close()
@@ -288,6 +292,10 @@ def _become_flow_run(
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _become_flow_run(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: take the entry's place (session, fds, environment, cwd) and run the flow run."""
     # An entry SIGKILLed by the worker takes the flow run with it: a flow run nobody waits for must not go on.
     done = handoff.take_place(conn, request, fds, "engine-entry-watch")
     sys.argv = [sys.argv[0]]

@@ -15,20 +15,22 @@ from traingate.job import envvars
 from traingate.job.result import StageResult
 from traingate.ladder import outcomes
 from traingate.launch import proc
+from traingate.launch.pytest_child import CONTRACT_PRELOAD
 from traingate.launch.warm_pytest import WarmPytest
+from traingate.settings import ENGINE_SOCKET_VAR
 from traingate.spec import RunSpec
-
-# What a built-in recipe's contract tests import (test_recipe_contract.py's imports, not the module itself:
-# pytest imports that, rewriting its asserts), and TorchDynamo: an optimizer's constructor imports it (about
-# 1.9 s of CPU, the slowest part of the tests when it is not loaded ahead).
-CONTRACT_PRELOAD = ["torch", "torch._dynamo", "yaml", "traingate.recipes", "traingate.runtime.rng", "traingate.spec"]
 
 
 def start_unit_tests(spec: RunSpec) -> WarmPytest:
-    """The unit stage's interpreter, started now with pytest (and a built-in recipe's test imports) loaded; it
-    runs nothing until :func:`run_unit_tests` hands it its arguments. A script recipe's tests import what
-    they import: only pytest is loaded for them."""
-    return WarmPytest.start(sys.executable, unit_env(), [] if spec.recipe.name == "script" else CONTRACT_PRELOAD)
+    """The unit stage's pytest process, started now; it runs nothing until :func:`run_unit_tests` hands it its
+    arguments. A built-in recipe's contract tests are forked from the engine this flow run was forked from (the
+    process pool's flow-run zygote or the kept server's CLI engine: ``TRAINGATE_ENGINE_SOCKET``), which holds their
+    imports already; without one, the process imports pytest and them itself, now. A script's tests import what
+    they import, and never run in an interpreter holding traingate's modules (a module of the script's may share a
+    name with one of them): a fresh interpreter with only pytest loaded."""
+    if spec.recipe.name == "script":
+        return WarmPytest.start(sys.executable, unit_env(), [])
+    return WarmPytest.start(sys.executable, unit_env(), CONTRACT_PRELOAD, engine=os.environ.get(ENGINE_SOCKET_VAR))
 
 
 def unit_env(spec_path: str | None = None) -> dict[str, str]:

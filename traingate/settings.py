@@ -40,10 +40,13 @@ CHECKPOINT_URI_VAR = "TRAINGATE_CHECKPOINT_URI"
 OPTUNA_STORAGE_VAR = "TRAINGATE_OPTUNA_STORAGE"
 # which Prefect server a CLI command uses without PREFECT_API_URL (flows/local_server.py): kept | temporary
 PREFECT_SERVER_VAR = "TRAINGATE_PREFECT_SERVER"
+CLI_ENGINE_VAR = "TRAINGATE_CLI_ENGINE"  # off: every command runs cold (flows.cli_engine)
 # Where migrated, empty Prefect databases are cached (flows.local_server.db_cache_dir); unset: under the state dir.
 PREFECT_DB_CACHE_VAR = "TRAINGATE_PREFECT_DB_CACHE"
 S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
-# The socket of a process worker's flow-run zygote (flows/warm_engine.py); unset: flow runs start cold.
+# The socket of the engine flow runs are forked from (a process worker's flow-run zygote, flows/warm_engine.py; a
+# command's of the kept server's CLI engine, flows/cli_engine.py), which forks a built-in recipe's unit tests too;
+# unset: they start cold.
 ENGINE_SOCKET_VAR = "TRAINGATE_ENGINE_SOCKET"
 # Where a deployment's pull step puts the code (deployments/prefect.yaml: set_working_directory).
 CODE_DIR_VAR = "TRAINGATE_CODE_DIR"

@@ -132,6 +132,8 @@ def test_ladder_deployment_runs_a_spec_mapping_and_a_resume_through_the_api(depl
     # Both flow runs' processes were forked from the worker's zygote (flows/warm_engine.py), not started cold.
     log = deployed["worker_log"].read_text()
     assert all(f"for flow run {r.id}" in log for r in (first, second)), tail(deployed["worker_log"])
+    # So were the first run's unit tests (traingate.launch.pytest_child), with the contract tests' imports loaded.
+    assert f"for a unit stage's tests {first.id}" in log, tail(deployed["worker_log"])
     runs = _pipeline_runs(client)
     assert list(runs) == [run_id], "a resume continues the run; it opens no new one"
     resumed = runs[run_id]

@@ -153,6 +153,25 @@ def take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], wat
     return done
 
 
+def std_streams() -> None:
+    """In the forked child: sys.stdin/stdout/stderr anew on fds 0-2, which are the entry's now. The zygote's were
+    made for its own (a log file: block-buffered); a terminal's stdout is line-buffered and stderr always is, as in
+    a process started cold."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        line = fd == 2 or (fd == 1 and os.isatty(1))
+        stream = open(  # noqa: SIM115 - the process's own standard stream, open until it ends
+            fd,
+            "r" if fd == 0 else "w",
+            buffering=1 if line else -1,
+            encoding=getattr(old, "encoding", None),
+            errors=getattr(old, "errors", None),
+            closefd=False,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
 def exit_code(e: SystemExit) -> int:
     """The status an interpreter ends with for ``e``."""
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
