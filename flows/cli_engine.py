@@ -32,20 +32,15 @@ pytest run's (:mod:`traingate.launch.pytest_child`).
 
 from __future__ import annotations
 
-import atexit
 import fcntl
-import gc
-import importlib
 import json
 import os
 import select
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -129,19 +124,14 @@ def ensure(state_dir: Path) -> None:
     # Forking needs a single-threaded engine; torch's OpenMP pool starts at import when the count is unset. Only
     # the engine's own environment: its children take their command's.
     env.setdefault("OMP_NUM_THREADS", "1")
-    fd = os.open(d / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        subprocess.Popen(
-            [sys.executable, "-m", "flows.cli_engine", "--serve", os.path.join(home, "sock"), str(server.pid)],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=subprocess.STDOUT,
-            cwd=str(warm_engine.CODE_ROOT),
-            start_new_session=True,  # not the command's: it outlives it, and a terminal's Ctrl-C is not its
-        )
-    finally:
-        os.close(fd)
+    # Nobody's descendant (as the kept server): the guardian of the command starting it stops that command's
+    # descendants once the command has ended.
+    local_server.detached(
+        [sys.executable, "-m", "flows.cli_engine", "--serve", os.path.join(home, "sock"), str(server.pid)],
+        d / LOG,
+        env,
+        cwd=warm_engine.CODE_ROOT,
+    )
 
 
 def stop(state_dir: Path) -> None:
@@ -193,27 +183,13 @@ def serve(path: str, server_pid: int) -> int:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    wake = os.pipe()
-    for fd in wake:
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake[1])
+    listener, wake = warm_engine.listen(path)
     stopping: list[int] = []
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     _write_record(d, {"pid": os.getpid(), "socket": path, "server_pid": server_pid})
     started = time.time()
     why = None
-    gc.disable()  # the imports make objects and no garbage; frozen after them, no later collection walks them
-    for name in PRELOADED:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:  # a library's module moved: the command imports what it needs itself
-            print(f"cli engine: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
-    gc.freeze()
-    gc.enable()
+    warm_engine.preload(PRELOADED, "cli engine")
     if extra := warm_engine.extra_threads():
         why = f"threads {extra} after the imports"
     code = warm_engine.code_files()
@@ -281,14 +257,9 @@ def _fork_command(
 ) -> str | None:
     """Fork the command asked for on ``conn``, or refuse it (it runs cold); why the engine is to end, if it is.
     ``refusing``: why this engine forks nothing, if it does not."""
-    conn.settimeout(10.0)
-    try:
-        request, fds = handoff.read_request(conn)
-    except (OSError, ValueError) as e:
-        print(f"cli engine: bad request: {e}", file=sys.stderr, flush=True)
-        conn.close()
+    if (asked := warm_engine.read_request(conn, "cli engine")) is None:
         return None
-    conn.settimeout(None)
+    request, fds = asked
     pytest_run = pytest_child.KIND in request
     why: str | None
     if refusing:
@@ -301,19 +272,13 @@ def _fork_command(
         why, end = _refusal(request, code)
     if why is not None:
         print(f"cli engine: a command runs cold: {why}", file=sys.stderr, flush=True)
-        for fd in fds:
-            os.close(fd)
-        try:
-            conn.sendall(handoff.REC.pack(b"R", 0))
-        except OSError:
-            pass
-        conn.close()
+        handoff.refuse(conn, fds)
         return why if end else None
     engine = listener.getsockname()
     pid = os.fork()
     if pid == 0:
         try:
-            _as_child(listener, wake, children)
+            warm_engine.as_child(listener, wake, children)
             if pytest_run:
                 pytest_child.forked(conn, request, fds)  # ends in os._exit
             _become_command(conn, request, fds, engine)  # ends in os._exit
@@ -325,19 +290,6 @@ def _fork_command(
     what = "a unit stage's tests" if pytest_run else f"`traingate {request['argv'][0]}`"
     print(f"cli engine: forked {pid} for {what}", file=sys.stderr, flush=True)
     return None
-
-
-def _as_child(listener: socket.socket, wake: tuple[int, int], children: dict[int, socket.socket]) -> None:
-    """In the forked child: the engine's socket, pipes and signal handling let go of."""
-    listener.close()
-    for other in children.values():
-        other.close()
-    signal.set_wakeup_fd(-1)
-    for fd in wake:
-        os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _become_command(conn: socket.socket, request: dict, fds: list[int], engine: str) -> None:
@@ -352,19 +304,7 @@ def _become_command(conn: socket.socket, request: dict, fds: list[int], engine: 
     torch = sys.modules["torch"]
     if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    code = 0
-    try:
-        code = int(sys.modules["flows.cli"].main(request["argv"]))
-    except SystemExit as e:
-        code = handoff.exit_code(e)
-    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    # What interpreter shutdown does before a cold command ends: wait for non-daemon threads, then the atexit
-    # handlers (Prefect's log and event workers flush there).
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    handoff.finish(conn, done, code)
+    handoff.run_and_finish(conn, done, lambda: sys.modules["flows.cli"].main(request["argv"]))
 
 
 if __name__ == "__main__":

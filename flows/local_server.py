@@ -510,6 +510,21 @@ def _server_env(d: Path, port: int, values: Mapping[str, str]) -> dict[str, str]
 _DETACH = 'umask 077; log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
 
 
+def detached(cmd: list[str], log: Path, env: Mapping[str, str], cwd: Path | None = None) -> int:
+    """Start ``cmd`` in a session of its own with no parent among traingate's processes, its output appended to
+    ``log``; its pid."""
+    out = subprocess.run(
+        ["sh", "-c", _DETACH, "sh", str(log), *cmd],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,
+    )
+    return int(out.stdout.strip())
+
+
 def _start(d: Path) -> Record:
     values = _secrets(d)
     prefect = Path(sys.executable).parent / "prefect"
@@ -517,15 +532,7 @@ def _start(d: Path) -> Record:
         port = _free_port()
         cmd = [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
         seeding = seed_database(d / "prefect.db", db_cache_dir(d.parent))
-        out = subprocess.run(
-            ["sh", "-c", _DETACH, "sh", str(d / LOG), *cmd],
-            env={**_server_env(d, port, values), **seeding.env},
-            capture_output=True,
-            text=True,
-            check=True,
-            start_new_session=True,
-        )
-        pid = int(out.stdout.strip())
+        pid = detached(cmd, d / LOG, {**_server_env(d, port, values), **seeding.env})
         proc = psutil.Process(pid)
         record = Record(pid=pid, pgid=os.getpgid(pid), port=port, started_at=proc.create_time())
         # Recorded before it answers: a command killed while it waits leaves a record the next one checks

@@ -27,7 +27,6 @@ The request (:mod:`traingate.runtime.handoff`'s wire format) is ``{env, cwd}``.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib
 import os
@@ -39,7 +38,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -120,20 +118,9 @@ def serve(path: str, worker_pid: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C stops the worker; this ends with it
     if os.path.exists(path):
         os.unlink(path)  # a restart on changed code (its own socket)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    wake = os.pipe()
-    for fd in wake:
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake[1])
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    listener, wake = listen(path)
     started = time.time()
-    gc.disable()  # the imports make objects and no garbage; frozen after them, no later collection walks them
-    for name in PRELOADED:
-        importlib.import_module(name)
-    gc.freeze()
-    gc.enable()
+    preload(PRELOADED, "flow-run zygote")
     extra = extra_threads()
     if extra:
         print(f"flow-run zygote: threads {extra} after the imports; not serving, flow runs start cold", file=sys.stderr)
@@ -163,6 +150,47 @@ def serve(path: str, worker_pid: int) -> int:
     listener.close()
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     return 0
+
+
+def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """An engine's socket, bound at ``path`` and listening, and its self-pipe, which SIGCHLD wakes its loop through
+    (read end, write end)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    return listener, wake
+
+
+def preload(names: tuple[str, ...], who: str) -> None:
+    """Import ``names`` once, before any fork. The imports make objects and no garbage: no collection runs during
+    them, and frozen after them no later collection walks them. A module that is not there (a library moved it)
+    is said and skipped: a forked child imports what it needs itself."""
+    gc.disable()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            print(f"{who}: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
+    gc.freeze()
+    gc.enable()
+
+
+def read_request(conn: socket.socket, who: str) -> tuple[dict, list[int]] | None:
+    """An entry's request and fds (10 s to send them), or None (said, ``conn`` closed) when it sent none."""
+    conn.settimeout(10.0)
+    try:
+        request, fds = handoff.read_request(conn)
+    except (OSError, ValueError) as e:
+        print(f"{who}: bad request: {e}", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    conn.settimeout(None)
+    return request, fds
 
 
 def extra_threads() -> list[str]:
@@ -228,14 +256,9 @@ def _fork_flow_run(
 ) -> bool:
     """Fork a flow run for the request on ``conn`` or refuse it (the entry starts cold); True when a file of the
     imported code changed."""
-    conn.settimeout(10.0)
-    try:
-        request, fds = handoff.read_request(conn)
-    except (OSError, ValueError) as e:
-        print(f"flow-run zygote: bad request: {e}", file=sys.stderr, flush=True)
-        conn.close()
+    if (asked := read_request(conn, "flow-run zygote")) is None:
         return False
-    conn.settimeout(None)
+    request, fds = asked
     code_dir = request["env"].get(CODE_DIR_VAR)
     changed = changed_file(code)
     pytest_run = pytest_child.KIND in request
@@ -252,18 +275,12 @@ def _fork_flow_run(
     if why:
         what = "a unit stage's tests start" if pytest_run else "a flow run starts"
         print(f"flow-run zygote: {what} cold: {why}", file=sys.stderr, flush=True)
-        for fd in fds:
-            os.close(fd)
-        try:
-            conn.sendall(handoff.REC.pack(b"R", 0))
-        except OSError:
-            pass
-        conn.close()
+        handoff.refuse(conn, fds)
         return changed is not None
     pid = os.fork()
     if pid == 0:
         try:
-            _as_child(listener, wake, children)
+            as_child(listener, wake, children)
             if pytest_run:
                 pytest_child.forked(conn, request, fds)  # ends in os._exit
             _become_flow_run(conn, request, fds)  # ends in os._exit
@@ -281,8 +298,8 @@ def _fork_flow_run(
     return False
 
 
-def _as_child(listener: socket.socket, wake: tuple[int, int], children: dict[int, socket.socket]) -> None:
-    """In the forked child: the zygote's socket, pipes and signal handling let go of."""
+def as_child(listener: socket.socket, wake: tuple[int, int], children: dict[int, socket.socket]) -> None:
+    """In an engine's forked child: the engine's socket, pipes and signal handling let go of."""
     listener.close()
     for other in children.values():
         other.close()
@@ -306,22 +323,15 @@ def _become_flow_run(conn: socket.socket, request: dict, fds: list[int]) -> None
     torch = sys.modules["torch"]
     if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    code = 0
     # Run as `-m` runs it: a fresh __main__ from the module's code (its imports stay loaded); runpy warns when the
     # module it runs is in sys.modules already (Prefect's own workspace bootstrap does the same).
     sys.modules.pop("prefect.engine", None)
-    try:
+
+    def engine() -> int:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        code = handoff.exit_code(e)
-    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    # What interpreter shutdown does before it ends a cold process: wait for non-daemon threads, then the
-    # atexit handlers (Prefect's log and event workers flush there).
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    handoff.finish(conn, done, code)
+        return 0
+
+    handoff.run_and_finish(conn, done, engine)
 
 
 def reap(children: dict[int, socket.socket]) -> None:

@@ -134,7 +134,7 @@ def _engine_log(d: Path) -> str:
 
 
 def _engine_ready(d: Path) -> dict:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while True:
         record = cli_engine._read(d)
         if record is not None and f"ready on {record['socket']}" in _engine_log(d):
@@ -184,6 +184,9 @@ def _commands_are_forked_from_the_servers_engine(state: Path, record: local_serv
     assert first.returncode == 0 and "pipeline PASSED" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
     engine = _engine_ready(d)
     assert engine["server_pid"] == record.pid
+    # The command's guardian, which stops what an ended command left behind, leaves the engine alone.
+    time.sleep(1.5)
+    assert psutil.pid_exists(engine["pid"]) and "ending" not in _engine_log(d), _engine_log(d)
     assert stat.S_IMODE(os.stat(os.path.dirname(engine["socket"])).st_mode) == 0o700
     assert stat.S_IMODE((d / cli_engine.RECORD).stat().st_mode) == 0o600
 

@@ -222,9 +222,16 @@ def test_a_zygote_that_finds_threads_after_its_imports_refuses_to_serve_and_says
 def test_a_zygote_whose_supervisor_died_before_it_started_exits_instead_of_serving_nobody(tmp_path):
     # A supervisor SIGKILLed right after starting its zygote (a killed CLI): the zygote's first look finds
     # another parent, before the guardian of the dead supervisor ever saw it.
+    # The zygote's interpreter starts once its supervisor is gone (a wrapper waits for that, then execs it): on a
+    # busy machine the supervisor may otherwise still be alive, descheduled, at the zygote's first look.
     log = tmp_path / "zygote.log"
+    late = tmp_path / "python-once-the-parent-is-gone"
+    late.write_text("#!/bin/sh\n"  # its parent pid (/proc/PID/stat's 4th field) changes as the supervisor exits
+                    'while [ "$(cut -d" " -f4 /proc/$$/stat)" = "$TG_SUPERVISOR" ]; do sleep 0.01; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    late.chmod(0o755)
     code = ("import os, sys\nfrom traingate.runtime import warm\n"
-            f"z = warm.Zygote(sys.executable, dict(os.environ), {str(log)!r})\n"
+            f"z = warm.Zygote({str(late)!r}, dict(os.environ, TG_SUPERVISOR=str(os.getpid())), {str(log)!r})\n"
             "print(z.pid, z.dir, flush=True)\nos._exit(0)\n")
     pid, directory = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                                     check=True).stdout.split()

@@ -21,14 +21,12 @@ run applies to its ``sys.path`` and ``sys.dont_write_bytecode``.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib
 import json
 import os
 import socket
 import sys
-import threading
 from pathlib import Path
 
 from traingate.runtime import handoff
@@ -111,17 +109,9 @@ def forked(conn: socket.socket, request: dict, fds: list[int]) -> None:
     # As an interpreter started with the request's PYTHONPATH: its entries after the first one, the engine's gone.
     theirs = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[1:] = [*theirs, *(p for p in sys.path[1:] if p not in engines and p not in theirs)]
-    code = 0
-    try:
-        code = run({"args": [*FORKED_ARGS, *request[KIND]], "env": request["env"], "cwd": request["cwd"]})
-    except SystemExit as e:
-        code = handoff.exit_code(e)
-    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    handoff.finish(conn, done, code)
+    handoff.run_and_finish(
+        conn, done, lambda: run({"args": [*FORKED_ARGS, *request[KIND]], "env": request["env"], "cwd": request["cwd"]})
+    )
 
 
 def refusal(request: dict, interpreter_vars: set[tuple[str, str]]) -> str | None:

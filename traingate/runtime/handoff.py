@@ -13,6 +13,7 @@ Zygote/child -> entry: ``!ci`` records: ``R`` refused (start cold), ``P`` pid, `
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -153,6 +154,17 @@ def take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], wat
     return done
 
 
+def refuse(conn: socket.socket, fds: list[int]) -> None:
+    """As the zygote: fork nothing for this request; its entry starts the process cold."""
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(REC.pack(b"R", 0))
+    except OSError:
+        pass  # the entry is gone
+    conn.close()
+
+
 def std_streams() -> None:
     """In the forked child: sys.stdin/stdout/stderr anew on fds 0-2, which are the entry's now. The zygote's were
     made for its own (a log file: block-buffered); a terminal's stdout is line-buffered and stderr always is, as in
@@ -175,6 +187,22 @@ def std_streams() -> None:
 def exit_code(e: SystemExit) -> int:
     """The status an interpreter ends with for ``e``."""
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def run_and_finish(conn: socket.socket, done: threading.Event, body: Callable[[], int]) -> NoReturn:
+    """In the forked child: run ``body`` as an interpreter runs its main module (its ``SystemExit``'s code; an
+    uncaught exception printed, status 1), then what interpreter shutdown does before a process ends (non-daemon
+    threads waited for, the atexit handlers: Prefect's log and event workers flush there), and :func:`finish`."""
+    try:
+        code = int(body())
+    except SystemExit as e:
+        code = exit_code(e)
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends an interpreter: traceback, status 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    finish(conn, done, code)
 
 
 def finish(conn: socket.socket, done: threading.Event, code: int) -> NoReturn:
