@@ -127,8 +127,9 @@ def run_stage_job(
             if not requeue:
                 break
             log.warning(
-                "%s preempted at a checkpoint by %s (%s): back in the queue, resumes when slots are free",
+                "%s preempted %s by %s (%s): back in the queue, resumes when slots are free",
                 job.stage,
+                "at a checkpoint" if sup.checkpointed is not False else "(its emergency checkpoint not confirmed)",
                 (gang.preempted_by_last if gang is not None else None) or "a higher priority class",
                 sup.error,
             )

@@ -162,9 +162,24 @@ def resumable_stop(stage: str, result: StageResult, run_id: str) -> str:
     'smoke paused by alert loss-spike: loss 9 > 4x median; continue with `traingate resume r1`'
     >>> resumable_stop("smoke", StageResult(stage="smoke", status=Status.PREEMPTED, error="preempted: SIGINT"), "r1")
     'smoke preempted at a checkpoint; continue with: traingate resume r1'
+
+    A preemption whose emergency checkpoint was not confirmed (a script that does not checkpoint on SIGTERM) says so:
+    the resume goes on from the newest checkpoint the stage wrote before.
+
+    >>> unconfirmed = StageResult(stage="smoke", status=Status.PREEMPTED, error="preempted: SIGINT",
+    ...     details={"supervision": {"checkpointed": False}})
+    >>> print(resumable_stop("smoke", unconfirmed, "r1").replace("; ", ";\\n"))
+    smoke preempted, its emergency checkpoint not confirmed (it resumes from its latest checkpoint);
+    continue with: traingate resume r1
     """
-    if result.details.get("supervision", {}).get("paused_by") and result.error:
+    supervision = result.details.get("supervision", {})
+    if supervision.get("paused_by") and result.error:
         return f"{stage} {result.error}"
+    if supervision.get("checkpointed") is False:
+        return (
+            f"{stage} preempted, its emergency checkpoint not confirmed (it resumes from its latest checkpoint); "
+            f"continue with: traingate resume {run_id}"
+        )
     return f"{stage} preempted at a checkpoint; continue with: traingate resume {run_id}"
 
 

@@ -87,6 +87,9 @@ class Supervision:
     # Who paused a resumable stage: "alert <rule>" (a budget's rule too) or "disk full"; None when it was
     # preempted (Ctrl-C, a cancelled flow run, a higher priority class) or did not pause.
     paused_by: str | None = None
+    # A stage stopped from outside (preempted, paused): whether its emergency checkpoint was confirmed; None for any
+    # other end.
+    checkpointed: bool | None = None
 
     @property
     def restarts(self) -> int:
@@ -99,6 +102,7 @@ class Supervision:
             "error": self.error,
             "stop_reason": self.stop_reason,
             "paused_by": self.paused_by,
+            "checkpointed": self.checkpointed,
             "restarts": self.restarts,
             "attempts": [asdict(a) for a in self.attempts],
         }

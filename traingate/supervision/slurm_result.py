@@ -65,6 +65,7 @@ def supervision_of(
         final.get("stop_reason"),
         job,
         None if status is not None else final.get("paused_by"),
+        None if status is not None else final.get("checkpointed"),
     )
 
 

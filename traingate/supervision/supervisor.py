@@ -308,7 +308,7 @@ class _Run:
                 f"continue with `traingate resume {job.run_id}`"
             )
             paused_by = f"alert {watch.alert_stop.rule}" if watch.alert_stop is not None else None
-            return self.finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED, paused_by)
+            return self.finish(result, Status.PREEMPTED, err, watch.stop, Cause.PREEMPTED, paused_by, checkpointed)
         if verdict.cause == Cause.DISK_FULL:
             # A full disk stays full until someone frees it: a restart cannot help, and the work saved so far
             # is good. The stage pauses, as a budget or an alert pauses it: resumable from its latest checkpoint.
@@ -372,6 +372,7 @@ class _Run:
         stop_reason: str | None,
         cause: Cause | None,
         paused_by: str | None = None,
+        checkpointed: bool | None = None,
     ) -> Supervision:
         final = {
             "status": str(status),
@@ -379,9 +380,10 @@ class _Run:
             "error": error,
             "stop_reason": stop_reason,
             "paused_by": paused_by,
+            "checkpointed": checkpointed,
         }
         self.record.write(self.attempts, final)
-        return Supervision(status, cause, error, self.attempts, result, stop_reason, self.job, paused_by)
+        return Supervision(status, cause, error, self.attempts, result, stop_reason, self.job, paused_by, checkpointed)
 
 
 def _sleep(seconds: float, stop_requested: Callable[[], str | None] | None) -> str | None:
