@@ -239,11 +239,12 @@ def _refusal(request: dict, code: dict[str, tuple[int, int]]) -> tuple[str | Non
     """Why the engine does not fork ``request`` (None: it does), and whether it is to end for it."""
     if changed := warm_engine.changed_file(code):
         return f"{changed} changed since it was imported", True
+    if pytest_child.KIND in request:
+        return pytest_child.refusal(request), False
     if request.get("python") != sys.executable or request.get("code") != str(warm_engine.CODE_ROOT):
         return f"the command runs {request.get('python')} on {request.get('code')}, not this engine's code", False
-    if differ := warm_engine.interpreter_vars(request["env"]) ^ warm_engine.interpreter_vars(os.environ):
-        names = sorted({k for k, _ in differ})
-        return f"the command's {names} differ from the engine's (read at interpreter start)", False
+    if differ := handoff.differing_interpreter_vars(request["env"]):
+        return f"the command's {differ} differ from the engine's (read at interpreter start)", False
     return None, False
 
 
@@ -261,15 +262,7 @@ def _fork_command(
         return None
     request, fds = asked
     pytest_run = pytest_child.KIND in request
-    why: str | None
-    if refusing:
-        why, end = refusing, False
-    elif pytest_run and (changed := warm_engine.changed_file(code)):
-        why, end = f"{changed} changed since it was imported", True
-    elif pytest_run:
-        why, end = pytest_child.refusal(request, warm_engine.interpreter_vars(os.environ)), False
-    else:
-        why, end = _refusal(request, code)
+    why, end = (refusing, False) if refusing else _refusal(request, code)
     if why is not None:
         print(f"cli engine: a command runs cold: {why}", file=sys.stderr, flush=True)
         handoff.refuse(conn, fds)

@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from traingate.launch import pytest_child
@@ -234,10 +233,6 @@ def changed_file(code: dict[str, tuple[int, int]]) -> str | None:
     return None
 
 
-def interpreter_vars(env: Mapping[str, str]) -> set[tuple[str, str]]:
-    return {(k, v) for k, v in env.items() if k.startswith("PYTHON")}
-
-
 def drain(fd: int) -> None:
     while True:
         try:
@@ -266,12 +261,12 @@ def _fork_flow_run(
     if changed:
         why = f"{changed} changed since it was imported"
     elif pytest_run:
-        why = pytest_child.refusal(request, interpreter_vars(os.environ))
+        why = pytest_child.refusal(request)
     elif not code_dir or Path(code_dir).resolve() != CODE_ROOT:
         why = f"{CODE_DIR_VAR}={code_dir!r} is not {CODE_ROOT}, the code it imported"
-    elif differ := interpreter_vars(request["env"]) ^ interpreter_vars(os.environ):
+    elif differ := handoff.differing_interpreter_vars(request["env"]):
         # PYTHONPATH and the like act when an interpreter starts: the zygote's, not the flow run's, made this one.
-        why = f"the flow run's {sorted({k for k, _ in differ})} differ from the zygote's (read at interpreter start)"
+        why = f"the flow run's {differ} differ from the zygote's (read at interpreter start)"
     if why:
         what = "a unit stage's tests start" if pytest_run else "a flow run starts"
         print(f"flow-run zygote: {what} cold: {why}", file=sys.stderr, flush=True)

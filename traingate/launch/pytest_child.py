@@ -114,15 +114,13 @@ def forked(conn: socket.socket, request: dict, fds: list[int]) -> None:
     )
 
 
-def refusal(request: dict, interpreter_vars: set[tuple[str, str]]) -> str | None:
-    """As an engine holding this checkout's code under ``interpreter_vars`` (its ``PYTHON*`` variables): why it
-    does not fork the pytest run ``request`` asks for (None: it does)."""
+def refusal(request: dict) -> str | None:
+    """As an engine holding this checkout's code: why it does not fork the pytest run ``request`` asks for (None:
+    it does)."""
     if request.get("python") != sys.executable or request.get("code") != str(CODE_ROOT):
         return f"the tests run {request.get('python')} on {request.get('code')}, not this engine's interpreter and code"
-    theirs = {(k, v) for k, v in request["env"].items() if k.startswith("PYTHON") and k not in APPLIED}
-    ours = {(k, v) for k, v in interpreter_vars if k not in APPLIED}
-    if differ := theirs ^ ours:
-        return f"the tests' {sorted({k for k, _ in differ})} differ from the engine's (read at interpreter start)"
+    if differ := handoff.differing_interpreter_vars(request["env"], APPLIED):
+        return f"the tests' {differ} differ from the engine's (read at interpreter start)"
     return None
 
 

@@ -21,7 +21,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 LEN = struct.Struct("!I")
@@ -152,6 +152,14 @@ def take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], wat
 
     threading.Thread(target=entry_gone, name=watch_name, daemon=True).start()
     return done
+
+
+def differing_interpreter_vars(env: Mapping[str, str], ignored: frozenset[str] = frozenset()) -> list[str]:
+    """As a zygote: the ``PYTHON*`` variables (read as an interpreter starts) set otherwise in ``env`` than in this
+    process's environment, but ``ignored``: a forked child of this interpreter would not have ``env``'s."""
+    theirs = {(k, v) for k, v in env.items() if k.startswith("PYTHON") and k not in ignored}
+    ours = {(k, v) for k, v in os.environ.items() if k.startswith("PYTHON") and k not in ignored}
+    return sorted({k for k, _ in theirs ^ ours})
 
 
 def refuse(conn: socket.socket, fds: list[int]) -> None:
