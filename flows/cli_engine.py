@@ -73,6 +73,8 @@ PRELOADED = (
     "alembic.command",
     "sqlalchemy.dialects.sqlite",
     "torch",
+    # The installed packages a run's environment snapshot lists, read once (they are read again when sys.path changes).
+    "traingate.tracking.identity:installed_packages",
     # A built-in recipe's unit stage is forked from the engine too (traingate.launch.pytest_child).
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,

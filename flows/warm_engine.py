@@ -49,7 +49,15 @@ from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
 # (MLflow, pandas, the tasks and the core library with them) and torch (a built-in recipe's data snapshot).
 # A built-in recipe's unit stage is forked from it too (traingate.launch.pytest_child): pytest and the contract tests'
 # imports.
-PRELOADED = ("prefect.engine", "flows.pipeline", "flows.stage", "torch", "pytest", *pytest_child.CONTRACT_PRELOAD)
+PRELOADED = (
+    "prefect.engine",
+    "flows.pipeline",
+    "flows.stage",
+    "torch",
+    "pytest",
+    *pytest_child.CONTRACT_PRELOAD,
+    "traingate.tracking.identity:installed_packages",  # a run's environment snapshot lists them
+)
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).
 _FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
@@ -166,15 +174,20 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
 
 
 def preload(names: tuple[str, ...], who: str) -> None:
-    """Import ``names`` once, before any fork. The imports make objects and no garbage: no collection runs during
-    them, and frozen after them no later collection walks them. A module that is not there (a library moved it)
-    is said and skipped: a forked child imports what it needs itself."""
+    """Import ``names`` once, before any fork; a name ``module:function`` also calls that function (no arguments),
+    to fill a cache every forked child inherits. The imports make objects and no garbage: no collection runs
+    during them, and frozen after them no later collection walks them. A module that is not there (a library
+    moved it) is said and skipped: a forked child imports what it needs itself."""
     gc.disable()
     for name in names:
+        module, _, function = name.partition(":")
         try:
-            importlib.import_module(name)
+            loaded = importlib.import_module(module)
         except ImportError as e:
             print(f"{who}: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
+            continue
+        if function:
+            getattr(loaded, function)()
     gc.freeze()
     gc.enable()
 

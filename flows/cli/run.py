@@ -83,14 +83,14 @@ def run_ladder_here(
     Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
     """
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
-    from flows.pipeline import check_entitled, ladder
+    from flows.pipeline import check_entitled, ladder, no_flow_heartbeats
 
     if os.environ.get("PREFECT_API_URL"):  # a server that may carry a Slurm pool (a temporary one carries none)
         check_entitled(spec)
     settings.ensure()
     guard_this_process(spec.supervision.preempt_grace_s)
     try:
-        with follow(settings) if follow is not None else contextlib.nullcontext():
+        with follow(settings) if follow is not None else contextlib.nullcontext(), no_flow_heartbeats():
             return ladder(spec, until, return_state=True)
     except KeyboardInterrupt:
         return interrupted(_claimed_run(settings))

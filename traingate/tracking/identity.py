@@ -189,7 +189,7 @@ def environment_snapshot() -> dict[str, Any]:
     Read without importing torch (seconds): the ladder's flow records it as the run opens, and a script
     recipe's flow never loads torch at all.
     """
-    packages = {d.metadata["Name"]: d.version for d in metadata.distributions() if d.metadata["Name"]}
+    packages = installed_packages()
     build = torch_build()
     cuda = build.get("cuda")
     snap: dict[str, Any] = {
@@ -204,6 +204,23 @@ def environment_snapshot() -> dict[str, Any]:
     }
     snap["gpus"] = gpu_inventory()
     return snap
+
+
+_packages: dict[tuple[tuple[str, int], ...], dict[str, str]] = {}
+
+
+def installed_packages() -> dict[str, str]:
+    """Name -> version of every distribution on ``sys.path``.
+
+    Reading every package's metadata takes 0.1-0.2 s; a process that opens many runs (the CLI engine, whose
+    forked commands inherit what it read) reads it again only when a ``sys.path`` directory changed (an
+    install or removal adds or removes a ``*.dist-info`` entry there, which changes the directory's mtime).
+    """
+    key = tuple((p, os.stat(p).st_mtime_ns) for p in sys.path if p and os.path.isdir(p))
+    if key not in _packages:
+        _packages.clear()
+        _packages[key] = {d.metadata["Name"]: d.version for d in metadata.distributions() if d.metadata["Name"]}
+    return dict(_packages[key])
 
 
 def torch_build() -> dict[str, Any]:

@@ -12,10 +12,13 @@ than leave it behind as an orphan beside a second one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sqlite3
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -45,7 +48,25 @@ _REQUEST_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,200}")  # it is quoted into a sear
 
 def client(tracking_uri: str) -> MlflowClient:
     export_s3_endpoint()  # before MLflow's S3 client exists, and for the training processes started later
+    if tracking_uri.startswith("sqlite:///") and tracking_uri not in _WAL:
+        _write_ahead_log(Path(tracking_uri.removeprefix("sqlite:///")))
+        _WAL.add(tracking_uri)
     return MlflowClient(tracking_uri)
+
+
+_WAL: set[str] = set()
+
+
+def _write_ahead_log(db: Path) -> None:
+    """Put a SQLite store in write-ahead-log mode, which the file keeps: every process that opens it later (stage
+    processes, `mlflow ui`) uses it too. A commit then appends to the log and syncs it once: 4-5 ms a write
+    instead of 17-24 ms with the rollback journal (a file created, synced and deleted per commit), and readers no
+    longer block writers. Durability is unchanged (SQLite's default FULL sync). A store another process holds in a
+    transaction stays as it is this time (SQLite refuses the switch then; the next process switches it)."""
+    if not db.parent.is_dir():
+        return  # preflight names a store whose directory is missing
+    with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(db, timeout=1.0)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL").fetchall()
 
 
 class ArtifactLocationError(ValueError):
