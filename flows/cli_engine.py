@@ -60,6 +60,7 @@ LOCK = "engine.lock"
 # a store's first use: about 1 CPU-s), and torch (a built-in recipe's data snapshot).
 PRELOADED = (
     "flows.cli",
+    "flows.cli.command",
     "flows.cli.run",
     "flows.cli.resume",
     "flows.cli.sweep",

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate, VariableUpdate
 from prefect.exceptions import ObjectNotFound
 
@@ -171,10 +170,9 @@ class GangSlots:
         return f"step {step}/{self.max_steps}" if step is not None else ""
 
 
-def for_job(job: StageJob, say: Callable[[str], None]) -> GangSlots | None:
-    """The job's gang slots when the server has a capacity config, else None (unscheduled)."""
-    with get_client(sync_client=True) as client:
-        cfg = read_config(client)
+def for_job(job: StageJob, cfg: CapacityConfig | None, say: Callable[[str], None]) -> GangSlots | None:
+    """The job's gang slots when the server has a capacity config ``cfg`` (:func:`read_config`), else None
+    (unscheduled)."""
     if cfg is None:
         return None
     return GangSlots(job, cfg, say)

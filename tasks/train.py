@@ -80,7 +80,7 @@ def run_stage_job(
             slurm_result = slurm.run_on_slurm(job, pool, resume, stops, log)
             progress.publish()
             return slurm_result
-    gang = slots.for_job(job, say=log.info)
+    gang = slots.for_job(job, config, say=log.info)
     with get_client(sync_client=True) as client:
         job = _with_budget(job, client, log)
         cancelled = _cancel_watch(client)

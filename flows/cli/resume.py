@@ -13,7 +13,7 @@ from flows import local_server
 from flows.cli import console
 from flows.cli.run import guard_this_process, interrupted
 from flows.cli.terminal import follow_run
-from flows.pipeline import ResumeFrom, ladder, summary_of
+from flows.pipeline import ResumeFrom, ladder, no_flow_heartbeats, summary_of
 from traingate.ladder.plan import resume_point
 from traingate.secrets import check_refs
 from traingate.settings import Settings
@@ -32,7 +32,8 @@ def main(args: argparse.Namespace) -> int:
     guard_this_process(point.spec.supervision.preempt_grace_s)
     console.attach(Settings.from_env().state_dir / "runs" / args.run_id)  # the run's log: appended to
     try:
-        with follow_run(Settings.from_env()):  # a progress bar in a terminal, a line per stage transition elsewhere
+        # a progress bar in a terminal, a line per stage transition elsewhere
+        with follow_run(Settings.from_env()), no_flow_heartbeats():
             state = ladder(
                 None,
                 args.until,

@@ -24,9 +24,10 @@ def main(args: argparse.Namespace) -> int:
     guard_this_process(spec.supervision.preempt_grace_s)
 
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
-    from flows.sweep import sweep
+    from flows import pipeline, sweep
 
-    state = sweep(spec, args.promote, return_state=True)
+    with pipeline.no_flow_heartbeats():  # its trials' flow runs too: this process's liveness is the guardian's
+        state = sweep.sweep(spec, args.promote, return_state=True)
     data = state.result(raise_on_failure=False)
     print(f"sweep {'DONE' if state.is_completed() else 'STOPPED'}: {state.message}")
     if isinstance(data, dict):

@@ -47,7 +47,7 @@ TEMPORARY = (
     WALK
     + r"""
 import json, os
-from flows.cli import _embedded_defaults
+from flows.cli.command import _embedded_defaults
 from traingate.settings import Settings
 
 _embedded_defaults(Settings.from_env())

@@ -51,7 +51,7 @@ def record_run(tmp: Path, steps: int = 140, eval_every: int = 10) -> Recorded:
     job.write()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "traingate.runtime.train", "--job", str(job_path)]
+           f"--log-dir={tmp / 'torchelastic'}", "-m", "traingate.runtime.train", "--job", str(job_path)]
     with open(tmp / "train.log", "wb") as log:
         proc = subprocess.run(cmd, env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, timeout=300)
     assert proc.returncode == 0, (tmp / "train.log").read_text()[-3000:]

@@ -90,7 +90,8 @@ class Drill:
         tail = ["-m", "traingate.runtime.train", "--job", str(self.job_path), *extra]
         if self.nproc == 1:
             return [PYTHON, *tail]
-        return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}", *tail]
+        return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
+                f"--log-dir={self.job_path.parent / 'torchelastic'}", *tail]
 
     def _launch(self, env_extra: dict[str, str] | None = None, args: list[str] | None = None) -> subprocess.Popen:
         for hb in self.out.glob("heartbeat.rank*.json"):

@@ -76,7 +76,8 @@ def start_training(spec: Path, env: dict[str, str], log: Path, nproc: int = 1) -
                     restart_cause=env.get("TRAINGATE_RESTART_CAUSE"))
     tail = ["-m", "traingate.runtime.train", "--job", str(job)]
     cmd = [PYTHON, *tail] if nproc == 1 else \
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *tail]
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+         f"--log-dir={log.parent / 'torchelastic'}", *tail]
     return subprocess.Popen(cmd, env=env, cwd=spec.parent, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 

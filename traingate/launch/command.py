@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from traingate.job.envvars import script_arg_values
 from traingate.job.stagejob import StageJob
 from traingate.launch.nodes import fan_out_command
@@ -33,6 +35,12 @@ def _on_every_node(job: StageJob, python: str, agent: list[str]) -> list[str]:
     return fan_out_command(python, job.nodes, f"{job.run_id}.{job.stage}.{job.attempt}", endpoint, agent)
 
 
+def torchrun_log_dir(job: StageJob) -> str:
+    """Where a torchrun group's agent keeps its per-rank files (a failed rank's ``error.json``): in the stage's
+    directory, with the rest of what the stage leaves."""
+    return str(Path(job.stage_dir) / "torchelastic")
+
+
 def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> list[str]:
     if job.is_script:
         return build_command(
@@ -44,6 +52,7 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
             job.spec.resources.rdzv_endpoint,
             values=script_arg_values(job),
             resume=job.script_resume,
+            log_dir=torchrun_log_dir(job),
         )
     tail = ["-m", "traingate.runtime.train", "--job", str(job.job_path)]
     if zygote_socket is not None:
@@ -60,7 +69,7 @@ def _agent_command(job: StageJob, python: str, zygote_socket: str | None) -> lis
         python,
         "-m",
         "traingate.runtime.agent",
-        *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint),
+        *torchrun_args(job.procs_per_node, job.nodes, job.spec.resources.rdzv_endpoint, torchrun_log_dir(job)),
         f"--max-restarts={job.inplace_restarts}",
         f"--monitor-interval={MONITOR_INTERVAL_S}",
         *tail,

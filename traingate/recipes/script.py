@@ -44,9 +44,11 @@ def build_command(
     rdzv_endpoint: str | None = None,
     values: Mapping[str, str] | None = None,
     resume: bool = False,
+    log_dir: str | None = None,
 ) -> list[str]:
     """The command line for one stage of a script recipe: stage args appended, then ``resume_args`` when
-    ``resume``; ``${TRAINGATE_...}`` words expanded from ``values`` (envvars.script_arg_values).
+    ``resume``; ``${TRAINGATE_...}`` words expanded from ``values`` (envvars.script_arg_values); under torchrun,
+    its per-rank files (a rank's ``error.json``) in ``log_dir``.
 
     >>> from traingate.spec import load_spec_text
     >>> spec = load_spec_text("identity: {experiment: e, owner: o, team: t, purpose: p}\\n"
@@ -68,7 +70,13 @@ def build_command(
                 f"recipe.script.command = {s.command!r}: launcher torchrun needs a python command "
                 "('python train.py ...' or 'python -m pkg'); use launcher: plain otherwise"
             )
-        return [python, "-m", "torch.distributed.run", *torchrun_args(nproc, nnodes, rdzv_endpoint), *cmd[1:]]
+        return [
+            python,
+            "-m",
+            "torch.distributed.run",
+            *torchrun_args(nproc, nnodes, rdzv_endpoint, log_dir),
+            *cmd[1:],
+        ]
     if cmd[0] in PYTHONS:
         cmd[0] = python  # the environment traingate runs in, not whatever `python` is on PATH
     return cmd
@@ -127,7 +135,17 @@ def check_args(spec: RunSpec, names: tuple[str, ...]) -> None:
     expand(s.resume_args, stand_in, "recipe.script.resume_args")
 
 
-def torchrun_args(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None) -> list[str]:
+def torchrun_args(
+    nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None, log_dir: str | None = None
+) -> list[str]:
+    """torchrun's arguments. ``log_dir``: where its agent makes its per-launch directory of per-rank files (a
+    rank's ``error.json``); without one it makes a ``torchelastic_*`` directory in the system's temp directory
+    per launch and never removes it.
+
+    >>> torchrun_args(2, log_dir="/runs/r/full/torchelastic")
+    ['--standalone', '--nproc_per_node=2', '--log-dir=/runs/r/full/torchelastic']
+    """
+    logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
     if nnodes > 1:
         assert rdzv_endpoint, "validated by ResourcesSpec"
         return [
@@ -135,8 +153,9 @@ def torchrun_args(nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None)
             f"--nproc_per_node={nproc}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv_endpoint}",
+            *logs,
         ]
-    return ["--standalone", f"--nproc_per_node={nproc}"]
+    return ["--standalone", f"--nproc_per_node={nproc}", *logs]
 
 
 def extract_metrics(text: str, patterns: list[str]) -> dict[str, list[tuple[int, float]]]:
