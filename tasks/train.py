@@ -24,7 +24,7 @@ from prefect.runtime import flow_run
 
 from tasks import slots, slurm
 from tasks.progress import ProgressArtifact
-from traingate.capacity.pools import Engine
+from traingate.capacity.pools import CapacityConfig, Engine
 from traingate.cost import charged
 from traingate.cost.budget import BudgetLeft, Scope, tightest
 from traingate.cost.ledger import Attempt
@@ -71,7 +71,7 @@ def run_stage_job(
         if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
             if zygote is not None:
                 zygote.release()
-            job = _with_budget(job, client, log)
+            job = _with_budget(job, config, log)
             progress = ProgressArtifact(job)
             # Polled every tick of the follow loop; the progress artifact's tick never asks for a stop.
             stops = _either(
@@ -82,7 +82,7 @@ def run_stage_job(
             return slurm_result
     gang = slots.for_job(job, config, say=log.info)
     with get_client(sync_client=True) as client:
-        job = _with_budget(job, client, log)
+        job = _with_budget(job, config, log)
         cancelled = _cancel_watch(client)
         stopping = _either(stop_request, cancelled)
         progress = ProgressArtifact(job)
@@ -153,7 +153,7 @@ def _train(
     return stage_run.train(job, hooks, previous, log.info, before, zygote)
 
 
-def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:
+def _with_budget(job: StageJob, config: CapacityConfig | None, log: Any) -> StageJob:
     """The tightest budget over this stage (the run's ``budget.max_run_usd``; the team's per period from
     the pools config on the server), with what its scope spent before the stage: the supervisor warns
     at 80% and pauses the stage when it is crossed."""
@@ -163,7 +163,7 @@ def _with_budget(job: StageJob, client: Any, log: Any) -> StageJob:
     if job.spec.budget.max_run_usd is not None:
         # From the run directory: it also holds this stage's earlier attempts, which MLflow does not yet.
         found.append(_run_budget(job.spec, job.run_id, charged.run_usd(Path(job.run_dir))))
-    found += _team_budget(job.spec, job.run_id, client, log)
+    found += _team_budget(job.spec, job.run_id, config, log)
     b = tightest(found)
     if b is None:
         return job
@@ -184,9 +184,10 @@ def budgets_at_gate(
         spent = charged.run_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
         found.append(_run_budget(spec, run_id, spent))
     with get_client(sync_client=True) as client:
-        found += _team_budget(
-            spec, run_id, client, log, settle, pending=[Attempt.from_record(run_id, r) for r in result.attempts]
-        )
+        config = slots.read_config(client)
+    found += _team_budget(
+        spec, run_id, config, log, settle, pending=[Attempt.from_record(run_id, r) for r in result.attempts]
+    )
     return found
 
 
@@ -203,13 +204,13 @@ def _run_budget(spec: Any, run_id: str, spent_usd: float) -> BudgetLeft:
 def _team_budget(
     spec: Any,
     run_id: str,
-    client: Any,
+    config: CapacityConfig | None,
     log: Any,
     settle: Callable[[], None] = lambda: None,
     pending: list[Attempt] | None = None,
 ) -> list[BudgetLeft]:
-    """The team's budget for the current period (pools config on the server), from its recorded runs."""
-    config = slots.read_config(client)
+    """The team's budget for the current period (``config``: the pools config on the server), from its recorded
+    runs."""
     team = spec.identity.team
     if config is None or team not in config.team_budgets:
         return []

@@ -42,9 +42,10 @@ def _job(tiny_spec, tmp_path, *overrides: str):
 def _with_budget(job):
     from prefect import get_client
 
+    from tasks.slots import read_config
     from tasks.train import _with_budget
     with get_client(sync_client=True) as c:
-        return _with_budget(job, c, logging.getLogger("test"))
+        return _with_budget(job, read_config(c), logging.getLogger("test"))
 
 
 def test_a_stage_starts_with_the_run_budget_less_what_the_run_spent(tiny_spec, tmp_path, state_dir, pools_config):
