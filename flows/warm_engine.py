@@ -187,7 +187,10 @@ def preload(names: tuple[str, ...], who: str) -> None:
             print(f"{who}: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
             continue
         if function:
-            getattr(loaded, function)()
+            try:
+                getattr(loaded, function)()
+            except Exception as e:  # noqa: BLE001 - a cache not filled: the child fills it, as a cold process does
+                print(f"{who}: not preloaded: {name}: {e!r}", file=sys.stderr, flush=True)
     gc.freeze()
     gc.enable()
 
