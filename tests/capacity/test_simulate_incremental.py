@@ -238,6 +238,37 @@ def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arri
         assert incremental._order_signature(rules, usage, now, queue) == ((), aged), now
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_live_groups_by_size_are_the_live_groups_as_jobs_arrive_start_and_come_back(seed):
+    # A pass after job ends looks only at the live groups of the sizes that fit now (Queue._sized): the index
+    # must list every live group under the size its jobs ask, and no other group, through arrivals, starts
+    # (a group's first job or one behind it), jobs put back by a pass that starts over, and jobs decided alone.
+    rng = np.random.default_rng(seed)
+    queue = incremental.Queue()
+    now, n, back = 0.0, 0, None
+    for _ in range(800):
+        now += 100.0
+        if back is not None:
+            queue._untake(*back)
+            back = None
+        elif queue.byid and rng.random() < 0.45:
+            jid = str(rng.choice(sorted(queue.byid)))
+            g = queue._group_of[jid]
+            job = queue.pop(jid)
+            if rng.random() < 0.2:
+                back = (job, g)
+        else:
+            n += 1
+            submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)
+            job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 2, 8, 16])), submit,
+                      est_duration_s=600.0 if rng.random() < 0.2 else None)
+            queue.add(job, discredited=bool(rng.random() < 0.2))
+        by_size: dict[int, set[int]] = {}
+        for key, g in queue._live.items():
+            by_size.setdefault(g.jobs[g.off].slots, set()).add(key)
+        assert {s: set(gs) for s, gs in queue._sized.items() if gs} == by_size, now
+
+
 def test_a_victim_given_up_on_for_its_prediction_backfills_at_the_pass_after_a_like_job_ends_sooner():
     # Every (team, size) has finished a job by 1005 ((t, 2) in 1000 s), so an end moves the predictions of
     # its team and size only. At 1110 v (urgent) preempts a, which waits again in a group of its own; from

@@ -441,12 +441,13 @@ class _Group:
     """Waiting jobs the policy decides alike, in submission order; ``jobs[off:]`` still wait. A
     ``single`` group holds one job that is decided alone (see ``Queue``)."""
 
-    __slots__ = ("jobs", "late", "off", "priority", "single")
+    __slots__ = ("jobs", "late", "off", "priority", "single", "slots")
 
-    def __init__(self, priority: str, single: bool = False) -> None:
+    def __init__(self, priority: str, slots: int, single: bool = False) -> None:
         self.jobs: list[Job] = []
         self.off = 0
         self.priority = priority
+        self.slots = slots  # what each of its jobs asks
         self.late = False  # given up on for its prediction alone (see Queue._late)
         self.single = single
 
@@ -479,6 +480,9 @@ class Queue:
         self._group_of: dict[str, _Group] = {}
         self._live: dict[int, _Group] = {}  # the groups with a waiting job, by id
         self._live_n: dict[str, int] = {}  # class -> how many of them are of it
+        # slots -> the live groups whose jobs ask that many, by id: a pass after job ends looks only at the
+        # sizes that fit now (``_after_ends``), not at every live group (tens under a long queue).
+        self._sized: dict[int, dict[int, _Group]] = {}
         # The aged list of the order's signature (``_order_signature``): the cutoff it was listed at, the
         # earliest submission of a first job not past it since, and the list; see ``_first_moved``.
         self._aged: list | None = None
@@ -505,14 +509,13 @@ class Queue:
         g = None if not (plain or discredited) else self._groups.get(k)
         if g is None:
             if plain or discredited:
-                g = self._groups[k] = _Group(job.priority)
+                g = self._groups[k] = _Group(job.priority, job.slots)
             else:  # decided alone: a group of its own
-                g = _Group(job.priority, single=True)
+                g = _Group(job.priority, job.slots, single=True)
             self._by_key.setdefault((job.team, job.slots), []).append(g)
         if g.off == len(g.jobs):
             self._fresh.append(g)
-            self._live[id(g)] = g
-            self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
+            self._enliven(g)
             self._first_moved(None, job)
         self._group_of[job.job_id] = g
         if g.off > 256 and g.off * 2 > len(g.jobs):
@@ -527,6 +530,15 @@ class Queue:
             if at == g.off:  # the group's first job, looked at anew
                 self._fresh.append(g)
                 self._first_moved(None, job)  # submitted before the one behind it
+
+    def _enliven(self, g: _Group) -> None:
+        """``g`` has a waiting job again."""
+        self._live[id(g)] = g
+        sized = self._sized.get(g.slots)
+        if sized is None:
+            sized = self._sized[g.slots] = {}
+        sized[id(g)] = g
+        self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
 
     def _first_moved(self, old: Job | None, new: Job | None) -> None:
         """A live group's first job ``old`` left it, or ``new`` became one (a group's jobs are in submission
@@ -559,8 +571,7 @@ class Queue:
         self._group_of[job.job_id] = g
         self._first_moved(None, job)  # it may be first again, submitted before the one behind it
         if g.off == len(g.jobs):
-            self._live[id(g)] = g
-            self._live_n[g.priority] = self._live_n.get(g.priority, 0) + 1
+            self._enliven(g)
             if g.single:
                 self._by_key.setdefault((job.team, job.slots), []).append(g)
         if g.off and g.jobs[g.off - 1] is job:
@@ -582,6 +593,7 @@ class Queue:
             nxt = pos
         if g.off == len(g.jobs):
             del self._live[id(g)]
+            del self._sized[g.slots][id(g)]
             self._live_n[g.priority] -= 1
             if g.single:  # done with: no job joins it
                 self._by_key[(job.team, job.slots)].remove(g)
@@ -796,11 +808,11 @@ def _after_ends(
     gpn = free.gpn
     top, room = free.top, free.count[gpn] * gpn
     out = []
-    for h in queue._live.values():
-        if not h.late:
-            n = h.jobs[h.off].slots
-            if n <= top if n <= gpn else n <= room:  # free.fits
-                out.append(h)
+    for n, live in queue._sized.items():
+        if live and (n <= top if n <= gpn else n <= room):  # free.fits
+            for h in live.values():
+                if not h.late:
+                    out.append(h)
     shadow, margin = settled[3], rules.backfill_margin_s
     for k in repredicted:
         for h in queue._by_key.get(k, ()):

@@ -250,7 +250,6 @@ def _replay_pools(
 ) -> tuple[list[JobRecord], list[PoolTotals]]:
     sim = config.simulator
     arrivals = sorted(trace, key=lambda tj: (tj.job.submit_s, tj.job.job_id))
-    true = {tj.job.job_id: tj.duration_s for tj in trace}
     states = {
         n: _PoolState(
             n,
@@ -287,8 +286,10 @@ def _replay_pools(
         )
         for tj in trace
     }
+    # A job's true duration is its record's ``duration_s``, and the pool it started in its record's ``pool``:
+    # no other table by job id, which would grow with every job the replay has seen (at a million jobs each
+    # look-up in one is a miss in the caches).
     multi = {tj.job.job_id: tj.pools for tj in trace if len(tj.pools) > 1}
-    where: dict[str, _PoolState] = {}  # job id -> the pool it started in
     # (end, job id, attempt, why): why 0 = its work is done, 1 = its backfill limit
     ends: list[tuple[float, str, int, int]] = []
     # (job id, attempt) of the attempts a preemption stopped: their entries in ``ends`` are stale. Every
@@ -364,11 +365,11 @@ def _replay_pools(
             if stopped and (jid, attempt) in stopped:
                 stopped.remove((jid, attempt))
                 continue
-            st = where[jid]
+            r = rec[jid]
+            st = states[r.pool]
             st.last_t = t
             job = st.run.remove(jid)
             fixed.pop(jid, None)
-            r = rec[jid]
             if why:
                 # Held to its limit: stopped at its checkpoint like a victim, back in its pool's queue.
                 overran.add(jid)
@@ -377,7 +378,8 @@ def _replay_pools(
                 r.limit_stops.append(t)
                 continue
             r.end_s = t
-            estimator.observe(job, true[jid])
+            estimator.observe(job, r.duration_s)
+            overran.discard(jid)  # done: the set holds the jobs still to run only
             if unseen:
                 unseen.discard((job.team, job.slots))
             if unseen:
@@ -418,7 +420,8 @@ def _replay_pools(
                         run.remove(jid)
                         job = dataclasses.replace(job, overhead_s=job.overhead_s + grace)
                         run.add(job, pred)
-                    finish = t + job.overhead_s + true[jid] - job.done_s
+                    r = rec[jid]
+                    finish = t + job.overhead_s + r.duration_s - job.done_s
                     why = 0
                     if how is BACKFILL:
                         # Backfilled on its prediction, held to it: it may not delay the head it jumped.
@@ -427,10 +430,8 @@ def _replay_pools(
                         if finish > limit:
                             finish, why = limit, 1
                     heappush(ends, (finish, jid, job.attempt, why))
-                    r = rec[jid]
                     if r.first_start_s is None:
                         r.first_start_s = t
-                        where[jid] = st
                         if jid in multi:
                             # It runs here: out of the other pools' queues, its figures counted here.
                             for name in multi[jid]:
