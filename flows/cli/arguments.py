@@ -173,9 +173,10 @@ def simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pools", required=True, metavar="CONFIG", help="pools config YAML, e.g. examples/pools.yaml")
     p.add_argument(
         "--policies",
-        help="comma-separated ORDER[+aged][+backfill][+preempt]; ORDER is fifo, priority, sjf, fairshare or "
-        "multifactor (Slurm's multifactor priority); +aged: scheduling.starvation_bound_h ranks the long-waiting "
-        "first (default: the ten-way comparison and the config's default policy)",
+        help="comma-separated ORDER[+aged][+backfill][+preempt]; ORDER is fifo, priority, sjf, fairshare, "
+        "multifactor (Slurm's multifactor priority) or hrrn (highest response ratio next); +aged: "
+        "scheduling.starvation_bound_h ranks the long-waiting first (default: the ten-way comparison and the "
+        "config's default policy)",
     )
     p.add_argument("--pool", help="pool of trace rows without a pool column (needed when the config has several)")
     p.add_argument(

@@ -66,7 +66,7 @@ def test_an_unknown_policy_exits_2_naming_the_choices(tmp_path, capsys):
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_s,duration_s,gpus\nj1,0,60,1\n")
     assert main(["simulate", str(trace), "--pools", POOLS, "--pool", "gpu-a100", "--policies", "fifo,edf"]) == 2
-    assert "policy 'edf': 'edf' is not an order; use one of ['fifo', 'priority', 'sjf', 'fairshare', 'multifactor']" in capsys.readouterr().err
+    assert "policy 'edf': 'edf' is not an order; use one of ['fifo', 'priority', 'sjf', 'fairshare', 'multifactor', 'hrrn']" in capsys.readouterr().err
 
 
 H = b"job_id,submit_s,duration_s,gpus\n"

@@ -82,7 +82,7 @@ def _schedule_of(res):
     return [(r.job_id, r.attempts, r.preempted_at, r.limit_stops, r.end_s) for r in res.records]
 
 
-@pytest.mark.parametrize("name", (*COMPARED, "fairshare+aged+backfill+preempt"))
+@pytest.mark.parametrize("name", (*COMPARED, "fairshare+aged+backfill+preempt", "hrrn+backfill+preempt", "hrrn"))
 @pytest.mark.parametrize(("gpn", "nodes", "estimates"), [(4, 4, False), (8, 6, True)])
 def test_the_incremental_pass_replays_every_attempt_as_the_straightforward_schedule_does(name, gpn, nodes, estimates):
     cfg = _config(gpn, nodes)
@@ -126,6 +126,8 @@ def test_on_random_small_traces_the_incremental_pass_replays_every_attempt_as_th
         "priority",
         "fairshare+aged+backfill+preempt",
         "sjf+aged+backfill",
+        "hrrn+backfill+preempt",
+        "hrrn+backfill",
     ):
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)
@@ -387,7 +389,8 @@ def test_passes_after_job_ends_that_leave_out_what_the_last_pass_gave_up_on_repl
         )
     )
     trace = _bunched(rows, rng, bunch_s=60, estimate_every=9)
-    names = ("fifo+backfill", "priority+backfill", "fairshare+backfill+preempt", "fairshare+aged+backfill+preempt")
+    names = ("fifo+backfill", "priority+backfill", "fairshare+backfill+preempt", "fairshare+aged+backfill+preempt",
+             "hrrn+backfill+preempt")
     for name in (*names, "fifo+backfill+preempt") if urgent else names:
         fast = simulate(trace, cfg, Policy.parse(name))
         slow = simulate(trace, cfg, Policy.parse(name), planner=straightforward_pass)

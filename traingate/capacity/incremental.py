@@ -619,11 +619,11 @@ def _key_maker(rules: Rules, usage: Mapping[str, float], predict: Predictor, now
 
 def _order_signature(rules: Rules, usage: Mapping[str, float], now: float, queue: Queue) -> tuple | None:
     """What the waiting jobs' order depends on besides the jobs and their predictions: nothing under
-    fifo, priority and sjf; the teams' fair-share ranking; None under multifactor (ages move it). Under
-    ``+aged`` also which groups' first jobs are past the starvation bound (a group is ranked by its first
-    job, and a job crossing the bound moves ahead)."""
+    fifo, priority and sjf; the teams' fair-share ranking; None under multifactor and hrrn (waits move
+    them). Under ``+aged`` also which groups' first jobs are past the starvation bound (a group is ranked
+    by its first job, and a job crossing the bound moves ahead)."""
     order = rules.policy.order
-    if order is Order.MULTIFACTOR:
+    if order is Order.MULTIFACTOR or order is Order.HRRN:
         return None
     sig: tuple = _ranking(usage, queue) if order is Order.FAIRSHARE else ()
     if rules.policy.aged and rules.starvation_bound_s is not None:
