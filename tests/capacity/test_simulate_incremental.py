@@ -208,6 +208,29 @@ def test_a_job_given_up_on_for_its_prediction_starts_in_order_at_the_first_pass_
     assert _schedule_of(fast) == _schedule_of(slow)
 
 
+def _churn(rng, queue, steps: int, step_s, take_p: float, new_job):
+    """A waiting queue's life at random, yielding the time after each step: jobs arrive (``new_job(n, now)`` ->
+    the job and whether it is decided alone), a random waiting job starts (probability ``take_p``), and a fifth of
+    the started ones are put back at the next step, as a pass that starts over puts back what it started."""
+    now, n, back = 0.0, 0, None
+    for _ in range(steps):
+        now += step_s()
+        if back is not None:
+            queue._untake(*back)
+            back = None
+        elif queue.byid and rng.random() < take_p:
+            jid = str(rng.choice(sorted(queue.byid)))
+            g = queue._group_of[jid]
+            job = queue.pop(jid)
+            if rng.random() < 0.2:
+                back = (job, g)
+        else:
+            n += 1
+            job, alone = new_job(n, now)
+            queue.add(job, discredited=alone)
+        yield now
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arrive_start_and_age(seed):
     # The signature's list of the groups' first jobs past the starvation bound is kept from pass to pass while
@@ -218,23 +241,13 @@ def test_the_aged_jobs_in_the_order_signature_are_those_listed_anew_as_jobs_arri
     rules = Rules.of(Policy.parse("fairshare+aged+backfill+preempt"), cfg, "p")
     queue = incremental.Queue()
     usage: dict[str, float] = {}
-    now, n, back = 0.0, 0, None
-    for _ in range(600):
-        now += float(rng.integers(1, 5) * 100)
-        if back is not None:
-            queue._untake(*back)  # a pass that starts over puts back what it started
-            back = None
-        elif queue.byid and rng.random() < 0.4:
-            jid = str(rng.choice(sorted(queue.byid)))
-            g = queue._group_of[jid]
-            job = queue.pop(jid)
-            if rng.random() < 0.2:
-                back = (job, g)
-        else:
-            n += 1
-            submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)  # requeued: theirs
-            job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 4])), submit)
-            queue.add(job, discredited=bool(rng.random() < 0.3))
+
+    def new_job(n: int, now: float) -> tuple[Job, bool]:
+        submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)  # requeued: theirs
+        job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 4])), submit)
+        return job, bool(rng.random() < 0.3)
+
+    for now in _churn(rng, queue, 600, lambda: float(rng.integers(1, 5) * 100), 0.4, new_job):
         cutoff = now - 3600.0
         aged = tuple(j.job_id for g in queue._live.values() if (j := g.jobs[g.off]).submit_s <= cutoff)
         assert incremental._order_signature(rules, usage, now, queue) == ((), aged), now
@@ -247,24 +260,14 @@ def test_the_live_groups_by_size_are_the_live_groups_as_jobs_arrive_start_and_co
     # (a group's first job or one behind it), jobs put back by a pass that starts over, and jobs decided alone.
     rng = np.random.default_rng(seed)
     queue = incremental.Queue()
-    now, n, back = 0.0, 0, None
-    for _ in range(800):
-        now += 100.0
-        if back is not None:
-            queue._untake(*back)
-            back = None
-        elif queue.byid and rng.random() < 0.45:
-            jid = str(rng.choice(sorted(queue.byid)))
-            g = queue._group_of[jid]
-            job = queue.pop(jid)
-            if rng.random() < 0.2:
-                back = (job, g)
-        else:
-            n += 1
-            submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)
-            job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 2, 8, 16])), submit,
-                      est_duration_s=600.0 if rng.random() < 0.2 else None)
-            queue.add(job, discredited=bool(rng.random() < 0.2))
+
+    def new_job(n: int, now: float) -> tuple[Job, bool]:
+        submit = now if rng.random() < 0.7 else float(rng.integers(0, now // 100) * 100)
+        job = Job(f"j{n}", str(rng.choice(["a", "b"])), "research", "p", int(rng.choice([1, 2, 8, 16])), submit,
+                  est_duration_s=600.0 if rng.random() < 0.2 else None)
+        return job, bool(rng.random() < 0.2)
+
+    for now in _churn(rng, queue, 800, lambda: 100.0, 0.45, new_job):
         by_size: dict[int, set[int]] = {}
         for key, g in queue._live.items():
             by_size.setdefault(g.jobs[g.off].slots, set()).add(key)
