@@ -158,8 +158,10 @@ def test_urgent_job_preempts_a_research_job_which_is_signalled_and_requeued(slur
     requeued = _wait_state(victim, ("PENDING",))
     assert requeued["restart_cnt"] == 1
     # The victim exits on SIGTERM, as a job that checkpoints then would, and is requeued all the same. (A
-    # --signal other than TERM is not always delivered: slurmd may handle the preemption's kill first.)
-    assert (work / "signals").read_text().split() == ["started", "TERM"]
+    # --signal other than TERM is not always delivered: slurmd may handle the preemption's kill first.) The
+    # preemption's signal and its kill are both SIGTERM: the second can come while the trap still runs.
+    started, *signals = (work / "signals").read_text().split()
+    assert started == "started" and signals and set(signals) == {"TERM"}, signals
 
 
 def test_preempt_mode_cancel_ends_the_victim_instead_of_requeueing_it(slurm: SlurmCluster):
