@@ -64,7 +64,7 @@ def _write_ahead_log(db: Path) -> None:
     longer block writers. Durability is unchanged (SQLite's default FULL sync). A store another process holds in a
     transaction stays as it is this time (SQLite refuses the switch then; the next process switches it)."""
     if not db.parent.is_dir():
-        return  # preflight names a store whose directory is missing
+        return  # no store here yet: MLflow makes it, and the next process that opens it switches it
     with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(db, timeout=1.0)) as conn:
         conn.execute("PRAGMA journal_mode=WAL").fetchall()
 
