@@ -76,6 +76,8 @@ PRELOADED = (
     "torch",
     # The installed packages a run's environment snapshot lists, read once (they are read again when sys.path changes).
     "traingate.tracking.identity:installed_packages",
+    # What opening an MLflow store computes the same way in every child (traingate.tracking.runs.warm_mlflow).
+    "traingate.tracking.runs:warm_mlflow",
     # A built-in recipe's unit stage is forked from the engine too (traingate.launch.pytest_child).
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,

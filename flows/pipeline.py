@@ -20,13 +20,12 @@ from uuid import UUID, uuid4
 from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.blocks.system import Secret
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, SettingsContext, SyncClientContext, get_settings_context
 from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.futures import PrefectFuture
 from prefect.input import RunInput
 from prefect.runtime import deployment, flow_run
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -34,12 +33,12 @@ from tasks.data import data_snapshot, newest_snapshot
 from tasks.report import publish_stage_report
 from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
+    check_identity,
     close_pipeline_run,
     create_stage_run,
     fill_stage_run,
     gate_passed,
     open_pipeline_run,
-    open_stage_run,
     record_stage,
     register_candidate,
 )
@@ -285,6 +284,7 @@ def ladder(
         warm_unit = start_unit_tests(spec)
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
+    pending: list[PrefectFuture] = []  # tracking writes running beside the stages, settled before the run ends
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
@@ -295,7 +295,8 @@ def ladder(
     elif spec is not None:
         point = None
         data_hash, data_uri = data_snapshot(spec)
-        run_id = open_pipeline_run(spec, data_hash, data_uri)
+        run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
+        pending.append(check_identity.submit(run_id))  # the stored identity's verdict, beside the unit stage
         write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
         record_flow_run(settings, str(flow_run.id), run_id)  # after spec.yaml: a retry finds a resumable run
         stages = stages_until(until)
@@ -312,6 +313,7 @@ def ladder(
         "resumed": point is not None,
     }
     if not stages:
+        _settle(pending)
         if (
             point is not None
             and until == "full"
@@ -328,7 +330,6 @@ def ladder(
                 message=f"run {run_id}: every stage had passed; {_promotion(run_id, summary['model'])}", data=summary
             )
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
-    pending: list[PrefectFuture] = []
     # The run's zygote (supervision.warm_restarts): the training stack imported once, beside the unit stage, and
     # every training stage on this host forks its workers from it; unused (a failed unit gate), it only imported.
     first_training = next((s for s in stages if s != "unit"), None)
@@ -342,12 +343,14 @@ def ladder(
             resuming = point is not None and stage == point.stage
             in_place: UiResume | None = None  # the stage's pause in place, if it paused
             known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
-            if stage == "unit":  # its MLflow run is opened beside its pytest run: the tests need none of it
-                opening = None if known_run else open_stage_run.submit(run_id, stage)
+            if stage == "unit":  # its MLflow run is created beside its pytest run: the tests need none of it
+                creating = None if known_run else create_stage_run.submit(run_id, stage)
                 result = run_unit_tests.with_options(task_run_name=stage)(
                     spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
                 )
-                stage_run = known_run or cast(PrefectFuture, opening).result()
+                stage_run = known_run or cast(PrefectFuture, creating).result()
+                if not known_run:
+                    pending.append(fill_stage_run.submit(run_id, stage_run, stage))
             else:
                 # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
                 # artifacts, the dataset input) is written beside it, settled with the stage's recording.
@@ -464,8 +467,20 @@ def no_flow_heartbeats() -> AbstractContextManager[Any]:
     """Flow runs started in this context send no Prefect heartbeats: for a ladder run in the foreground (`traingate
     run`), whose liveness is its process's: the guardian stops what it leaves and the next run closes its flow run
     as Crashed (``_close_stale_runs``). A heartbeat thread sleeps in whole seconds and the flow's end waits for its
-    sleep to finish (0-1 s a run)."""
-    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    sleep to finish (0-1 s a run).
+
+    The current settings with that one value replaced (a copy that shares the rest): Prefect's
+    ``temporary_settings`` would validate every setting again (20 ms)."""
+    ctx = get_settings_context()
+    current = ctx.settings
+    flows = current.flows.model_copy(update={"heartbeat_frequency": None})
+    return SettingsContext(profile=ctx.profile, settings=current.model_copy(update={"flows": flows}))
+
+
+def one_client() -> AbstractContextManager[Any]:
+    """This thread's Prefect API calls, a flow run's included, share one client in this context: each new client
+    loads the CA bundle (15-20 ms), whatever the server's scheme."""
+    return SyncClientContext.get_or_create()
 
 
 def _under_deployment() -> bool:

@@ -57,6 +57,7 @@ PRELOADED = (
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,
     "traingate.tracking.identity:installed_packages",  # a run's environment snapshot lists them
+    "traingate.tracking.runs:warm_mlflow",  # what opening an MLflow store computes the same way in every child
 )
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).

@@ -46,7 +46,7 @@ class ProgressArtifact:
     def __init__(self, job: StageJob, every_s: float = PROGRESS_EVERY_S):
         self.stage, self.every_s = job.stage, every_s
         self.enabled = job.kind == JobKind.LADDER
-        self.reader = RunReader(Path(job.run_dir))
+        self.reader = RunReader(Path(job.run_dir), experiment=job.spec.identity.experiment)
         self.key = progress_key(job.run_id, job.stage)
         self.link = run_link(job.tracking_uri, job.mlflow_run_id) if job.tracking_uri and job.mlflow_run_id else ""
         self.artifact_id: UUID | None = None

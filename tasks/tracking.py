@@ -46,7 +46,9 @@ def request_key(kind: str) -> str:
 
 
 @task(name="open-pipeline-run", **_MLFLOW)
-def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str) -> str:
+def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str, validate: bool = True) -> str:
+    """The run's MLflow parent run. ``validate``: its identity checked and tagged now; False: the caller runs
+    :func:`check_identity` (beside its next steps)."""
     s = Settings.from_env()
     # A script run is versioned by its project (git, or the content of a git-less one), not by traingate.
     identity = {
@@ -56,8 +58,19 @@ def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str) -> str:
         "environment": environment_snapshot(),
     }
     return runs.open_pipeline_run(
-        runs.client(s.tracking_uri), spec, s.artifact_uri, identity, request_key=request_key("pipeline")
+        runs.client(s.tracking_uri),
+        spec,
+        s.artifact_uri,
+        identity,
+        request_key=request_key("pipeline"),
+        validate=validate,
     )
+
+
+@task(name="check-identity", **_MLFLOW)
+def check_identity(run_id: str) -> list[str]:
+    """What the stored run lacks of its identity (tagged on it as the verdict); empty when complete."""
+    return runs.validate_identity(runs.client(Settings.from_env().tracking_uri), run_id)
 
 
 @task(name="open-stage-run", **_MLFLOW)

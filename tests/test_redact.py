@@ -70,6 +70,20 @@ def test_values_of_secret_environment_variables_are_masked_wherever_they_appear(
     assert redact(text) == "a *** b *** c *** d *** e *** f ***"
 
 
+def test_a_secret_variable_set_changed_or_registered_after_a_redaction_is_masked_from_then_on(monkeypatch):
+    # The environment's secrets are read once and read again when the environment or the registered values change.
+    assert redact("token first-value-1234 and second-value-5678") == "token first-value-1234 and second-value-5678"
+    monkeypatch.setenv("MY_API_TOKEN", "first-value-1234")
+    assert redact("token first-value-1234 and second-value-5678") == "token *** and second-value-5678"
+    monkeypatch.setenv("MY_API_TOKEN", "second-value-5678")
+    assert redact("token first-value-1234 and second-value-5678") == "token first-value-1234 and ***"
+    monkeypatch.delenv("MY_API_TOKEN")
+    assert redact("token first-value-1234 and second-value-5678") == "token first-value-1234 and second-value-5678"
+    monkeypatch.setattr(redact_module, "_REGISTERED", set())
+    redact_module.register_secret("registered-value-42")
+    assert redact("a registered-value-42 b") == "a *** b"
+
+
 def test_short_values_of_secret_variables_are_masked_as_whole_words_only(monkeypatch):
     monkeypatch.setenv("TRAINGATE_SECRET_1", "hunt")
     assert redact("pw hunt; hunter; a-hunt-b") == "pw ***; hunter; a-***-b"

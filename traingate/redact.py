@@ -119,7 +119,23 @@ def _env_kind(name: str) -> tuple[bool, bool]:
 
 
 def _env_secrets() -> tuple[list[str], list[str]]:
-    """(values masked anywhere, short values masked as whole words), from the current environment."""
+    """(values masked anywhere, short values masked as whole words), from the current environment: computed again
+    only when the environment or the registered secrets changed (every log record and every param asks; a
+    comparison of the environment's raw items costs a tenth of reading them)."""
+    global _ENV_SEEN
+    key = (tuple(os.environ._data.items()), id(_REGISTERED), len(_REGISTERED))  # type: ignore[attr-defined]
+    seen = _ENV_SEEN
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    found = _read_env_secrets()
+    _ENV_SEEN = (key, found)
+    return found
+
+
+_ENV_SEEN: tuple[tuple[tuple[Any, ...], int, int], tuple[list[str], list[str]]] | None = None
+
+
+def _read_env_secrets() -> tuple[list[str], list[str]]:
     long_: set[str] = set()
     short: set[str] = set()
     blocks = {e.partition("=")[0].strip() for e in os.environ.get(_SECRET_BLOCKS_VAR, "").split(",")}

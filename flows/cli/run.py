@@ -83,20 +83,22 @@ def run_ladder_here(
     Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
     """
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
-    from flows.pipeline import check_entitled, ladder, no_flow_heartbeats
+    from flows.pipeline import check_entitled, ladder, no_flow_heartbeats, one_client
 
-    if os.environ.get("PREFECT_API_URL"):  # a server that may carry a Slurm pool (a temporary one carries none)
-        check_entitled(spec)
-    settings.ensure()
-    guard_this_process(spec.supervision.preempt_grace_s)
-    try:
-        with follow(settings) if follow is not None else contextlib.nullcontext(), no_flow_heartbeats():
-            return ladder(spec, until, return_state=True)
-    except KeyboardInterrupt:
-        return interrupted(_claimed_run(settings))
-    finally:
-        if (claimed := _claimed_run(settings)) is not None:  # a follower may have attached it already
-            console.attach(settings.state_dir / "runs" / claimed)
+    named = bool(os.environ.get("PREFECT_API_URL"))  # else the temporary server starts below
+    with one_client() if named else contextlib.nullcontext():
+        if named:  # a server that may carry a Slurm pool (a temporary one carries none)
+            check_entitled(spec)
+        settings.ensure()
+        guard_this_process(spec.supervision.preempt_grace_s)
+        try:
+            with follow(settings) if follow is not None else contextlib.nullcontext(), no_flow_heartbeats():
+                return ladder(spec, until, return_state=True)
+        except KeyboardInterrupt:
+            return interrupted(_claimed_run(settings))
+        finally:
+            if (claimed := _claimed_run(settings)) is not None:  # a follower may have attached it already
+                console.attach(settings.state_dir / "runs" / claimed)
 
 
 def _say_what_a_script_runs_with(spec: Any) -> None:
@@ -171,8 +173,10 @@ def _start_prefect_server_shielded() -> None:
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
     from prefect import get_client, settings
 
+    if settings.PREFECT_API_URL.value():
+        return  # a named server (the kept one, or the user's): nothing starts here
     # A new database of the temporary server is a copy of a cached, migrated one (flows.local_server).
-    db_url = "" if settings.PREFECT_API_URL.value() else settings.PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
+    db_url = settings.PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with local_server.temporary_server_start(db_url, Settings.from_env().state_dir), get_client(sync_client=True):

@@ -37,3 +37,46 @@ def test_a_zygote_that_dies_before_forking_makes_the_entry_start_cold(tmp_path: 
     t.join(10)
     server.close()
     assert (status, ran_cold) == (7, [True])
+
+
+ZYGOTE = """
+import os, socket, sys, weakref
+from traingate.runtime import handoff
+
+class Held:
+    pass
+
+out = sys.argv[2]
+held = Held()
+weakref.finalize(held, lambda: open(os.path.join(out, "zygote"), "w").close())  # the zygote's own clean-up
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1])
+server.listen(1)
+print("ready", flush=True)
+conn, _ = server.accept()
+request, fds = handoff.read_request(conn)
+if os.fork() == 0:
+    done = handoff.take_place(conn, request, fds, "test-entry-watch")
+    mine = Held()
+    weakref.finalize(mine, lambda: open(os.path.join(out, "child"), "w").close())
+    handoff.run_and_finish(conn, done, lambda: 3)
+os._exit(0)
+"""
+
+
+def test_a_forked_child_runs_its_own_finalizers_at_exit_and_not_the_zygotes(tmp_path: Path):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "zygote.sock")
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", ZYGOTE, path, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert zygote.stdout is not None and zygote.stdout.readline() == "ready\n"
+        status = handoff.ask(path, {"argv": ["x"], "cwd": str(tmp_path), "env": dict(os.environ)}, lambda: 99)
+        assert zygote.wait(10) == 0
+    finally:
+        zygote.kill()
+    assert status == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name in ("child", "zygote")) == ["child"]

@@ -203,11 +203,12 @@ class RunReader:
     True
     """
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, experiment: str | None = None):
+        """``experiment``: the run's, when the caller knows it (else read from the run's spec.yaml once)."""
         self.run_dir = Path(run_dir)
         self.followers: dict[str, _StageFollower] = {}
         self.script_steps: dict[str, _ScriptSteps] = {}
-        self.experiment: str | None = None
+        self.experiment: str | None = experiment
 
     def stage_lines(self) -> list[StageLine]:
         out = []

@@ -21,6 +21,7 @@ import socket
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -139,6 +140,7 @@ def take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], wat
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _leave_zygote_finalizers()
     conn.sendall(REC.pack(b"P", os.getpid()))
     done = threading.Event()
 
@@ -152,6 +154,14 @@ def take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], wat
 
     threading.Thread(target=entry_gone, name=watch_name, daemon=True).start()
     return done
+
+
+def _leave_zygote_finalizers() -> None:
+    """The ``weakref.finalize`` callbacks registered before the fork clean up after the zygote (torch's operator
+    registrations: 40-60 ms at a command's exit); the child's exit runs only its own. One the zygote needs
+    (a temporary directory's removal) must not run when a child ends either."""
+    for f in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        f.atexit = False
 
 
 def differing_interpreter_vars(env: Mapping[str, str], ignored: frozenset[str] = frozenset()) -> list[str]:

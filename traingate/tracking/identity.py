@@ -107,18 +107,21 @@ def script_code_version(workdir: str | Path, state_dir: str | Path | None = None
     """The code version of a script project: git's (sha + dirty, this directory's changes) when the workdir is
     in a git work tree, else :func:`content_version` of the workdir, so a git-less project is still promotable."""
     root = Path(workdir).resolve()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True).stdout
-
+    # The three questions are asked at once (each git start is a fork of this process); outside a work tree all fail.
     try:
-        sha = git("rev-parse", "HEAD").strip()
-    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired, NotADirectoryError):
-        sha = ""
+        head, diff, untracked = _git_outputs(
+            root,
+            ["rev-parse", "HEAD"],
+            ["diff", "HEAD", "--", "."],
+            ["ls-files", "--others", "--exclude-standard", "--", "."],
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        head = diff = untracked = None
+    sha = head.strip() if head is not None else ""
     if not sha:
         return content_version(root, exclude=(state_dir,) if state_dir is not None else ())
-    diff = git("diff", "HEAD", "--", ".")
-    untracked = git("ls-files", "--others", "--exclude-standard", "--", ".")
+    if diff is None or untracked is None:
+        raise RuntimeError(f"git cannot say what changed in {root} at {sha} (git diff / git ls-files failed)")
     dirty = bool(diff.strip() or untracked.strip())
     return {
         "sha": sha,
@@ -126,6 +129,24 @@ def script_code_version(workdir: str | Path, state_dir: str | Path | None = None
         "source": "git",
         "diff_hash": hashlib.sha256((diff + untracked).encode()).hexdigest()[:16] if dirty else "",
     }
+
+
+def _git_outputs(root: Path, *commands: list[str], timeout_s: float = 30.0) -> list[str | None]:
+    """The output of each ``git`` command run in ``root``, all started at once; None for one that failed."""
+    procs = [
+        subprocess.Popen(["git", *args], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for args in commands
+    ]
+    outs: list[str | None] = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            out = None
+        outs.append(out if p.returncode == 0 else None)
+    return outs
 
 
 def run_code_version(spec: Any, state_dir: str | Path | None = None) -> dict[str, str]:

@@ -13,6 +13,7 @@ than leave it behind as an orphan beside a second one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import sqlite3
@@ -21,10 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlflow.store.db.utils
+import mlflow.tracking._model_registry.utils
 import requests
 import sqlalchemy.exc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 
 from traingate.job.catalog import CheckpointCatalog, step_dir
@@ -55,6 +59,19 @@ def client(tracking_uri: str) -> MlflowClient:
 
 
 _WAL: set[str] = set()
+
+
+def warm_mlflow() -> None:
+    """For a process that forks commands or flow runs (the engines' preload): what opening any MLflow store in
+    this interpreter computes the same way, computed once. The newest revision among MLflow's schema migrations
+    (each SQL store compares its database with it as it opens: 10-12 ms of reading migration scripts) depends
+    on the installed MLflow alone; the model registry's store builders (its plugin entry points) on the installed
+    packages. A forked child then opens its stores on its own connections, checking its own database."""
+    schema = mlflow.store.db.utils
+    if not hasattr(schema._get_latest_schema_revision, "cache_info"):
+        schema._get_latest_schema_revision = functools.cache(schema._get_latest_schema_revision)
+    schema._get_latest_schema_revision()
+    mlflow.tracking._model_registry.utils._get_store_registry()
 
 
 def _write_ahead_log(db: Path) -> None:
@@ -130,18 +147,24 @@ def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name
 
 
 def open_pipeline_run(
-    c: MlflowClient, spec: RunSpec, artifact_uri: str | None, identity: dict[str, Any], *, request_key: str
+    c: MlflowClient,
+    spec: RunSpec,
+    artifact_uri: str | None,
+    identity: dict[str, Any],
+    *,
+    request_key: str,
+    validate: bool = True,
 ) -> str:
     """Create the parent run with the full identity; returns its id (the traingate run id).
 
-    Idempotent per ``request_key`` (see :func:`create_run_once`).
+    Idempotent per ``request_key`` (see :func:`create_run_once`). ``validate``: check the stored identity and tag
+    the verdict now (:func:`validate_identity`); a caller with other work runs that beside it.
     """
     exp = experiment_id(c, spec.identity.experiment, artifact_uri)
     name = spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
     run = create_run_once(c, exp, request_key, name, {"traingate.kind": "pipeline"})
     rid = run.info.run_id
-    if run.info.run_name != unique_name(name, rid):
-        c.update_run(rid, name=unique_name(name, rid))
+    # Its unique name comes with the tags below: MLflow renames a run whose mlflow.runName tag is written.
     tags = {
         "traingate.run_id": rid,
         "traingate.experiment": spec.identity.experiment,
@@ -160,12 +183,13 @@ def open_pipeline_run(
         **standard.standard_tags(spec, identity["code"], unique_name(name, rid)),
     }
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
-    for i in range(0, len(params), 100):
+    c.log_batch(rid, params=params[:100], tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+    for i in range(100, len(params), 100):  # MLflow takes at most 100 params (and 100 tags) in one batch
         c.log_batch(rid, params=params[i : i + 100])
-    c.log_batch(rid, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
     c.log_dict(rid, redact_mapping(spec.to_dict()), SPEC_ARTIFACT)
     c.log_dict(rid, redact_mapping(identity["environment"]), ENVIRONMENT_ARTIFACT)
-    validate_identity(c, rid)
+    if validate:
+        validate_identity(c, rid)
     return rid
 
 
@@ -195,9 +219,11 @@ def identity_problems(c: MlflowClient, run: Run) -> list[str]:
         problems.append("run name")
     if "identity.experiment" not in params or "recipe.name" not in params:
         problems.append("resolved spec as params")
+    # Listed in the run's artifact location itself: MlflowClient.list_artifacts would read the run twice more.
+    repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=c.tracking_uri)
     for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
         folder = artifact.rsplit("/", 1)[0]
-        if artifact not in {a.path for a in c.list_artifacts(run.info.run_id, folder)}:
+        if artifact not in {a.path for a in repo.list_artifacts(folder)}:
             problems.append(f"artifact {artifact}")
     if tags.get("traingate.kind") == "stage":
         problems += [t for t in ("traingate.stage", "mlflow.parentRunId") if not tags.get(t)]
@@ -278,9 +304,7 @@ def create_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request
             **{k: v for k, v in parent.data.tags.items() if k.startswith(_INHERITED_STANDARD_TAGS)},
         },
     )
-    rid = run.info.run_id
-    c.set_tag(rid, "mlflow.runName", run.info.run_name)
-    return rid
+    return run.info.run_id  # MLflow's store tags it with its name (mlflow.runName) as it creates it
 
 
 def fill_stage_run(c: MlflowClient, parent_run_id: str, rid: str, stage: str) -> None:
@@ -469,6 +493,7 @@ def store_unreachable(e: BaseException) -> bool:
     """Whether an MLflow call failed because the tracking store could not be reached (not because it refused).
 
     >>> from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
     >>> store_unreachable(MlflowException("API request to http://h/api failed with exception ..."))
     True
     >>> from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
