@@ -7,8 +7,8 @@ first (:func:`forward`) for a command of :data:`COMMANDS` when the kept server i
 ``PREFECT_API_URL`` of the user's, ``TRAINGATE_PREFECT_SERVER`` kept): it hands the engine its argv,
 environment, working directory and stdin/stdout/stderr (SCM_RIGHTS, :mod:`traingate.runtime.handoff`); the
 forked child takes them (its own session), runs ``flows.cli.main(argv)`` (whose
-:func:`flows.local_server.connect` reads Prefect's settings and logging again from the command's
-environment) and its atexit handlers. The command relays SIGINT (Ctrl-C preempts the running stage at a
+:func:`flows.local_server.connect` reads Prefect's settings again from the command's environment, and
+configures its logging again where what that is made from differs from the engine's) and its atexit handlers. The command relays SIGINT (Ctrl-C preempts the running stage at a
 checkpoint, as in a cold command) and SIGTERM to the child and ends as the child ended.
 
 The command runs cold, in its own process, with ``TRAINGATE_CLI_ENGINE=off``, when no engine answers, or when
@@ -66,6 +66,8 @@ PRELOADED = (
     "flows.cli.sweep",
     "prefect.flow_engine",
     "prefect.task_engine",
+    # What Prefect's logging was configured from as it was imported: a command with the same keeps it.
+    "flows.local_server:note_logging_setup",
     "prefect.utilities.visualization",
     "prefect.concurrency.services",
     "anyio._backends._asyncio",

@@ -168,9 +168,9 @@ def connect(state_dir: Path) -> Record | None:
     os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
     if "prefect" in sys.modules:
         # A command forked from the CLI engine (flows.cli_engine), which imported Prefect under its own environment
-        # and made no client: Prefect's settings and logging are read again, from this one.
-        sys.modules["prefect.context"].refresh_global_settings_context()
-        sys.modules["prefect.logging.configuration"].setup_logging(incremental=False)
+        # and made no client: Prefect's settings are read again, from this one, and its logging configured again
+        # unless what it is made from is what the engine configured it from (50 ms: every setting is templated).
+        _read_prefect_settings_again()
     if started:
         print(
             f"traingate: started a local Prefect server at {record.ui_url} (pid {record.pid}), kept for later "
@@ -179,6 +179,37 @@ def connect(state_dir: Path) -> Record | None:
             flush=True,
         )
     return record
+
+
+def _read_prefect_settings_again() -> None:
+    sys.modules["prefect.context"].refresh_global_settings_context()
+    if _LOGGING_SET_UP_FROM is None or _prefect_logging_inputs() != _LOGGING_SET_UP_FROM:
+        sys.modules["prefect.logging.configuration"].setup_logging(incremental=False)
+
+
+_LOGGING_SET_UP_FROM: tuple[object, ...] | None = None
+
+
+def _prefect_logging_inputs() -> tuple[object, ...]:
+    """What Prefect's logging configuration is made from in this process: its logging settings (the configuration
+    file's path among them), the two levels its default file names besides, the ``PREFECT_LOGGING_*``
+    overrides, and the configuration file's modification time."""
+    settings = sys.modules["prefect.context"].get_settings_context().settings
+    path = Path(settings.logging.config_path or "")
+    try:
+        stamp = path.stat().st_mtime_ns if path.is_file() else None
+    except OSError:
+        stamp = None
+    overrides = sorted((k, v) for k, v in os.environ.items() if k.startswith("PREFECT_LOGGING_"))
+    levels = settings.internal.logging_level, settings.server.logging_level
+    return settings.logging.model_dump_json(), levels, tuple(overrides), stamp
+
+
+def note_logging_setup() -> None:
+    """As the CLI engine preloads it, Prefect imported: what Prefect's logging was configured from as it was
+    imported, so a forked command whose own inputs are the same keeps that configuration (:func:`connect`)."""
+    global _LOGGING_SET_UP_FROM
+    _LOGGING_SET_UP_FROM = _prefect_logging_inputs()
 
 
 def ui_hint(state_dir: Path) -> str:

@@ -260,3 +260,28 @@ def test_a_bad_server_setting_is_refused_in_one_line_naming_the_variable_and_the
         "(or set PREFECT_API_URL to use a server of your own)"
     )
     assert not local_server.server_dir(tmp_path / "state").exists()
+
+
+def test_a_forked_command_configures_prefects_logging_again_only_when_what_it_is_made_from_differs(monkeypatch):
+    import prefect.context
+    import prefect.logging.configuration
+
+    calls: list[bool] = []
+    monkeypatch.setattr(prefect.logging.configuration, "setup_logging", lambda incremental=None: calls.append(True))
+    monkeypatch.setattr(local_server, "_LOGGING_SET_UP_FROM", None)
+    local_server._read_prefect_settings_again()
+    assert calls == [True]  # nothing noted (a cold process): configured again
+    local_server.note_logging_setup()  # as the engine notes it after importing Prefect
+    local_server._read_prefect_settings_again()
+    assert calls == [True]
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a setting logging is not made from
+    local_server._read_prefect_settings_again()
+    assert calls == [True]
+    # a logging setting, and an override of one value of the logging configuration file
+    for n, (var, value) in enumerate([("PREFECT_LOGGING_LEVEL", "DEBUG"), ("PREFECT_LOGGING_HANDLERS_API_LEVEL", "ERROR")]):
+        local_server.note_logging_setup()
+        monkeypatch.setenv(var, value)
+        local_server._read_prefect_settings_again()
+        assert len(calls) == 2 + n, var
+    monkeypatch.undo()
+    prefect.context.refresh_global_settings_context()

@@ -28,6 +28,7 @@ import requests
 import sqlalchemy.exc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repo import ArtifactRepository
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 
@@ -219,8 +220,7 @@ def identity_problems(c: MlflowClient, run: Run) -> list[str]:
         problems.append("run name")
     if "identity.experiment" not in params or "recipe.name" not in params:
         problems.append("resolved spec as params")
-    # Listed in the run's artifact location itself: MlflowClient.list_artifacts would read the run twice more.
-    repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=c.tracking_uri)
+    repo = _artifact_repo(c, run)
     for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
         folder = artifact.rsplit("/", 1)[0]
         if artifact not in {a.path for a in repo.list_artifacts(folder)}:
@@ -230,6 +230,12 @@ def identity_problems(c: MlflowClient, run: Run) -> list[str]:
     elif tags.get("traingate.kind") != "pipeline":
         problems.append("traingate.kind")
     return problems
+
+
+def _artifact_repo(c: MlflowClient, run: Run) -> ArtifactRepository:
+    """The artifact location of a run read already. MlflowClient's artifact calls by run id (``runs:/``) read the
+    run twice more and look for logged models there (9 ms a call on SQLite, more beside other writes)."""
+    return get_artifact_repository(run.info.artifact_uri, tracking_uri=c.tracking_uri)
 
 
 def validate_identity(c: MlflowClient, run_id: str) -> list[str]:
@@ -318,9 +324,10 @@ def fill_stage_run(c: MlflowClient, parent_run_id: str, rid: str, stage: str) ->
     params = [Param(k, v) for k, v in sorted(parent.data.params.items())]
     for i in range(0, len(params), 100):
         c.log_batch(rid, params=params[i : i + 100])
+    source = _artifact_repo(c, parent)
     with tempfile.TemporaryDirectory() as tmp:
         for artifact in (SPEC_ARTIFACT, ENVIRONMENT_ARTIFACT):
-            local = c.download_artifacts(parent_run_id, artifact, tmp)
+            local = source.download_artifacts(artifact, tmp)
             c.log_artifact(rid, local, artifact.rsplit("/", 1)[0])
     validate_identity(c, rid)
 
@@ -493,6 +500,7 @@ def store_unreachable(e: BaseException) -> bool:
     """Whether an MLflow call failed because the tracking store could not be reached (not because it refused).
 
     >>> from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repo import ArtifactRepository
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
     >>> store_unreachable(MlflowException("API request to http://h/api failed with exception ..."))
     True
