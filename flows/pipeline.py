@@ -284,7 +284,7 @@ def ladder(
         warm_unit = start_unit_tests(spec)
     settings.ensure()
     _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
-    pending: list[PrefectFuture] = []  # tracking writes running beside the stages, settled before the run ends
+    beside = Beside()  # tracking writes running beside the stages, settled before the run ends
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
@@ -296,7 +296,7 @@ def ladder(
         point = None
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
-        pending.append(check_identity.submit(run_id))  # the stored identity's verdict, beside the unit stage
+        beside.now(check_identity.submit(run_id))  # the stored identity's verdict, beside the unit stage
         write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
         record_flow_run(settings, str(flow_run.id), run_id)  # after spec.yaml: a retry finds a resumable run
         stages = stages_until(until)
@@ -313,7 +313,7 @@ def ladder(
         "resumed": point is not None,
     }
     if not stages:
-        _settle(pending)
+        beside.settle()
         if (
             point is not None
             and until == "full"
@@ -350,15 +350,15 @@ def ladder(
                 )
                 stage_run = known_run or cast(PrefectFuture, creating).result()
                 if not known_run:
-                    pending.append(fill_stage_run.submit(run_id, stage_run, stage))
+                    beside.now(fill_stage_run.submit(run_id, stage_run, stage))
             else:
                 # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
                 # artifacts, the dataset input) is written beside it, settled with the stage's recording.
                 stage_run = known_run or create_stage_run(run_id, stage)
                 if not known_run:
-                    pending.append(fill_stage_run.submit(run_id, stage_run, stage))
+                    beside.now(fill_stage_run.submit(run_id, stage_run, stage))
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-                result = run_stage_job(job, resume=resuming, zygote=zygote)
+                result = run_stage_job(job, resume=resuming, zygote=zygote, launched=beside.launched)
                 while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
                     in_place = _wait_for_resume(
                         stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
@@ -369,21 +369,19 @@ def ladder(
                     job = derive(
                         spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run
                     )
-                    result = run_stage_job(job, resume=True, zygote=zygote)
+                    result = run_stage_job(job, resume=True, zygote=zygote, launched=beside.launched)
             gate = spec.gate(stage)
-            decision = _decide(spec, result, run_id, run_dir, pending)
+            decision = _decide(spec, result, run_id, run_dir, beside)
             refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
             if pause_wait_s > 0 and refused_on_budget:  # the Prefect UI's Resume form gives the next stage a budget
-                in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, pending)
+                in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, beside)
                 if in_place.spec is not None:
                     spec = in_place.spec
                     result = reestimated(result, spec)
-                    decision = _decide(spec, result, run_id, run_dir, pending)
-            # Recording runs beside the next stage (MLflow writes, plots, the artifact): the gate needs none of it.
-            pending += [
-                record_stage.submit(stage_run, result, decision, run_id=run_id),
-                publish_stage_report.submit(run_id, result, decision, stage_run),
-            ]
+                    decision = _decide(spec, result, run_id, run_dir, beside)
+            # Recording runs beside the next stage (MLflow writes, plots, the artifact), from its launch on: the gate
+            # needs none of it, and the next stage's start does not share the process with it.
+            beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id))
             summary["stages"][stage] = {
                 "status": str(result.status),
                 "gate": decision.passed,
@@ -395,7 +393,7 @@ def ladder(
             }
             summary["checkpoint_uri"] = result.checkpoint_uri or summary.get("checkpoint_uri")
             if result.status == Status.PREEMPTED:  # cancelled from the UI/API, or paused: checkpointed, resumable
-                _settle(pending)
+                beside.settle()
                 if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
                     return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
                 not_resumed = in_place.why if in_place is not None else ""
@@ -403,7 +401,7 @@ def ladder(
                 message = resumable_stop(stage, result, run_id) + (f" ({not_resumed})" if not_resumed else "")
                 return stopped(Cancelled(message=message), summary)
             if not decision.passed:
-                _settle(pending)
+                beside.settle()
                 if in_place is not None and in_place.elsewhere:  # the orchestrator that took the run over closes it
                     return stopped(Cancelled(message=f"{stage}: {in_place.why}"), summary)
                 message = decision.summary()
@@ -423,6 +421,7 @@ def ladder(
                     flow_run.id,
                     int(gate.approval_timeout_s),
                 )
+                beside.launched()  # the recording starts now: a reviewer may take hours
                 answer = pause_flow_run(
                     wait_for_input=Approval, timeout=int(gate.approval_timeout_s), key=f"approve-{stages[i + 1]}"
                 )
@@ -430,11 +429,11 @@ def ladder(
                     reason = (
                         f"promotion to {stages[i + 1]} rejected by {answer.reviewer or 'reviewer'}: {answer.reason}"
                     )
-                    _settle(pending)
+                    beside.settle()
                     close_pipeline_run(run_id, False, stage, reason)
                     return stopped(Failed(message=reason), summary)
                 log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
-        _settle(pending)
+        beside.settle()
         verb = (
             f"resumed {stages[0]}; reached {stages[-1]}"
             if point is not None
@@ -640,16 +639,14 @@ def _wait_for_resume(
         return UiResume(changed)
 
 
-def _decide(
-    spec: RunSpec, result: StageResult, run_id: str, run_dir: Path, pending: list[PrefectFuture]
-) -> GateDecision:
+def _decide(spec: RunSpec, result: StageResult, run_id: str, run_dir: Path, beside: Beside) -> GateDecision:
     """The gate after ``result``'s stage under ``spec``: its rules, and the next stage's estimate against
     ``budget.max_cost_usd`` and what is left of the run's and the team's budgets."""
     return decide(
         result,
         spec.gate(result.stage),
         spec.budget.max_cost_usd,
-        budgets=budgets_at_gate(spec, run_id, run_dir, result, functools.partial(_settle, pending)),
+        budgets=budgets_at_gate(spec, run_id, run_dir, result, beside.settle),
     )
 
 
@@ -660,7 +657,7 @@ def _wait_for_budget(
     spec: RunSpec,
     run_dir: Path,
     wait_s: int,
-    pending: list[PrefectFuture],
+    beside: Beside,
 ) -> UiResume:
     """Pause this flow run, its gate having refused ``nxt`` on its budget alone, with a :class:`BudgetResume` form
     that starts at the run's budgets and names the estimate; a resume whose budget the estimate still exceeds
@@ -679,7 +676,7 @@ def _wait_for_budget(
     )
 
     def verdict(changed: RunSpec) -> str:
-        again = _decide(changed, reestimated(result, changed), run_id, run_dir, pending)
+        again = _decide(changed, reestimated(result, changed), run_id, run_dir, beside)
         return "; ".join(again.reasons)
 
     return _wait_for_resume(
@@ -697,11 +694,39 @@ def _resume_hint(spec: RunSpec, run_id: str, nxt: str) -> str:
     return f"`traingate resume {run_id} --set {knob}=...` starts {nxt}"
 
 
-def _settle(pending: list[PrefectFuture]) -> None:
-    """Wait for the stages' recording tasks (a failure among them fails the flow, as if awaited inline)."""
-    for f in pending:
-        f.result()
-    pending.clear()
+class Beside:
+    """The run's tracking writes that run beside its stages: submitted at once (:meth:`now`), or kept until the
+    next stage has launched (:meth:`after_next_launch`: a stage's recording, so that it does not share the process
+    with the next stage's start), and waited for before the run ends (:meth:`settle`)."""
+
+    def __init__(self) -> None:
+        self.futures: list[PrefectFuture] = []
+        self.later: list[Callable[[], list[PrefectFuture]]] = []
+
+    def now(self, future: PrefectFuture) -> None:
+        self.futures.append(future)
+
+    def after_next_launch(self, submit: Callable[[], list[PrefectFuture]]) -> None:
+        self.later.append(submit)
+
+    def launched(self) -> None:
+        """Submit what waited for a launch (a stage's ``launched`` hook; also before a pause that may be long)."""
+        while self.later:
+            self.futures += self.later.pop(0)()
+
+    def settle(self) -> None:
+        """Submit what waits, then wait for all of it (a failure among them fails the flow, as if awaited inline)."""
+        self.launched()
+        for f in self.futures:
+            f.result()
+        self.futures.clear()
+
+
+def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture]:
+    return [
+        record_stage.submit(stage_run, result, decision, run_id=run_id),
+        publish_stage_report.submit(run_id, result, decision, stage_run),
+    ]
 
 
 @flow(name="pipeline", log_prints=True)

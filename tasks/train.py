@@ -51,17 +51,51 @@ class Watcher(Protocol):
 
 @task(name="train-stage", task_run_name="{job.stage}", cache_policy=NONE, retries=0)
 def run_stage_job(
-    job: StageJob, resume: bool = False, watcher: Watcher | None = None, zygote: Zygote | None = None
+    job: StageJob,
+    resume: bool = False,
+    watcher: Watcher | None = None,
+    zygote: Zygote | None = None,
+    launched: Callable[[], None] | None = None,
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
     stage's or its run's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); released
-    unused on a Slurm pool, whose job starts its own processes.
+    unused on a Slurm pool, whose job starts its own processes. ``launched``: called once, as the stage's
+    processes have started (or as it ends without them, or before a Slurm pool takes it): the caller's work that
+    is to stay off the stage's start.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
     them back on every exit path. A higher class that preempts it stops it at an emergency
     checkpoint; it then waits in the queue again and resumes by itself: same run, same MLflow run.
     """
+    once = _Once(launched)
+    try:
+        return _run_stage_job(job, resume, watcher, zygote, once)
+    finally:
+        once()
+
+
+class _Once:
+    def __init__(self, call: Callable[[], None] | None):
+        self.call = call
+
+    def __call__(self) -> None:
+        call, self.call = self.call, None
+        if call is not None:
+            call()
+
+
+def _in_turn(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
+def _run_stage_job(
+    job: StageJob, resume: bool, watcher: Watcher | None, zygote: Zygote | None, launched: _Once
+) -> StageResult:
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
@@ -73,6 +107,7 @@ def run_stage_job(
                 zygote.release()
             job = _with_budget(job, config, log)
             progress = ProgressArtifact(job)
+            launched()  # the Slurm pool starts its processes: nothing here to keep off their start
             # Polled every tick of the follow loop; the progress artifact's tick never asks for a stop.
             stops = _either(
                 stop_request, _cancel_watch(client), watcher.tick if watcher is not None else None, progress.tick
@@ -87,7 +122,7 @@ def run_stage_job(
         stopping = _either(stop_request, cancelled)
         progress = ProgressArtifact(job)
         hooks = Hooks(
-            on_tick=progress.tick,
+            on_tick=_in_turn(launched, progress.tick),  # the first tick comes right after the launch
             on_line=log.info,
             info=log.info,
             error=log.error,
@@ -103,6 +138,8 @@ def run_stage_job(
         t0 = time.monotonic()
         preemptions = 0
         before: list[Supervision] = []  # smoke's first half: its attempts are charged too
+        if gang is not None:
+            launched()  # the queue may hold the stage: what waits for its launch starts now
         while True:
             if gang is not None and (why := gang.acquire(stopping)) is not None:
                 if zygote is not None:

@@ -3,8 +3,10 @@ copy of examples/script_project2 gets a content-hash code version, its data.uri 
 final declared checkpoint, published by traingate, is the registered model."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -29,6 +31,15 @@ def test_a_git_less_script_project_climbs_the_ladder_and_its_final_checkpoint_is
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["model"]["registered"], summary["model"]
+    # A stage's recording runs beside the next stage from that stage's launch on, not beside its start.
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    with get_client(sync_client=True) as c:
+        ours = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(summary["flow_run_id"])]))
+        started = {t.name: t.start_time.timestamp() for t in c.read_task_runs(flow_run_filter=ours) if t.start_time}
+    for stage, nxt in [("unit", "smoke"), ("smoke", "canary"), ("canary", "full")]:
+        attempts = json.loads((Path(summary["run_dir"]) / nxt / "supervisor.json").read_text())["attempts"]
+        assert started[f"record-{stage}"] >= attempts[0]["launched_at"], (stage, started, attempts[0]["launched_at"])
     client = MlflowClient(Settings.from_env().tracking_uri)
     version = client.get_model_version(summary["model"]["name"], summary["model"]["version"])
     assert version.tags["traingate.code_version"].startswith("sha256:")
