@@ -30,7 +30,6 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tasks.data import data_snapshot, newest_snapshot
-from tasks.report import publish_stage_report
 from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
     check_identity,
@@ -379,7 +378,7 @@ def ladder(
                     spec = in_place.spec
                     result = reestimated(result, spec)
                     decision = _decide(spec, result, run_id, run_dir, beside)
-            # Recording runs beside the next stage (MLflow writes, plots, the artifact), from its launch on: the gate
+            # Recording runs beside the next stage (MLflow writes, plots, the report), from its launch on: the gate
             # needs none of it, and the next stage's start does not share the process with it.
             beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id))
             summary["stages"][stage] = {
@@ -723,10 +722,7 @@ class Beside:
 
 
 def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture]:
-    return [
-        record_stage.submit(stage_run, result, decision, run_id=run_id),
-        publish_stage_report.submit(run_id, result, decision, stage_run),
-    ]
+    return [record_stage.submit(stage_run, result, decision, run_id=run_id, report=True)]
 
 
 @flow(name="pipeline", log_prints=True)

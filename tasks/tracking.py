@@ -22,6 +22,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.runtime import task_run
 
+from tasks.report import publish_stage_report
 from traingate.job import envvars
 from traingate.job.result import GateDecision, StageResult
 from traingate.ladder import replay
@@ -95,9 +96,15 @@ def fill_stage_run(parent_run_id: str, stage_run_id: str, stage: str) -> None:
 
 @task(name="record-stage", task_run_name="record-{result.stage}", **_MLFLOW)
 def record_stage(
-    stage_run_id: str, result: StageResult, decision: GateDecision | None, run_id: str | None = None
+    stage_run_id: str,
+    result: StageResult,
+    decision: GateDecision | None,
+    run_id: str | None = None,
+    report: bool = False,
 ) -> None:
-    """``run_id``: the pipeline's, whose journal keeps the write if the store is gone (None: it fails instead)."""
+    """``run_id``: the pipeline's, whose journal keeps the write if the store is gone (None: it fails instead).
+    ``report``: the stage's report in the Prefect UI too (:func:`tasks.report.publish_stage_report`), after its
+    MLflow records, in this task run (a task run costs the Prefect server about 20 ms of CPU)."""
     c = runs.client(Settings.from_env().tracking_uri)
     _write_or_keep(
         run_id,
@@ -110,6 +117,9 @@ def record_stage(
         },
         lambda: runs.record_stage(c, stage_run_id, result, decision),
     )
+    if report:
+        assert run_id is not None, "a stage's report is keyed by its pipeline run"
+        publish_stage_report.fn(run_id, result, decision, stage_run_id)
 
 
 @task(name="close-pipeline-run", **_MLFLOW)
