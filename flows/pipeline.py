@@ -7,11 +7,14 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, cast
@@ -282,8 +285,11 @@ def ladder(
         # MLflow runs; it runs nothing before run_unit_tests hands it its arguments.
         warm_unit = start_unit_tests(spec)
     settings.ensure()
-    _close_stale_runs(settings)  # orchestrator death (see traingate.tracking.stale)
     beside = Beside()  # tracking writes running beside the stages, settled before the run ends
+    if resume_from is None:  # orchestrator death (see traingate.tracking.stale); a resume's own run first
+        beside.thread(_close_stale_runs, settings)
+    else:
+        _close_stale_runs(settings)
     if resume_from is not None:
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
@@ -301,7 +307,7 @@ def ladder(
         stages = stages_until(until)
     else:
         raise SpecError("ladder: pass a spec, or resume_from with a run id")
-    _name_flow_run(run_id if point is None else f"{run_id}-resume")
+    beside.thread(_name_flow_run, run_id if point is None else f"{run_id}-resume")
     run_dir = settings.state_dir / "runs" / run_id
     stale.claim(run_dir, str(flow_run.id))  # this process now runs the pipeline (a resume takes it over)
     summary: dict[str, Any] = {
@@ -324,10 +330,10 @@ def ladder(
             summary["model"] = register_candidate(
                 spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None, run_id=run_id
             )
+            promotion = _promotion(run_id, summary["model"], beside)
             close_pipeline_run(run_id, True, "full")
-            return Completed(
-                message=f"run {run_id}: every stage had passed; {_promotion(run_id, summary['model'])}", data=summary
-            )
+            beside.settle()
+            return Completed(message=f"run {run_id}: every stage had passed; {promotion}", data=summary)
         return Completed(message=f"run {run_id}: nothing left to run up to {until}", data=summary)
     # The run's zygote (supervision.warm_restarts): the training stack imported once, beside the unit stage, and
     # every training stage on this host forks its workers from it; unused (a failed unit gate), it only imported.
@@ -442,8 +448,9 @@ def ladder(
             summary["model"] = register_candidate(
                 spec, summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
             )
-            verb += "; " + _promotion(run_id, summary["model"])
+            verb += "; " + _promotion(run_id, summary["model"], beside)
         close_pipeline_run(run_id, True, stages[-1])
+        beside.settle()  # the promotion's artifact
         return Completed(message=verb, data=summary)
     finally:
         if zygote is not None:
@@ -522,9 +529,10 @@ def _children_import_this_code() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([here, *rest])
 
 
-def _promotion(run_id: str, model: dict[str, Any]) -> str:
-    """The promotion outcome in words, also as the run's last artifact: a refused promotion must not read
-    as a plain success (the stages passed, but the run produced no candidate model)."""
+def _promotion(run_id: str, model: dict[str, Any], beside: Beside) -> str:
+    """The promotion outcome in words, also as the run's last artifact (published ``beside`` the run's close): a
+    refused promotion must not read as a plain success (the stages passed, but the run produced no candidate
+    model)."""
 
     findings = ""
     if model.get("registered"):
@@ -533,10 +541,13 @@ def _promotion(run_id: str, model: dict[str, Any]) -> str:
         line = refusal(model.get("reasons", []))
         findings = "".join(f"\n- {r}" for r in model.get("reasons", []))
         findings = f"\n## What the checks found\n{findings}\n" if findings else ""
-    create_markdown_artifact(
-        markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n{redact(findings)}",
-        key=f"tg-{run_id}-5-promotion",
-        description=f"traingate run {run_id}: promotion",
+    beside.thread(
+        functools.partial(
+            create_markdown_artifact,
+            markdown=f"# Promotion of run {run_id}\n\n{redact(line)}\n{redact(findings)}",
+            key=f"tg-{run_id}-5-promotion",
+            description=f"traingate run {run_id}: promotion",
+        )
     )
     return line
 
@@ -699,10 +710,25 @@ class Beside:
     with the next stage's start), and waited for before the run ends (:meth:`settle`)."""
 
     def __init__(self) -> None:
-        self.futures: list[PrefectFuture] = []
+        self.futures: list[PrefectFuture | Future] = []
         self.later: list[Callable[[], list[PrefectFuture]]] = []
 
     def now(self, future: PrefectFuture) -> None:
+        self.futures.append(future)
+
+    def thread(self, call: Callable[..., Any], *args: Any) -> None:
+        """``call(*args)`` in a thread of its own with this thread's context (the flow run's logger and API
+        client): a Prefect API call or a store's sweep that nothing after it reads."""
+        future: Future = Future()
+        context = contextvars.copy_context()
+
+        def run() -> None:
+            try:
+                future.set_result(context.run(call, *args))
+            except BaseException as e:  # noqa: BLE001 - handed to settle(), which raises it
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="ladder-beside", daemon=True).start()
         self.futures.append(future)
 
     def after_next_launch(self, submit: Callable[[], list[PrefectFuture]]) -> None:
