@@ -285,7 +285,7 @@ def ladder(
         # MLflow runs; it runs nothing before run_unit_tests hands it its arguments.
         warm_unit = start_unit_tests(spec)
     settings.ensure()
-    beside = Beside()  # tracking writes running beside the stages, settled before the run ends
+    beside = Beside()  # what runs beside the ladder (tracking writes, API calls), settled before the run ends
     if resume_from is None:  # orchestrator death (see traingate.tracking.stale); a resume's own run first
         beside.thread(_close_stale_runs, settings)
     else:
@@ -705,9 +705,10 @@ def _resume_hint(spec: RunSpec, run_id: str, nxt: str) -> str:
 
 
 class Beside:
-    """The run's tracking writes that run beside its stages: submitted at once (:meth:`now`), or kept until the
-    next stage has launched (:meth:`after_next_launch`: a stage's recording, so that it does not share the process
-    with the next stage's start), and waited for before the run ends (:meth:`settle`)."""
+    """What runs beside the ladder: tracking writes submitted at once (:meth:`now`) or kept until the next stage
+    has launched (:meth:`after_next_launch`: a stage's recording, so that it does not share the process with the
+    next stage's start), and API calls that nothing after them reads (:meth:`thread`); waited for before the run
+    ends (:meth:`settle`)."""
 
     def __init__(self) -> None:
         self.futures: list[PrefectFuture | Future] = []
