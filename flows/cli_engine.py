@@ -8,8 +8,9 @@ first (:func:`forward`) for a command of :data:`COMMANDS` when the kept server i
 environment, working directory and stdin/stdout/stderr (SCM_RIGHTS, :mod:`traingate.runtime.handoff`); the
 forked child takes them (its own session), runs ``flows.cli.main(argv)`` (whose
 :func:`flows.local_server.connect` reads Prefect's settings again from the command's environment, and
-configures its logging again where what that is made from differs from the engine's) and its atexit handlers. The command relays SIGINT (Ctrl-C preempts the running stage at a
-checkpoint, as in a cold command) and SIGTERM to the child and ends as the child ended.
+configures its logging again where what that is made from differs from the engine's) and its atexit handlers.
+The command relays SIGINT (Ctrl-C preempts the running stage at a checkpoint, as in a cold command) and SIGTERM
+to the child and ends as the child ended.
 
 The command runs cold, in its own process, with ``TRAINGATE_CLI_ENGINE=off``, when no engine answers, or when
 the engine refuses: its code on disk

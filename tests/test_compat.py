@@ -143,6 +143,23 @@ def test_mlflow_client_builds_its_store_when_made_and_latest_metrics_carry_their
     assert latest == {"loss": (3, 1.0 / 3), "acc": (7, 0.5)}
 
 
+def test_mlflows_schema_head_is_what_a_new_store_is_stamped_with_and_stays_cached(tmp_path):
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+    from mlflow.tracking import MlflowClient
+
+    from traingate.tracking import compat_mlflow
+
+    head = compat_mlflow.cache_schema_head(db_utils)
+    db = tmp_path / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()  # a new store: created at MLflow's newest revision
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == head
+    assert db_utils._get_latest_schema_revision.cache_info().currsize == 1
+    assert compat_mlflow.cache_schema_head(db_utils) == head
+
+
 def test_optuna_trial_ids_storage_and_requeue_record_behave_as_the_sweep_uses_them(tmp_path):
     import warnings
 

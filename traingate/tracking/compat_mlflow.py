@@ -8,6 +8,8 @@ nothing and only touches objects it is handed.
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,3 +25,17 @@ def latest_metrics(run: Run) -> list[Metric]:
     ``get_metric_history`` request per key.
     """
     return list(run.data._metric_objs)  # noqa: SLF001
+
+
+def cache_schema_head(db_utils: ModuleType) -> str:
+    """``mlflow.store.db.utils`` (handed in) with its newest schema revision computed once and kept; returns it.
+
+    Every SQL store MLflow opens compares its database's revision with the newest of MLflow's migration scripts
+    (``_get_latest_schema_revision``: the scripts read again, 10-12 ms a store). That revision depends on the
+    installed MLflow alone, so a process that forks commands computes it once and its children inherit it; each
+    child still reads its own database's revision and refuses one that differs.
+    """
+    latest = db_utils._get_latest_schema_revision  # noqa: SLF001
+    if not hasattr(latest, "cache_info"):
+        latest = db_utils._get_latest_schema_revision = functools.cache(latest)  # type: ignore[attr-defined]  # noqa: SLF001
+    return str(latest())

@@ -13,7 +13,6 @@ than leave it behind as an orphan beside a second one.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
 import sqlite3
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.store.db.utils
-import mlflow.tracking._model_registry.utils
 import requests
 import sqlalchemy.exc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
@@ -38,7 +36,7 @@ from traingate.redact import redact, redact_mapping
 from traingate.settings import SERVER_ARTIFACTS, export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
-from traingate.tracking import plots, standard
+from traingate.tracking import compat_mlflow, plots, standard
 from traingate.tracking import restarts as restart_record
 from traingate.tracking.identity import REQUIRED_TAGS
 from traingate.tracking.restarts import is_restart
@@ -63,16 +61,10 @@ _WAL: set[str] = set()
 
 
 def warm_mlflow() -> None:
-    """For a process that forks commands or flow runs (the engines' preload): what opening any MLflow store in
-    this interpreter computes the same way, computed once. The newest revision among MLflow's schema migrations
-    (each SQL store compares its database with it as it opens: 10-12 ms of reading migration scripts) depends
-    on the installed MLflow alone; the model registry's store builders (its plugin entry points) on the installed
-    packages. A forked child then opens its stores on its own connections, checking its own database."""
-    schema = mlflow.store.db.utils
-    if not hasattr(schema._get_latest_schema_revision, "cache_info"):
-        schema._get_latest_schema_revision = functools.cache(schema._get_latest_schema_revision)
-    schema._get_latest_schema_revision()
-    mlflow.tracking._model_registry.utils._get_store_registry()
+    """For a process that forks commands or flow runs (the engines' preload): what opening any MLflow SQL store
+    in this interpreter computes the same way, computed once (:func:`compat_mlflow.cache_schema_head`). A forked
+    child then opens its stores on its own connections, checking its own database."""
+    compat_mlflow.cache_schema_head(mlflow.store.db.utils)
 
 
 def _write_ahead_log(db: Path) -> None:
@@ -500,8 +492,6 @@ def store_unreachable(e: BaseException) -> bool:
     """Whether an MLflow call failed because the tracking store could not be reached (not because it refused).
 
     >>> from mlflow.exceptions import MlflowException
-from mlflow.store.artifact.artifact_repo import ArtifactRepository
-from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
     >>> store_unreachable(MlflowException("API request to http://h/api failed with exception ..."))
     True
     >>> from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
