@@ -477,8 +477,9 @@ class Stack:
         for p in reversed(plans):
             if p.kind == "postgres":
                 if self._postgres_running(p):
+                    t0 = time.monotonic()
                     self._as_postgres([str(PG_BIN / "pg_ctl"), "-D", self._pgdata(), "-m", "fast", "-w", "stop"])
-                    print(f"{p.name}: stopped", file=out)
+                    print(f"{p.name}: stopped ({time.monotonic() - t0:.1f} s)", file=out)
                 self.state["procs"].pop(p.name, None)
                 continue
             rec = self.state["procs"].get(p.name)
@@ -486,10 +487,12 @@ class Stack:
                 continue
             if p.kind == "s3" and _same_process(rec):
                 self._s3_save(p)
-            _stop(rec, p.stop_signal, p.grace_s)
+            t0 = time.monotonic()
+            killed = _stop(rec, p.stop_signal, p.grace_s)
             self.state["procs"].pop(p.name, None)
             self._save()
-            print(f"{p.name}: stopped", file=out)
+            how = f"killed after its {p.grace_s:g} s stop grace period" if killed else "stopped"
+            print(f"{p.name}: {how} ({time.monotonic() - t0:.1f} s)", file=out)
         self._save()
         for proc in _pool_authorities(self.dir):
             print(f"pool authority {proc.pid}: stopped", file=out)
@@ -815,12 +818,13 @@ def _pool_authorities(stack_dir: Path, grace_s: float = 10.0) -> list[Any]:
     return found
 
 
-def _stop(rec: dict[str, Any], sig: int, grace_s: float) -> None:
+def _stop(rec: dict[str, Any], sig: int, grace_s: float) -> bool:
     """``sig`` to the service's process group, SIGKILL after the grace period; then every process that was
-    under it (a worker starts each flow run in a session of its own, out of its group)."""
+    under it (a worker starts each flow run in a session of its own, out of its group). True: the service did
+    not end within the grace period and was killed."""
     import psutil
     if not _same_process(rec):
-        return
+        return False
     root = psutil.Process(rec["pid"])
     tree = [root, *root.children(recursive=True)]
     try:
@@ -834,6 +838,7 @@ def _stop(rec: dict[str, Any], sig: int, grace_s: float) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(tree, timeout=30)
+    return bool(alive)
 
 
 def main(argv: list[str] | None = None) -> int:
