@@ -388,6 +388,7 @@ class Stack:
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o711 if os.geteuid() == 0 else 0o700)  # postgres (another user) must reach its volume
         compose, plans = self.plans(create=True)
+        _let_stop_signals_through({p.stop_signal for p in plans})
         self._write_mc_shim()
         self._save()
         done: dict[str, str] = {}
@@ -816,6 +817,18 @@ def _pool_authorities(stack_dir: Path, grace_s: float = 10.0) -> list[Any]:
             pass
     psutil.wait_procs(alive, timeout=10)
     return found
+
+
+def _let_stop_signals_through(signals: set[int]) -> None:
+    """The services this process starts get their stop signals, however `up` itself was started: an ignored signal
+    stays ignored across exec, and a blocked one blocked (a shell's background job ignores SIGINT and SIGQUIT, and
+    so do a test runner's workers). A Prefect worker, whose stop signal is SIGINT, would ignore `down` and be
+    killed at the end of its 60 s stop grace period. SIGINT gets Python's own handler here (Ctrl-C of `up` still
+    stops it), which a started program has reset to the default; another signal its default."""
+    for sig in signals | {signal.SIGINT}:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals | {signal.SIGINT})
 
 
 def _stop(rec: dict[str, Any], sig: int, grace_s: float) -> bool:

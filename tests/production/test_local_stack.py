@@ -747,3 +747,24 @@ def test_every_service_of_the_stack_gets_only_its_own_credentials_and_the_server
         assert by[name].env["MLFLOW_TRACKING_USERNAME"] == settings["MLFLOW_TRACKING_USERNAME"] != \
             settings["MLFLOW_AUTH_ADMIN_USERNAME"]
         assert by[name].env["MLFLOW_TRACKING_PASSWORD"] == SECRETS["MLFLOW_PLATFORM_PASSWORD"]
+
+
+_UP_FROM_A_BACKGROUND_JOB = """
+import signal, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import local_stack
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job, or a pytest-xdist worker
+signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+local_stack._let_stop_signals_through({signal.SIGINT, signal.SIGTERM, signal.SIGQUIT})
+child = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout
+masks = dict(line.split(":\\t") for line in child.splitlines() if line.startswith(("SigIgn", "SigBlk")))
+print(" ".join(str((int(masks[m], 16) >> (sig - 1)) & 1) for m in ("SigIgn", "SigBlk")
+               for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)))
+"""
+
+
+def test_a_stack_started_with_its_stop_signals_ignored_or_blocked_starts_services_that_get_them():
+    out = subprocess.run([sys.executable, "-c", _UP_FROM_A_BACKGROUND_JOB, str(ROOT / "infra")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0"] * 6, out.stdout + out.stderr  # none ignored, none blocked in a started service
