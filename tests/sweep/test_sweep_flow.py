@@ -39,7 +39,9 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
         max_concurrent: 1
         promotion: {top_k: 1, seeds: 1, require_reproducible: true, tolerance: 1.0, until: full}
     """)
-    overrides = ONE_PROC + ["stages.canary.max_steps=100", "checkpoint.every_steps=1000"]
+    # 300 steps: the hopeless trial is still training when ASHA's verdict on its first rung arrives (a busy box
+    # ran a 100-step trial to its end in the time between its report at step 10 and the stop).
+    overrides = ONE_PROC + ["stages.canary.max_steps=300", "checkpoint.every_steps=1000"]
     s = _settings()
     # A good configuration first, then a hopeless one (lr near zero): ASHA must cut the second at its first rung.
     study = open_study(load_spec(path, overrides), s.optuna_storage)
@@ -53,10 +55,10 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
 
     study = load(path, overrides, s.optuna_storage)
     good, bad = study.trials
-    assert good.state == TrialState.COMPLETE and good.user_attrs["outcome"]["steps"] == 100
+    assert good.state == TrialState.COMPLETE and good.user_attrs["outcome"]["steps"] == 300
     assert bad.state == TrialState.PRUNED, (bad.intermediate_values, good.intermediate_values)
     assert bad.user_attrs["outcome"]["pruned_at_step"] == 10
-    assert bad.user_attrs["outcome"]["steps"] < 100  # stopped while running, not after the fact
+    assert bad.user_attrs["outcome"]["steps"] < 300  # stopped while running, not after the fact
     assert not psutil.pid_exists(bad.user_attrs["outcome"]["pid"])
     assert set(bad.intermediate_values) == {10}
 
@@ -78,7 +80,7 @@ def test_pruned_trial_stops_its_process_early_and_the_reproduced_winner_is_promo
     assert by_state["PRUNED"].info.status == "KILLED"
     assert by_state["COMPLETED"].data.params["optim.lr"] == "0.05"
     history = c.get_metric_history(by_state["COMPLETED"].info.run_id, "val_accuracy")
-    assert sorted({m.step for m in history}) == list(range(10, 101, 10))  # intermediate, from the trainer
+    assert sorted({m.step for m in history}) == list(range(10, 301, 10))  # intermediate, from the trainer
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/optimization_history.png", "sweep/best_spec.yaml"} <= arts
     assert "sweep/intermediate_values.png" not in arts  # each trial's reported.* metrics: MLflow's own chart
