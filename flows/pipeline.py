@@ -286,11 +286,10 @@ def ladder(
         warm_unit = start_unit_tests(spec)
     settings.ensure()
     beside = Beside()  # what runs beside the ladder (tracking writes, API calls), settled before the run ends
-    if resume_from is None:  # orchestrator death (see traingate.tracking.stale); a resume's own run first
-        beside.thread(_close_stale_runs, settings)
-    else:
-        _close_stale_runs(settings)
+    # Orchestrator death (see traingate.tracking.stale): a resume's own run is closed first; a new run's sweep
+    # runs beside it.
     if resume_from is not None:
+        _close_stale_runs(settings)
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
         spec, run_id = point.spec, point.run_id
         if resume_from.overrides:
@@ -298,6 +297,7 @@ def ladder(
             write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")  # later resumes see them
         stages = [s for s in stages_until(until) if s in point.remaining]
     elif spec is not None:
+        beside.thread(_close_stale_runs, settings)
         point = None
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
