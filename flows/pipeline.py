@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, cast
+from typing import Annotated, Any, NamedTuple, TypeVar, cast
 from uuid import UUID, uuid4
 
 from prefect import flow, get_client, get_run_logger
@@ -44,7 +44,7 @@ from tasks.tracking import (
     record_stage,
     register_candidate,
 )
-from tasks.train import budgets_at_gate, run_stage_job
+from tasks.train import budgets_at_gate, read_capacity_config, run_stage_job
 from tasks.unit import run_unit_tests, start_unit_tests
 from traingate.capacity import entitlements
 from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_class
@@ -69,6 +69,8 @@ from traingate.supervision.drivers import start_zygote
 from traingate.tracking import runs as tracking_runs
 from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
+
+T = TypeVar("T")
 
 
 class RunStopped(Exception, Mapping[str, Any]):
@@ -358,12 +360,16 @@ def ladder(
                     beside.now(fill_stage_run.submit(run_id, stage_run, stage))
             else:
                 # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
-                # artifacts, the dataset input) is written beside it, settled with the stage's recording.
+                # artifacts, the dataset input) is written beside it, settled with the stage's recording. The
+                # pools config is read while its run is created.
+                capacity = beside.fetch(read_capacity_config)
                 stage_run = known_run or create_stage_run(run_id, stage)
                 if not known_run:
                     beside.now(fill_stage_run.submit(run_id, stage_run, stage))
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-                result = run_stage_job(job, resume=resuming, zygote=zygote, launched=beside.launched)
+                result = run_stage_job(
+                    job, resume=resuming, zygote=zygote, launched=beside.launched, capacity=capacity.result
+                )
                 while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
                     in_place = _wait_for_resume(
                         stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
@@ -720,17 +726,23 @@ class Beside:
     def thread(self, call: Callable[..., Any], *args: Any) -> None:
         """``call(*args)`` in a thread of its own with this thread's context (the flow run's logger and API
         client): a Prefect API call or a store's sweep that nothing after it reads."""
-        future: Future = Future()
+        self.futures.append(self.fetch(call, *args))
+
+    @staticmethod
+    def fetch(call: Callable[..., T], *args: Any) -> Future[T]:
+        """``call(*args)`` in a thread of its own with this thread's context, for a caller that reads its result
+        (or its exception) later."""
+        future: Future[T] = Future()
         context = contextvars.copy_context()
 
         def run() -> None:
             try:
                 future.set_result(context.run(call, *args))
-            except BaseException as e:  # noqa: BLE001 - handed to settle(), which raises it
+            except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result
                 future.set_exception(e)
 
         threading.Thread(target=run, name="ladder-beside", daemon=True).start()
-        self.futures.append(future)
+        return future
 
     def after_next_launch(self, submit: Callable[[], list[PrefectFuture]]) -> None:
         self.later.append(submit)

@@ -56,12 +56,14 @@ def run_stage_job(
     watcher: Watcher | None = None,
     zygote: Zygote | None = None,
     launched: Callable[[], None] | None = None,
+    capacity: Callable[[], CapacityConfig | None] | None = None,
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
     stage's or its run's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); released
     unused on a Slurm pool, whose job starts its own processes. ``launched``: called once, as the stage's
     processes have started (or as it ends without them, or before a Slurm pool takes it): the caller's work that
-    is to stay off the stage's start.
+    is to stay off the stage's start. ``capacity``: the pools config, read by the caller beside its own
+    preparation of the stage (:func:`read_capacity_config`); None: read here.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
@@ -70,7 +72,7 @@ def run_stage_job(
     """
     once = _Once(launched)
     try:
-        return _run_stage_job(job, resume, watcher, zygote, once)
+        return _run_stage_job(job, resume, watcher, zygote, once, capacity)
     finally:
         once()
 
@@ -93,14 +95,25 @@ def _in_turn(first: Callable[[], None], then: Callable[[], None]) -> Callable[[]
     return both
 
 
+def read_capacity_config() -> CapacityConfig | None:
+    """The pools config on the Prefect server (``traingate pools bootstrap``), None without one."""
+    with get_client(sync_client=True) as client:
+        return slots.read_config(client)
+
+
 def _run_stage_job(
-    job: StageJob, resume: bool, watcher: Watcher | None, zygote: Zygote | None, launched: _Once
+    job: StageJob,
+    resume: bool,
+    watcher: Watcher | None,
+    zygote: Zygote | None,
+    launched: _Once,
+    capacity: Callable[[], CapacityConfig | None] | None,
 ) -> StageResult:
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
     previous = read_state(stage_dir) if resume else None
     with get_client(sync_client=True) as client:
-        config = slots.read_config(client)
+        config = capacity() if capacity is not None else slots.read_config(client)
         pool = config.pools.get(job.pool) if config is not None else None
         if pool is not None and pool.engine == Engine.SLURM:  # Slurm schedules it: no gang slots of ours
             if zygote is not None:

@@ -160,6 +160,26 @@ def test_mlflows_schema_head_is_what_a_new_store_is_stamped_with_and_stays_cache
     assert compat_mlflow.cache_schema_head(db_utils) == head
 
 
+
+def test_mlflow_keeps_one_store_per_uri_whose_sql_engines_are_reached_and_forgotten_as_traingate_does(tmp_path):
+    import mlflow.tracking
+    import sqlalchemy
+    from mlflow.tracking import MlflowClient
+
+    from traingate.tracking import compat_mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MlflowClient(uri)
+    engines = compat_mlflow.sql_engines(first)
+    assert len(engines) == 2 and all(isinstance(e, sqlalchemy.engine.Engine) for e in engines)  # tracking, registry
+    # A client holds no store: each call asks MLflow's per-URI cache.
+    stores = (first._tracking_client.store, first._get_registry_client().store)
+    assert (MlflowClient(uri)._tracking_client.store, MlflowClient(uri)._get_registry_client().store) == stores
+    compat_mlflow.forget_stores(mlflow.tracking)
+    again = MlflowClient(uri)
+    assert again._tracking_client.store is not stores[0]  # opened anew
+    assert again._get_registry_client().store is not stores[1]
+
 def test_optuna_trial_ids_storage_and_requeue_record_behave_as_the_sweep_uses_them(tmp_path):
     import warnings
 

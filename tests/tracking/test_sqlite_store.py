@@ -64,3 +64,39 @@ def test_a_warmed_up_mlflow_opens_each_forked_childs_own_store_and_still_checks_
         conn.execute("UPDATE alembic_version SET version_num = 'abc123'")
     out = subprocess.run([PYTHON, "-c", _WARM_THEN_FORK, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["fresh.db", "0", "stale.db", "2"], out.stderr[-2000:]
+
+
+_KEEP_THEN_FORK = """
+import os, sys
+from traingate.tracking import compat_mlflow, runs
+d = sys.argv[1]
+uri = f"sqlite:///{d}/mlflow.db"
+runs.keep_store_open(uri)  # as the CLI engine keeps its state directory's store
+parent = runs.client(uri)
+parent.create_experiment("after-keep")  # written by the parent after it kept the store: a child reads it
+def child(label):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            c = runs.client(uri)
+            names = sorted(e.name for e in c.search_experiments())
+            c.create_run(c.get_experiment_by_name(names[0]).experiment_id)  # a write on the child's own connection
+            print(label, ",".join(names), flush=True)
+        except Exception as e:
+            print(label, "error:", type(e).__name__, str(e)[:200], flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+child("kept")
+for engine in compat_mlflow.sql_engines(parent):
+    engine.dispose()
+for suffix in ("", "-wal", "-shm"):  # the kept database moved away: the path is a new database's
+    if os.path.exists(f"{d}/mlflow.db{suffix}"):
+        os.replace(f"{d}/mlflow.db{suffix}", f"{d}/old.db{suffix}")
+child("replaced")
+"""
+
+
+def test_a_store_kept_open_for_forked_children_serves_them_and_a_replaced_database_is_opened_anew(tmp_path):
+    runs.client(f"sqlite:///{tmp_path / 'mlflow.db'}").create_experiment("before")
+    out = subprocess.run([PYTHON, "-c", _KEEP_THEN_FORK, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines() == ["kept Default,after-keep,before", "replaced Default"], out.stderr[-2000:]

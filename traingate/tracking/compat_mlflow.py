@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Run
+    from mlflow.tracking import MlflowClient
+    from sqlalchemy.engine import Engine
 
 PINNED = "3.17.2"
 
@@ -39,3 +41,24 @@ def cache_schema_head(db_utils: ModuleType) -> str:
     if not hasattr(latest, "cache_info"):
         latest = db_utils._get_latest_schema_revision = functools.cache(latest)  # type: ignore[attr-defined]  # noqa: SLF001
     return str(latest())
+
+
+def sql_engines(client: MlflowClient) -> list[Engine]:
+    """The SQLAlchemy engines of ``client``'s tracking and model registry stores (those that are SQL stores).
+
+    MLflow keeps one store per URI in each process and one engine per database URI; the stores are reached
+    through the client's private service clients.
+    """
+    stores = [client._tracking_client.store, client._get_registry_client().store]  # noqa: SLF001
+    return [store.engine for store in stores if hasattr(store, "engine")]
+
+
+def forget_stores(tracking: ModuleType) -> None:
+    """``mlflow.tracking`` (handed in) with its per-URI tracking and model registry stores forgotten: the next
+    client opens its stores anew (their database's tables and schema revision checked again). The SQL engines
+    stay (one per database URI): they make new connections."""
+    for registry in (
+        tracking._tracking_service.registry.TrackingStoreRegistry,  # noqa: SLF001
+        tracking._model_registry.registry.ModelRegistryStoreRegistry,  # noqa: SLF001
+    ):
+        registry._get_store_with_resolved_uri.cache_clear()  # noqa: SLF001

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sqlite3
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.store.db.utils
+import mlflow.tracking
 import requests
 import sqlalchemy.exc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, Run, RunTag
@@ -33,7 +35,7 @@ from mlflow.tracking import MlflowClient
 from traingate.job.catalog import CheckpointCatalog, step_dir
 from traingate.job.result import GateDecision, StageResult, render_markdown
 from traingate.redact import redact, redact_mapping
-from traingate.settings import SERVER_ARTIFACTS, export_s3_endpoint
+from traingate.settings import SERVER_ARTIFACTS, Settings, export_s3_endpoint
 from traingate.spec import STAGES, RunSpec
 from traingate.storage import join
 from traingate.tracking import compat_mlflow, plots, standard
@@ -62,9 +64,62 @@ _WAL: set[str] = set()
 
 def warm_mlflow() -> None:
     """For a process that forks commands or flow runs (the engines' preload): what opening any MLflow SQL store
-    in this interpreter computes the same way, computed once (:func:`compat_mlflow.cache_schema_head`). A forked
-    child then opens its stores on its own connections, checking its own database."""
+    in this interpreter computes the same way, computed once (:func:`compat_mlflow.cache_schema_head`), and the
+    state directory's own SQLite store kept open (:func:`keep_store_open`). A forked child opens other stores on
+    its own, checking their databases."""
     compat_mlflow.cache_schema_head(mlflow.store.db.utils)
+    keep_store_open(Settings.from_env().tracking_uri)
+
+
+def keep_store_open(tracking_uri: str) -> None:
+    """Open the SQLite tracking store at ``tracking_uri`` (and its model registry) in this forking process, with
+    the statements a command reads with compiled, so that each forked child starts with them.
+
+    A child's first MLflow call otherwise opens both stores (their tables and schema revision checked) and
+    compiles each statement the first time it runs, about 0.1 CPU-s of a command that forks in under a second.
+    The stores' connections are closed before any fork and a child never uses its parent's (each makes its own);
+    a child whose database file is no longer the one opened here (removed, or replaced by another file) forgets
+    the kept stores and opens the new database as a fresh process would. Nothing is kept for a store that is not
+    a SQLite file, or whose file does not exist yet (it is made by the first command that writes).
+    """
+    if not tracking_uri.startswith("sqlite:///") or tracking_uri in _KEPT:
+        return
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    opened = _file_identity(db)
+    if opened is None:
+        return
+    c = client(tracking_uri)
+    c.get_experiment_by_name("Default")
+    c.search_runs(["0"], f"tags.`{REQUEST_KEY_TAG}` = 'none' and tags.`traingate.stage` = 'none'", max_results=1)
+    c.search_model_versions("name = 'none' and run_id = 'none'")
+    engines = compat_mlflow.sql_engines(c)
+    for engine in engines:
+        engine.dispose()  # no connection of this process crosses a fork
+    if not _KEPT:
+        os.register_at_fork(after_in_child=_after_fork)
+    _KEPT[tracking_uri] = (opened, engines)
+
+
+_KEPT: dict[str, tuple[tuple[int, int], list[Any]]] = {}  # kept store -> (its file's identity, its SQL engines)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _after_fork() -> None:
+    for uri, (opened, engines) in list(_KEPT.items()):
+        for engine in engines:
+            engine.dispose(close=False)  # the parent's connections (none, by keep_store_open) are not this child's
+        if _file_identity(Path(uri.removeprefix("sqlite:///"))) != opened:
+            compat_mlflow.forget_stores(mlflow.tracking)
+            _KEPT.clear()
+            _WAL.clear()
+            return
 
 
 def _write_ahead_log(db: Path) -> None:
