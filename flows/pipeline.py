@@ -252,7 +252,9 @@ class ResumeFrom(BaseModel):
     )
 
 
-@flow(name="ladder", log_prints=True)
+# Its outcome is the run's directory and MLflow runs; the state it returns is read in the process that ran it, so it
+# is not persisted (and a top-level run does not ask the server for its default persistence as it starts).
+@flow(name="ladder", log_prints=True, persist_result=False)
 def ladder(
     spec: RunSpec | None = None,
     until: Stage = "full",
@@ -303,7 +305,7 @@ def ladder(
         point = None
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
-        beside.now(check_identity.submit(run_id))  # the stored identity's verdict, beside the unit stage
+        beside.after_next_launch(_submitting(check_identity, run_id))  # the stored identity's verdict
         write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
         record_flow_run(settings, str(flow_run.id), run_id)  # after spec.yaml: a retry finds a resumable run
         stages = stages_until(until)
@@ -357,15 +359,15 @@ def ladder(
                 )
                 stage_run = known_run or cast(PrefectFuture, creating).result()
                 if not known_run:
-                    beside.now(fill_stage_run.submit(run_id, stage_run, stage))
+                    beside.after_next_launch(_submitting(fill_stage_run, run_id, stage_run, stage))
             else:
                 # A training stage needs its run's id and tags before it starts; the rest (spec params, identity
-                # artifacts, the dataset input) is written beside it, settled with the stage's recording. The
+                # artifacts, the dataset input) is written once it has launched, settled with its recording. The
                 # pools config is read while its run is created.
                 capacity = beside.fetch(read_capacity_config)
                 stage_run = known_run or create_stage_run(run_id, stage)
                 if not known_run:
-                    beside.now(fill_stage_run.submit(run_id, stage_run, stage))
+                    beside.after_next_launch(_submitting(fill_stage_run, run_id, stage_run, stage))
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
                 result = run_stage_job(
                     job, resume=resuming, zygote=zygote, launched=beside.launched, capacity=capacity.result
@@ -711,17 +713,15 @@ def _resume_hint(spec: RunSpec, run_id: str, nxt: str) -> str:
 
 
 class Beside:
-    """What runs beside the ladder: tracking writes submitted at once (:meth:`now`) or kept until the next stage
-    has launched (:meth:`after_next_launch`: a stage's recording, so that it does not share the process with the
-    next stage's start), and API calls that nothing after them reads (:meth:`thread`); waited for before the run
+    """What runs beside the ladder: tracking writes kept until the next stage has launched
+    (:meth:`after_next_launch`: the identity check, a stage run's identity, a stage's recording, so
+    that none shares the flow's process with a stage's start: MLflow's writes are Python, they hold the
+    interpreter's lock), and API calls that nothing after them reads (:meth:`thread`); waited for before the run
     ends (:meth:`settle`)."""
 
     def __init__(self) -> None:
         self.futures: list[PrefectFuture | Future] = []
         self.later: list[Callable[[], list[PrefectFuture]]] = []
-
-    def now(self, future: PrefectFuture) -> None:
-        self.futures.append(future)
 
     def thread(self, call: Callable[..., Any], *args: Any) -> None:
         """``call(*args)`` in a thread of its own with this thread's context (the flow run's logger and API
@@ -758,6 +758,11 @@ class Beside:
         for f in self.futures:
             f.result()
         self.futures.clear()
+
+
+def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture]]:
+    """``task`` submitted with ``args`` when called (:meth:`Beside.after_next_launch`)."""
+    return lambda: [task.submit(*args)]
 
 
 def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture]:

@@ -37,13 +37,15 @@ _MLFLOW: dict[str, Any] = dict(cache_policy=NONE, retries=3, retry_delay_seconds
 _journal_lock = threading.Lock()  # recording tasks run in threads beside each other; a journal has one writer
 
 
-def request_key(kind: str) -> str:
-    """A key naming one create request: the same for every retry of the calling task run.
+def request_key(kind: str) -> runs.RequestKey:
+    """A key naming one create request: the same for every retry of the calling task run, fresh in its first.
 
     Prefect retries a task inside the same task run, so its id is the key. Called as a plain
     function (``.fn``), nothing retries it: a fresh key.
     """
-    return f"{kind}-{task_run.id or uuid.uuid4()}"
+    if task_run.id is None:
+        return runs.RequestKey(f"{kind}-{uuid.uuid4()}", fresh=True)
+    return runs.RequestKey(f"{kind}-{task_run.id}", fresh=task_run.run_count <= 1)
 
 
 @task(name="open-pipeline-run", **_MLFLOW)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +104,8 @@ class ProcessTree:
         self.stop_requested = False
         self.log_error: OSError | None = None  # writing the log failed (e.g. a full disk); output still drained
         self._seen: dict[int, psutil.Process] = {}
+        self._exit = _exit_notice(popen.pid)
+        self._forget_exit = weakref.finalize(self, _close, self._exit)  # at the end of wait(), or with the tree
         self._reader = threading.Thread(target=self._pump, name=READER_THREAD, daemon=True)
         self._reader.start()
 
@@ -168,6 +172,15 @@ class ProcessTree:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    def _wait_exit(self, timeout_s: float) -> None:
+        """Until the leader exits, at most ``timeout_s``. Its process file descriptor says so as it happens;
+        ``Popen.wait`` with a timeout polls, sleeping up to 50 ms between looks."""
+        if self._exit is not None:
+            select.select([self._exit], [], [], timeout_s)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=timeout_s)
+
     def wait(
         self,
         timeout_s: float | None = None,
@@ -187,11 +200,10 @@ class ProcessTree:
             if tick is not None and tick():
                 self.stop(grace_s)
                 break
-            try:
-                self.popen.wait(timeout=tick_every_s)
-            except subprocess.TimeoutExpired:
-                pass
+            self._wait_exit(tick_every_s)
         rc = self.popen.wait()
+        self._forget_exit()
+        self._exit = None
         self.signal_group(signal.SIGKILL)  # orphans of a dead leader must not outlive the stage
         self._reader.join(timeout=10)
         return ProcResult(
@@ -214,3 +226,16 @@ def run(
     on_line: Callable[[str], None] | None = None,
 ) -> ProcResult:
     return ProcessTree(cmd, env, cwd, log_path, on_line).wait(timeout_s)
+
+
+def _exit_notice(pid: int) -> int | None:
+    """A process file descriptor of ``pid`` (readable once it exits), where the kernel has them (Linux 5.3)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)

@@ -168,20 +168,34 @@ def experiment_id(c: MlflowClient, name: str, artifact_uri: str | None) -> str:
     return exp.experiment_id
 
 
+class RequestKey(str):
+    """A request key that says whether it is new: made for the first attempt of its request, so that no run can
+    carry it yet and :func:`create_run_once` looks for none (a search of the experiment's tags per run created)."""
+
+    fresh: bool
+
+    def __new__(cls, key: str, fresh: bool) -> RequestKey:
+        made = super().__new__(cls, key)
+        made.fresh = fresh
+        return made
+
+
 def create_run_once(c: MlflowClient, experiment: str, request_key: str, run_name: str, tags: dict[str, str]) -> Run:
     """Create a run for one request, or return the run an earlier attempt of the same request created.
 
     The key is a tag written by the same call that creates the run, so no run exists without it:
     a retry whose first attempt created the run and then failed (or lost the reply) finds that run
     instead of creating a second one. Everything the callers write after creation is safe to
-    write again (same params, tags and artifacts overwritten with the same values).
+    write again (same params, tags and artifacts overwritten with the same values). A fresh
+    :class:`RequestKey` is not looked for.
     """
     if not _REQUEST_KEY.fullmatch(request_key):
         raise ValueError(
             f"request_key = {request_key!r}: use 1-200 letters, digits or '_.:-' (it names one "
             "create request; its retries pass the same key)"
         )
-    found = c.search_runs([experiment], f"tags.`{REQUEST_KEY_TAG}` = '{request_key}'", max_results=2)
+    fresh = isinstance(request_key, RequestKey) and request_key.fresh
+    found = [] if fresh else c.search_runs([experiment], f"tags.`{REQUEST_KEY_TAG}` = '{request_key}'", max_results=2)
     if not found:
         return c.create_run(experiment, run_name=run_name, tags={**tags, REQUEST_KEY_TAG: request_key})
     run = found[0]
