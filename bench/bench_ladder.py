@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows import cli_engine, local_server
+from flows import cli_engine, cli_forward, local_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES: dict[str, tuple[Path, list[str]]] = {
@@ -57,7 +57,7 @@ def _ladder(state: Path, spec: Path, overrides: list[str], until: str = "full", 
     cmd = [sys.executable, "-m", "flows.cli", "run", str(spec), "--until", until]
     for o in overrides:
         cmd += ["--set", o]
-    env = {**_env(state), **({} if engine else {cli_engine.ENGINE_VAR: "off"})}
+    env = {**_env(state), **({} if engine else {cli_forward.ENGINE_VAR: "off"})}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
@@ -158,7 +158,7 @@ def _list(values: list[float]) -> str:
 def _engine_ready(state: Path, timeout_s: float = 300.0) -> None:
     d = local_server.server_dir(state)
     deadline = time.monotonic() + timeout_s
-    while not ((record := cli_engine._read(d)) and f"ready on {record['socket']}" in (d / cli_engine.LOG).read_text()):
+    while not ((record := cli_forward.read_record(d)) and f"ready on {record['socket']}" in (d / cli_engine.LOG).read_text()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the CLI engine was not ready in {timeout_s:.0f} s: {d / cli_engine.LOG}")
         time.sleep(0.2)

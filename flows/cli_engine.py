@@ -1,14 +1,14 @@
 """`traingate run`, `resume` and `sweep` forked from a warm process kept beside the kept Prefect server.
 
-A cold `traingate run` spends 2-3 CPU-s before its flow starts: Python, Prefect, MLflow with SQLAlchemy and
-pandas, the ladder's modules. Beside the kept server (:mod:`flows.local_server`) traingate keeps a CLI
-engine that imported all of that once and forks one command per request. The `traingate` command asks it
-first (:func:`forward`) for a command of :data:`COMMANDS` when the kept server is the one in use (no
-``PREFECT_API_URL`` of the user's, ``TRAINGATE_PREFECT_SERVER`` kept): it hands the engine its argv,
-environment, working directory and stdin/stdout/stderr (SCM_RIGHTS, :mod:`traingate.runtime.handoff`); the
-forked child takes them (its own session), runs ``flows.cli.main(argv)`` (whose
-:func:`flows.local_server.connect` reads Prefect's settings again from the command's environment, and
-configures its logging again where what that is made from differs from the engine's) and its atexit handlers.
+A cold `traingate run` spends 2-3 CPU-s before its flow starts: Python, Prefect, MLflow with SQLAlchemy and pandas,
+the ladder's modules. Beside the kept server (:mod:`flows.local_server`) traingate keeps a CLI engine that imported
+all of that once and forks one command per request. The `traingate` command asks it first
+(:mod:`flows.cli_forward`, all the command imports before) for `run`, `resume` and `sweep` when the kept server is
+the one in use (no ``PREFECT_API_URL`` of the user's, ``TRAINGATE_PREFECT_SERVER`` kept): it hands the engine its
+argv, environment, working directory and stdin/stdout/stderr (SCM_RIGHTS, :mod:`traingate.runtime.handoff`); the
+forked child takes them (its own session), runs ``flows.cli.main(argv)`` (whose :func:`flows.local_server.connect`
+reads Prefect's settings again from the command's environment, and configures its logging again where what that is
+made from differs from the engine's) and its atexit handlers.
 The command relays SIGINT (Ctrl-C preempts the running stage at a checkpoint, as in a cold command) and SIGTERM
 to the child and ends as the child ended.
 
@@ -16,7 +16,7 @@ The command runs cold, in its own process, with ``TRAINGATE_CLI_ENGINE=off``, wh
 the engine refuses: its code on disk
 changed since it imported it (the engine then ends, and the next cold command starts a new one), the command
 runs another interpreter or another checkout, or the command's ``PYTHON*`` variables (read at interpreter
-start) differ from the engine's. A cold command of :data:`COMMANDS` that used the kept server starts an
+start) differ from the engine's. A cold one of these commands that used the kept server starts an
 engine as it ends (:func:`ensure`), detached; the engine serves while the kept server it belongs to
 runs, and `traingate server stop` ends both. Its files sit in the server's directory (mode 0700):
 ``engine.json`` (pid, socket, the server's pid), ``engine.log`` and ``engine.lock`` (held for its life: one
@@ -46,14 +46,11 @@ import time
 from pathlib import Path
 
 from flows import local_server, warm_engine
+from flows.cli_forward import RECORD, read_record, wanted
 from traingate.launch import pytest_child
 from traingate.runtime import handoff
-from traingate.settings import CLI_ENGINE_VAR, ENGINE_SOCKET_VAR, Settings
+from traingate.settings import ENGINE_SOCKET_VAR, Settings
 
-COMMANDS = ("run", "resume", "sweep")
-# ``off`` (or 0, false, no): every command runs cold and none starts an engine.
-ENGINE_VAR = CLI_ENGINE_VAR
-RECORD = "engine.json"
 LOG = "engine.log"
 LOCK = "engine.lock"
 # What a cold run, resume or sweep imports before and while its flow runs: the CLI and its commands, the flows
@@ -85,46 +82,17 @@ PRELOADED = (
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,
 )
-_COLD = -1  # what handoff.ask returns when the command is to run here
-
-
-# ---------------------------------------------------------------- the `traingate` command's side
-
-
-def forward(argv: list[str]) -> int | None:
-    """As the `traingate` command: the exit status of ``argv`` run by the kept server's engine, or None when it
-    is to run in this process."""
-    if not argv or argv[0] not in COMMANDS or os.environ.get("PREFECT_API_URL") or not _wanted():
-        return None
-    try:
-        if local_server.mode() is not local_server.Mode.KEPT:
-            return None
-    except local_server.LocalServerError:
-        return None  # the command reports the bad setting
-    record = _read(local_server.server_dir(Settings.from_env().state_dir))
-    if record is None:
-        return None
-    request = {
-        "argv": argv,
-        "env": dict(os.environ),
-        "cwd": os.getcwd(),
-        "python": sys.executable,
-        "code": str(warm_engine.CODE_ROOT),
-        "path0": sys.path[0],
-    }
-    code = handoff.ask(record["socket"], request, lambda: _COLD)
-    return None if code == _COLD else code
 
 
 def ensure(state_dir: Path) -> None:
     """After a cold command that used the kept server: start an engine for that server unless one serves it."""
-    if not os.environ.get("PREFECT_API_URL") or not _wanted():
+    if not os.environ.get("PREFECT_API_URL") or not wanted():
         return  # the command used no server, or Prefect's temporary one
     server = local_server.status(state_dir)
     if server is None or os.environ["PREFECT_API_URL"] != server.api_url:
         return  # the command used another server
     d = local_server.server_dir(state_dir)
-    record = _read(d)
+    record = read_record(d)
     if record is not None and record.get("server_pid") == server.pid:
         return
     home = tempfile.mkdtemp(prefix="tg-cli-engine-")  # 0700
@@ -144,26 +112,12 @@ def ensure(state_dir: Path) -> None:
 
 def stop(state_dir: Path) -> None:
     """End the engine of the kept server in ``state_dir``, if one runs (it also ends with its server)."""
-    record = _read(local_server.server_dir(state_dir))
+    record = read_record(local_server.server_dir(state_dir))
     if record is not None:
         try:
             os.kill(int(record["pid"]), signal.SIGTERM)
         except (ProcessLookupError, PermissionError, ValueError):
             pass
-
-
-def _wanted() -> bool:
-    return os.environ.get(ENGINE_VAR, "").strip().lower() not in ("off", "0", "false", "no")
-
-
-def _read(d: Path) -> dict | None:
-    """The engine's record when its process runs, else None."""
-    try:
-        record = json.loads((d / RECORD).read_text())
-        os.kill(int(record["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return record
 
 
 # ---------------------------------------------------------------- the engine
@@ -221,7 +175,7 @@ def serve(path: str, server_pid: int) -> int:
         warm_engine.reap(children)
     print(f"cli engine: ending: {why or ('stopped' if stopping else 'its server ended')}", file=sys.stderr, flush=True)
     listener.close()
-    if (mine := _read(d)) is not None and mine.get("pid") == os.getpid():
+    if (mine := read_record(d)) is not None and mine.get("pid") == os.getpid():
         (d / RECORD).unlink(missing_ok=True)
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     return 0

@@ -45,16 +45,14 @@ import urllib.request
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
 import psutil
 
-from traingate.settings import PREFECT_DB_CACHE_VAR, PREFECT_SERVER_VAR, environment
+from flows.server_mode import MODE_VAR, LocalServerError, Mode, mode, server_dir
+from traingate.settings import PREFECT_DB_CACHE_VAR, environment
 
-MODE_VAR = PREFECT_SERVER_VAR
-DIR_NAME = "prefect-server"
 RECORD = "server.json"
 SECRETS = "secrets.env"
 LOG = "server.log"
@@ -77,15 +75,6 @@ ANSWER_PATIENCE_S = 60.0  # how long a running server may fail its health check 
 START_ATTEMPTS = 3  # a free port can be taken between choosing it and the server binding it
 
 
-class Mode(StrEnum):
-    KEPT = "kept"
-    TEMPORARY = "temporary"
-
-
-class LocalServerError(RuntimeError):
-    """The kept server cannot be used: one line naming what failed and where to look."""
-
-
 @dataclass(frozen=True)
 class Record:
     """What ``server.json`` holds: enough to find, check and stop the server, and no secret."""
@@ -102,25 +91,6 @@ class Record:
     @property
     def ui_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def mode(env: Mapping[str, str] | None = None) -> Mode:
-    """The ``TRAINGATE_PREFECT_SERVER`` setting; unset: ``temporary`` under CI (``CI`` set), else ``kept``.
-
-    >>> mode({}).value, mode({"CI": "true"}).value, mode({"CI": "true", MODE_VAR: "kept"}).value
-    ('kept', 'temporary', 'kept')
-    """
-    env = os.environ if env is None else env
-    value = env.get(MODE_VAR, "").strip().lower()
-    if not value:
-        return Mode.TEMPORARY if env.get("CI", "").strip().lower() not in ("", "0", "false", "no") else Mode.KEPT
-    try:
-        return Mode(value)
-    except ValueError:
-        raise LocalServerError(
-            f"{MODE_VAR} = {value!r}: not a server mode; use one of {[m.value for m in Mode]} "
-            "(or set PREFECT_API_URL to use a server of your own)"
-        ) from None
 
 
 def authenticate_temporary(env: MutableMapping[str, str] | None = None) -> None:
@@ -146,10 +116,6 @@ def authenticate_temporary(env: MutableMapping[str, str] | None = None) -> None:
     env[AUTH_VAR] = auth
     env[CLIENT_AUTH_VAR] = auth
     env.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
-
-
-def server_dir(state_dir: Path) -> Path:
-    return state_dir / DIR_NAME
 
 
 def connect(state_dir: Path) -> Record | None:

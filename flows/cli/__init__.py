@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-from flows import cli_engine
+from flows import cli_forward
 
 
 def main(argv: list[str] | None = None) -> int:
     """`traingate ARGV...` (the process's own arguments when ``argv`` is None)."""
-    if argv is None and (forked := cli_engine.forward(sys.argv[1:])) is not None:
+    if argv is None and (forked := cli_forward.forward(sys.argv[1:])) is not None:
         return forked  # run by the kept server's engine (flows.cli_engine)
     # imported here, not above: a command the engine runs never pays for the command table's imports
     return int(importlib.import_module("flows.cli.command").run(argv))

@@ -12,7 +12,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from flows import cli_engine, local_server, logsafety
+from flows import cli_engine, cli_forward, local_server, logsafety
 from flows.cli import arguments, console
 from traingate.secrets import move_tracking_credentials
 from traingate.settings import Settings
@@ -85,7 +85,7 @@ def run(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     with console.session(args.cmd, Settings.from_env(), args.verbose):  # the terminal: traingate's lines
         code = _command(args)
-    if argv is None and args.cmd in cli_engine.COMMANDS:
+    if argv is None and args.cmd in cli_forward.COMMANDS:
         cli_engine.ensure(Settings.from_env().state_dir)  # the next such command on the kept server is forked
     if argv is None:  # the `traingate` process itself, which ends with this return
         # Its exit collects every object of the libraries it loaded (Prefect, MLflow, pandas): 4-15 s on a loaded

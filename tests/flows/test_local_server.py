@@ -19,7 +19,7 @@ import psutil
 import pytest
 from tgtest import PYTHON, ROOT, describe, run_processes
 
-from flows import cli_engine, local_server
+from flows import cli_engine, cli_forward, local_server
 
 
 def _env(state: Path, **extra: str) -> dict[str, str]:
@@ -136,7 +136,7 @@ def _engine_log(d: Path) -> str:
 def _engine_ready(d: Path) -> dict:
     deadline = time.monotonic() + 120
     while True:
-        record = cli_engine._read(d)
+        record = cli_forward.read_record(d)
         if record is not None and f"ready on {record['socket']}" in _engine_log(d):
             return record
         assert time.monotonic() < deadline, (_engine_log(d), record, sorted(os.listdir(d)))
