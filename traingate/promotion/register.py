@@ -56,6 +56,8 @@ def register_candidate(
     """
     ok, reasons = can_promote(c, stage_run_id)
     script = spec.recipe.script
+    name = model_name(spec)
+    version = registered_version(c, name, stage_run_id) if ok else None  # a retry's
     if ok and script is not None and script.checkpoints is None:
         ok, reasons = (
             False,
@@ -66,7 +68,7 @@ def register_candidate(
         )
     elif ok and not checkpoint_uri:
         ok, reasons = False, ["no model checkpoint: the full stage reported no checkpoint URI"]
-    elif ok and script is not None and not _script_checkpoint_written(c, spec, stage_run_id, checkpoint_uri):
+    elif ok and script is not None and version is None and not _script_checkpoint_written(checkpoint_uri):
         ok, reasons = (
             False,
             [
@@ -78,8 +80,6 @@ def register_candidate(
         c.set_tag(stage_run_id, "traingate.promotion", ("refused: " + "; ".join(reasons))[:5000])
         return {"registered": False, "reasons": reasons}
 
-    name = model_name(spec)
-    version = registered_version(c, name, stage_run_id)
     if version is None and script is not None:
         assert checkpoint_uri is not None
         version = _register_script_checkpoint(c, name, stage_run_id, checkpoint_uri)
@@ -91,12 +91,9 @@ def register_candidate(
     return take_alias_if_better(c, name, version.version, stage_run_id, alias)
 
 
-def _script_checkpoint_written(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str | None) -> bool:
-    """A version registered already (a retry), or an index at the checkpoint URI that names a file."""
-
-    return registered_version(c, model_name(spec), stage_run_id) is not None or bool(
-        checkpoint_uri and script.read_index(checkpoint_uri)
-    )
+def _script_checkpoint_written(checkpoint_uri: str | None) -> bool:
+    """An index at the checkpoint URI that names a file."""
+    return bool(checkpoint_uri and script.read_index(checkpoint_uri))
 
 
 SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registered checkpoint file

@@ -299,9 +299,10 @@ def _artifact_repo(c: MlflowClient, run: Run) -> ArtifactRepository:
     return get_artifact_repository(run.info.artifact_uri, tracking_uri=c.tracking_uri)
 
 
-def validate_identity(c: MlflowClient, run_id: str) -> list[str]:
-    """Check a run's identity and tag the verdict on it (``traingate.identity_valid``/``_missing``)."""
-    problems = identity_problems(c, c.get_run(run_id))
+def validate_identity(c: MlflowClient, run_id: str, run: Run | None = None) -> list[str]:
+    """Check a run's identity and tag the verdict on it (``traingate.identity_valid``/``_missing``). ``run``: the
+    stored run, read already by the caller (None: read here)."""
+    problems = identity_problems(c, run if run is not None else c.get_run(run_id))
     c.log_batch(
         run_id,
         tags=[
@@ -319,7 +320,7 @@ def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
     """
     run = c.get_run(run_id)
     tags = run.data.tags
-    reasons = [f"identity incomplete: {p}" for p in validate_identity(c, run_id)]
+    reasons = [f"identity incomplete: {p}" for p in validate_identity(c, run_id, run)]
     parent = tags.get("mlflow.parentRunId")
     if parent:
         reasons += [f"pipeline run identity incomplete: {p}" for p in validate_identity(c, parent)]
