@@ -291,7 +291,7 @@ def ladder(
     settings.ensure()
     beside = Beside()  # what runs beside the ladder (tracking writes, API calls), settled before the run ends
     # Orchestrator death (see traingate.tracking.stale): a resume's own run is closed first; a new run's sweep
-    # runs beside it.
+    # runs beside it, from its first launch on.
     if resume_from is not None:
         _close_stale_runs(settings)
         point = resume_point(settings, resume_from.run_id, resume_from.stage)
@@ -301,7 +301,7 @@ def ladder(
             write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")  # later resumes see them
         stages = [s for s in stages_until(until) if s in point.remaining]
     elif spec is not None:
-        beside.thread(_close_stale_runs, settings)
+        beside.after_next_launch(lambda: [beside.fetch(_close_stale_runs, settings)])
         point = None
         data_hash, data_uri = data_snapshot(spec)
         run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
@@ -721,7 +721,7 @@ class Beside:
 
     def __init__(self) -> None:
         self.futures: list[PrefectFuture | Future] = []
-        self.later: list[Callable[[], list[PrefectFuture]]] = []
+        self.later: list[Callable[[], list[PrefectFuture | Future]]] = []
 
     def thread(self, call: Callable[..., Any], *args: Any) -> None:
         """``call(*args)`` in a thread of its own with this thread's context (the flow run's logger and API
@@ -744,7 +744,7 @@ class Beside:
         threading.Thread(target=run, name="ladder-beside", daemon=True).start()
         return future
 
-    def after_next_launch(self, submit: Callable[[], list[PrefectFuture]]) -> None:
+    def after_next_launch(self, submit: Callable[[], list[PrefectFuture | Future]]) -> None:
         self.later.append(submit)
 
     def launched(self) -> None:
@@ -760,12 +760,12 @@ class Beside:
         self.futures.clear()
 
 
-def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture]]:
+def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture | Future]]:
     """``task`` submitted with ``args`` when called (:meth:`Beside.after_next_launch`)."""
     return lambda: [task.submit(*args)]
 
 
-def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture]:
+def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture | Future]:
     return [record_stage.submit(stage_run, result, decision, run_id=run_id, report=True)]
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
 from traingate.settings import Settings
@@ -98,7 +99,10 @@ def take_alias_if_better(
         if won:
             c.set_registered_model_alias(name, alias, version)
     c.set_model_version_tag(name, version, "traingate.alias_decision", why)
-    c.set_tag(stage_run_id, "traingate.promotion", f"registered {name} v{version}; {why}")
+    promotion = [RunTag("traingate.promotion", f"registered {name} v{version}; {why}")]
+    if won:
+        promotion.append(RunTag("traingate.model_uri", f"models:/{name}@{alias}"))
+    c.log_batch(stage_run_id, tags=promotion)
     if not won:
         return {
             "registered": False,
@@ -108,7 +112,6 @@ def take_alias_if_better(
             "holder_version": holder.version if holder else None,
             "reasons": [f"{name} v{version} registered but not promoted: {why}"],
         }
-    c.set_tag(stage_run_id, "traingate.model_uri", f"models:/{name}@{alias}")
     return {
         "registered": True,
         "name": name,

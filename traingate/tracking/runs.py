@@ -302,14 +302,14 @@ def _artifact_repo(c: MlflowClient, run: Run) -> ArtifactRepository:
 def validate_identity(c: MlflowClient, run_id: str, run: Run | None = None) -> list[str]:
     """Check a run's identity and tag the verdict on it (``traingate.identity_valid``/``_missing``). ``run``: the
     stored run, read already by the caller (None: read here)."""
-    problems = identity_problems(c, run if run is not None else c.get_run(run_id))
-    c.log_batch(
-        run_id,
-        tags=[
-            RunTag("traingate.identity_valid", str(not problems).lower()),
-            RunTag("traingate.identity_missing", "; ".join(problems)[:5000]),
-        ],
-    )
+    run = run if run is not None else c.get_run(run_id)
+    problems = identity_problems(c, run)
+    verdict = {
+        "traingate.identity_valid": str(not problems).lower(),
+        "traingate.identity_missing": "; ".join(problems)[:5000],
+    }
+    if any(run.data.tags.get(k) != v for k, v in verdict.items()):  # a verdict tagged already is not written again
+        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in verdict.items()])
     return problems
 
 
@@ -349,8 +349,10 @@ def open_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_k
 
 def create_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request_key: str) -> str:
     """The stage's child run with the parent's identity tags (its name, kind, stage and parent with them): the
-    id a training process writes to. Idempotent per ``request_key`` (see :func:`create_run_once`)."""
-    parent = c.get_run(parent_run_id)
+    id a training process writes to. Idempotent per ``request_key`` (see :func:`create_run_once`).
+
+    The parent is read once per process: what a stage inherits of it (its identity) is written as it opens."""
+    parent = _PARENTS.get(parent_run_id) or _PARENTS.setdefault(parent_run_id, c.get_run(parent_run_id))
     inherited = {
         k: v
         for k, v in parent.data.tags.items()
@@ -373,6 +375,9 @@ def create_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request
         },
     )
     return run.info.run_id  # MLflow's store tags it with its name (mlflow.runName) as it creates it
+
+
+_PARENTS: dict[str, Run] = {}  # pipeline run id -> the run as its first stage run read it
 
 
 def fill_stage_run(c: MlflowClient, parent_run_id: str, rid: str, stage: str) -> None:
