@@ -64,8 +64,9 @@ PRELOADED = (
     "flows.cli.sweep",
     "prefect.flow_engine",
     "prefect.task_engine",
-    # What Prefect's logging was configured from as it was imported: a command with the same keeps it.
-    "flows.local_server:note_logging_setup",
+    # What Prefect's settings were read from and its logging configured from as it was imported: a command with the
+    # same keeps them.
+    "flows.local_server:note_prefect_setup",
     "prefect.utilities.visualization",
     "prefect.concurrency.services",
     "anyio._backends._asyncio",

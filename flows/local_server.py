@@ -40,6 +40,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -134,8 +135,8 @@ def connect(state_dir: Path) -> Record | None:
     os.environ.pop("PREFECT_API_KEY", None)  # it wins over the auth string and breaks it
     if "prefect" in sys.modules:
         # A command forked from the CLI engine (flows.cli_engine), which imported Prefect under its own environment
-        # and made no client: Prefect's settings are read again, from this one, and its logging configured again
-        # unless what it is made from is what the engine configured it from (50 ms: every setting is templated).
+        # and made no client: Prefect's settings are read again from this one (35 ms) and its logging configured
+        # again (50 ms: every setting is templated), each unless what it is made from is what the engine's was.
         _read_prefect_settings_again()
     if started:
         print(
@@ -148,12 +149,46 @@ def connect(state_dir: Path) -> Record | None:
 
 
 def _read_prefect_settings_again() -> None:
-    sys.modules["prefect.context"].refresh_global_settings_context()
+    if _SETTINGS_READ_FROM is None or _prefect_settings_inputs() != _SETTINGS_READ_FROM:
+        sys.modules["prefect.context"].refresh_global_settings_context()
     if _LOGGING_SET_UP_FROM is None or _prefect_logging_inputs() != _LOGGING_SET_UP_FROM:
         sys.modules["prefect.logging.configuration"].setup_logging(incremental=False)
 
 
+_SETTINGS_READ_FROM: tuple[object, ...] | None = None
 _LOGGING_SET_UP_FROM: tuple[object, ...] | None = None
+
+
+def _prefect_settings_inputs() -> tuple[object, ...]:
+    """What Prefect's settings are read from in this process: the ``PREFECT_*`` variables, its profiles file, and
+    in the working directory what of ``.env`` (its ``PREFECT_*`` lines), ``prefect.toml`` and ``pyproject.toml``
+    (its ``[tool.prefect]`` table) could set one."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("PREFECT_")))
+    profiles = Path(sys.modules["prefect.context"].get_settings_context().settings.profiles_path)
+    return env, profiles, _stamp(profiles), _dotenv_prefect_lines(), _stamp(Path("prefect.toml")), _tool_prefect()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _dotenv_prefect_lines() -> tuple[str, ...]:
+    try:
+        lines = Path(".env").read_text(errors="replace").splitlines()
+    except OSError:
+        return ()
+    return tuple(line.strip() for line in lines if "PREFECT_" in line.upper())
+
+
+def _tool_prefect() -> object:
+    try:
+        return tomllib.loads(Path("pyproject.toml").read_text()).get("tool", {}).get("prefect")
+    except (OSError, ValueError):
+        return _stamp(Path("pyproject.toml"))  # unreadable or not TOML here: read again when it changes
 
 
 def _prefect_logging_inputs() -> tuple[object, ...]:
@@ -171,10 +206,12 @@ def _prefect_logging_inputs() -> tuple[object, ...]:
     return settings.logging.model_dump_json(), levels, tuple(overrides), stamp
 
 
-def note_logging_setup() -> None:
-    """As the CLI engine preloads it, Prefect imported: what Prefect's logging was configured from as it was
-    imported, so a forked command whose own inputs are the same keeps that configuration (:func:`connect`)."""
-    global _LOGGING_SET_UP_FROM
+def note_prefect_setup() -> None:
+    """As the CLI engine preloads it, Prefect imported: what Prefect's settings were read from and its logging
+    configured from as it was imported, so a forked command whose own inputs are the same keeps them
+    (:func:`connect`)."""
+    global _SETTINGS_READ_FROM, _LOGGING_SET_UP_FROM
+    _SETTINGS_READ_FROM = _prefect_settings_inputs()
     _LOGGING_SET_UP_FROM = _prefect_logging_inputs()
 
 

@@ -262,26 +262,48 @@ def test_a_bad_server_setting_is_refused_in_one_line_naming_the_variable_and_the
     assert not local_server.server_dir(tmp_path / "state").exists()
 
 
-def test_a_forked_command_configures_prefects_logging_again_only_when_what_it_is_made_from_differs(monkeypatch):
+def test_a_forked_command_reads_prefects_settings_and_sets_up_its_logging_again_only_when_their_inputs_differ(
+    monkeypatch, tmp_path
+):
     import prefect.context
     import prefect.logging.configuration
 
-    calls: list[bool] = []
-    monkeypatch.setattr(prefect.logging.configuration, "setup_logging", lambda incremental=None: calls.append(True))
+    refresh = prefect.context.refresh_global_settings_context
+    read: list[bool] = []
+    configured: list[int] = []
+    monkeypatch.setattr(prefect.context, "refresh_global_settings_context", lambda: read.append(True))
+    monkeypatch.setattr(prefect.logging.configuration, "setup_logging", lambda incremental=None: configured.append(1))
+    monkeypatch.chdir(tmp_path)  # a working directory without Prefect's files, as the engine's is here
+    monkeypatch.setattr(local_server, "_SETTINGS_READ_FROM", None)
     monkeypatch.setattr(local_server, "_LOGGING_SET_UP_FROM", None)
-    local_server._read_prefect_settings_again()
-    assert calls == [True]  # nothing noted (a cold process): configured again
-    local_server.note_logging_setup()  # as the engine notes it after importing Prefect
-    local_server._read_prefect_settings_again()
-    assert calls == [True]
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a setting logging is not made from
-    local_server._read_prefect_settings_again()
-    assert calls == [True]
-    # a logging setting, and an override of one value of the logging configuration file
-    for n, (var, value) in enumerate([("PREFECT_LOGGING_LEVEL", "DEBUG"), ("PREFECT_LOGGING_HANDLERS_API_LEVEL", "ERROR")]):
-        local_server.note_logging_setup()
-        monkeypatch.setenv(var, value)
+
+    def again() -> tuple[int, int]:
         local_server._read_prefect_settings_again()
-        assert len(calls) == 2 + n, var
+        return len(read), len(configured)
+
+    assert again() == (1, 1)  # nothing noted (a cold process): both again
+    local_server.note_prefect_setup()  # as the engine notes it after importing Prefect
+    assert again() == (1, 1)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a setting logging is not made from
+    assert again() == (2, 1)
+    # Files Prefect reads in the working directory: only what could set a setting counts.
+    local_server.note_prefect_setup()
+    (tmp_path / ".env").write_text("OTHER=1\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 100\n")
+    assert again() == (2, 1)
+    for name, text in [
+        (".env", "OTHER=1\nPREFECT_API_URL=http://127.0.0.1:8/api\n"),
+        ("pyproject.toml", "[tool.prefect]\napi.url = 'http://127.0.0.1:7/api'\n"),
+        ("prefect.toml", "[api]\nurl = 'http://127.0.0.1:6/api'\n"),
+    ]:
+        local_server.note_prefect_setup()
+        (tmp_path / name).write_text(text)
+        assert again()[0] == 3 + [".env", "pyproject.toml", "prefect.toml"].index(name), name
+    # a logging setting, and an override of one value of the logging configuration file: both again
+    logging_inputs = [("PREFECT_LOGGING_LEVEL", "DEBUG"), ("PREFECT_LOGGING_HANDLERS_API_LEVEL", "ERROR")]
+    for n, (var, value) in enumerate(logging_inputs):
+        local_server.note_prefect_setup()
+        monkeypatch.setenv(var, value)
+        assert again() == (6 + n, 2 + n), var
     monkeypatch.undo()
-    prefect.context.refresh_global_settings_context()
+    refresh()
