@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import RunTag
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from traingate.settings import Settings
@@ -33,8 +33,8 @@ EVAL_METRIC = "val_loss"  # every model recipe reports it; lower is better
 _METRIC_TAG = f"traingate.{EVAL_METRIC}"
 
 
-def _eval_metric(c: MlflowClient, stage_run_id: str) -> float | None:
-    metrics = c.get_run(stage_run_id).data.metrics
+def _eval_metric(c: MlflowClient, stage_run_id: str, run: Run | None) -> float | None:
+    metrics = (run if run is not None else c.get_run(stage_run_id)).data.metrics
     value = metrics.get(f"stage.{EVAL_METRIC}", metrics.get(EVAL_METRIC))
     return float(value) if value is not None else None
 
@@ -59,14 +59,15 @@ def alias_lock(c: MlflowClient, name: str) -> Iterator[None]:
 
 
 def take_alias_if_better(
-    c: MlflowClient, name: str, version: str, stage_run_id: str, alias: str = CANDIDATE
+    c: MlflowClient, name: str, version: str, stage_run_id: str, alias: str = CANDIDATE, run: Run | None = None
 ) -> dict[str, Any]:
     """Point ``alias`` at ``version`` if its eval metric beats the current holder's (or there is none).
 
     The decision and its reason are tagged on the version and on the stage run; the returned
     dict says what holds the alias when the lock is released (``registered``: this version took it).
+    ``run``: the stage run, read already by the caller (None: read here).
     """
-    mine = _eval_metric(c, stage_run_id)
+    mine = _eval_metric(c, stage_run_id, run)
     if mine is not None:
         c.set_model_version_tag(name, version, _METRIC_TAG, repr(mine))
     with alias_lock(c, name):

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import mlflow
-from mlflow.entities import LoggedModelStatus
+from mlflow.entities import LoggedModelStatus, Run
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -54,7 +54,8 @@ def register_candidate(
 
     Safe to call again for the same run (see the module docstring): the same version comes back.
     """
-    ok, reasons = can_promote(c, stage_run_id)
+    run = c.get_run(stage_run_id)  # its identity, status, tags and metrics: what the checks and the version read
+    ok, reasons = can_promote(c, stage_run_id, run)
     script = spec.recipe.script
     name = model_name(spec)
     version = registered_version(c, name, stage_run_id) if ok else None  # a retry's
@@ -82,13 +83,13 @@ def register_candidate(
 
     if version is None and script is not None:
         assert checkpoint_uri is not None
-        version = _register_script_checkpoint(c, name, stage_run_id, checkpoint_uri)
+        version = _register_script_checkpoint(c, name, run, checkpoint_uri)
     if version is None:
         assert checkpoint_uri is not None, "a run without one was refused above"
         model_uri = logged_model_uri(c, stage_run_id) or _log_final_model(c, spec, stage_run_id, checkpoint_uri)
         mlflow.set_tracking_uri(c.tracking_uri)  # the fluent API is process-global
-        version = mlflow.register_model(model_uri, name, tags=_version_tags(c, stage_run_id))
-    return take_alias_if_better(c, name, version.version, stage_run_id, alias)
+        version = mlflow.register_model(model_uri, name, tags=_version_tags(run))
+    return take_alias_if_better(c, name, version.version, stage_run_id, alias, run)
 
 
 def _script_checkpoint_written(checkpoint_uri: str | None) -> bool:
@@ -99,18 +100,18 @@ def _script_checkpoint_written(checkpoint_uri: str | None) -> bool:
 SCRIPT_MODEL_PATH = "checkpoint"  # the artifact directory of a script's registered checkpoint file
 
 
-def _version_tags(c: MlflowClient, stage_run_id: str) -> dict[str, str]:
-    tags = c.get_run(stage_run_id).data.tags
+def _version_tags(run: Run) -> dict[str, str]:
+    tags = run.data.tags
     return {
         "traingate.run_id": tags.get("traingate.run_id", ""),
-        "traingate.stage_run_id": stage_run_id,
+        "traingate.stage_run_id": run.info.run_id,
         "traingate.spec_hash": tags.get("traingate.spec_hash", ""),
         "traingate.code_version": tags.get("traingate.code_version", ""),
         "traingate.data_snapshot": tags.get("traingate.data_snapshot", ""),
     }
 
 
-def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, checkpoint_uri: str) -> ModelVersion:
+def _register_script_checkpoint(c: MlflowClient, name: str, run: Run, checkpoint_uri: str) -> ModelVersion:
     """The newest checkpoint file a script declared, logged into the stage run (``checkpoint/<file>``, the
     index beside it under ``checkpoints/``) and registered as a version of ``name`` whose source is that
     artifact directory. The file is the model: traingate does not know how to load it, its user does.
@@ -119,6 +120,7 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
     source is a run's artifact directory is created with the client directly (the same record).
     """
 
+    stage_run_id = run.info.run_id
     entries = script.read_index(checkpoint_uri)
     last = script.newest(entries)
     assert last is not None, "checked by _script_checkpoint_written"
@@ -140,7 +142,7 @@ def _register_script_checkpoint(c: MlflowClient, name: str, stage_run_id: str, c
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     tags = {
-        **_version_tags(c, stage_run_id),
+        **_version_tags(run),
         "traingate.checkpoint_file": last.path,
         "traingate.checkpoint_sha256": last.sha256,
         "traingate.checkpoint_step": str(last.step or ""),

@@ -313,12 +313,13 @@ def validate_identity(c: MlflowClient, run_id: str, run: Run | None = None) -> l
     return problems
 
 
-def can_promote(c: MlflowClient, run_id: str) -> tuple[bool, list[str]]:
+def can_promote(c: MlflowClient, run_id: str, run: Run | None = None) -> tuple[bool, list[str]]:
     """Whether a stage run may be registered as a model: full stage, completed, gate passed, identity complete.
 
-    The identity is re-checked on the stored run (and its parent) at the moment of promotion.
+    The identity is re-checked on the stored run (and its parent) at the moment of promotion. ``run``: the stored
+    run, read already by the caller (None: read here).
     """
-    run = c.get_run(run_id)
+    run = run if run is not None else c.get_run(run_id)
     tags = run.data.tags
     reasons = [f"identity incomplete: {p}" for p in validate_identity(c, run_id, run)]
     parent = tags.get("mlflow.parentRunId")
@@ -503,7 +504,8 @@ def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str,
 def stage_runs(c: MlflowClient, pipeline_run_id: str) -> list[Run]:
     """The stage runs of a pipeline run, in ladder order."""
 
-    exp = c.get_run(pipeline_run_id).info.experiment_id
+    known = _PARENTS.get(pipeline_run_id)  # its experiment, where this process opened its stage runs
+    exp = (known or c.get_run(pipeline_run_id)).info.experiment_id
     runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{pipeline_run_id}'", max_results=1000)
     order = {s: i for i, s in enumerate(STAGES)}
     return sorted(runs, key=lambda r: (order.get(r.data.tags.get("traingate.stage", ""), 99), r.info.start_time))
