@@ -52,6 +52,9 @@ def _embedded_defaults(settings: Settings) -> None:
     os.environ.setdefault("PREFECT_HOME", str(settings.state_dir / "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # The logs a command's flow sends to the server go in batches; the last one is delivered as the command ends,
+    # and with Prefect's 2 s interval it can hold 2 s of a stage's output (30 ms of the server's time to store).
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.25")
     # The temporary server's 20 s default is too tight on a busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     local_server.authenticate_temporary()  # a temporary server, when one starts, demands an auth string

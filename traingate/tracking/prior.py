@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from traingate.settings import Settings
@@ -24,15 +25,20 @@ def latest_canary_profile(settings: Settings, experiment: str, recipe: str) -> d
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = c.search_runs(
-        [exp.experiment_id],
-        "tags.`traingate.stage` = 'canary' and tags.`traingate.stage_status` = 'completed' "
-        f"and tags.`traingate.recipe` = '{recipe}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+    runs = newest_completed_canary(c, exp.experiment_id, recipe)
     if not runs:
         return None
     m = runs[0].data.metrics
     profile = {k: m[f"stage.{k}"] for k in PROFILE_KEYS if f"stage.{k}" in m}
     return profile if "step_time_mean_s" in profile else None
+
+
+def newest_completed_canary(c: MlflowClient, experiment_id: str, recipe: str) -> list[Run]:
+    """The newest completed canary stage run of ``recipe`` in the experiment (a list of one, or empty)."""
+    return c.search_runs(
+        [experiment_id],
+        "tags.`traingate.stage` = 'canary' and tags.`traingate.stage_status` = 'completed' "
+        f"and tags.`traingate.recipe` = '{recipe}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )

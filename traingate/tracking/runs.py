@@ -41,6 +41,7 @@ from traingate.storage import join
 from traingate.tracking import compat_mlflow, plots, standard
 from traingate.tracking import restarts as restart_record
 from traingate.tracking.identity import REQUIRED_TAGS
+from traingate.tracking.prior import newest_completed_canary
 from traingate.tracking.restarts import is_restart
 
 _MAX_PARAM = 6000  # MLflow's param value limit
@@ -89,8 +90,13 @@ def keep_store_open(tracking_uri: str) -> None:
     if opened is None:
         return
     c = client(tracking_uri)
+    # Reads of the shapes a command makes (a statement is compiled once per shape): the plan's prior, a stage's
+    # runs, a run, a model's versions.
     c.get_experiment_by_name("Default")
-    c.search_runs(["0"], f"tags.`{REQUEST_KEY_TAG}` = 'none' and tags.`traingate.stage` = 'none'", max_results=1)
+    newest_completed_canary(c, "0", "none")
+    stage_runs(c, "0" * 32, experiment_id="0")
+    with contextlib.suppress(MlflowException):
+        c.get_run("0" * 32)
     c.search_model_versions("name = 'none' and run_id = 'none'")
     engines = compat_mlflow.sql_engines(c)
     for engine in engines:
@@ -501,11 +507,11 @@ def close_pipeline_run(c: MlflowClient, run_id: str, passed: bool, reached: str,
     c.set_terminated(run_id, "FINISHED" if passed else "FAILED")
 
 
-def stage_runs(c: MlflowClient, pipeline_run_id: str) -> list[Run]:
-    """The stage runs of a pipeline run, in ladder order."""
+def stage_runs(c: MlflowClient, pipeline_run_id: str, experiment_id: str | None = None) -> list[Run]:
+    """The stage runs of a pipeline run, in ladder order. ``experiment_id``: the pipeline run's, known already."""
 
     known = _PARENTS.get(pipeline_run_id)  # its experiment, where this process opened its stage runs
-    exp = (known or c.get_run(pipeline_run_id)).info.experiment_id
+    exp = experiment_id or (known or c.get_run(pipeline_run_id)).info.experiment_id
     runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{pipeline_run_id}'", max_results=1000)
     order = {s: i for i, s in enumerate(STAGES)}
     return sorted(runs, key=lambda r: (order.get(r.data.tags.get("traingate.stage", ""), 99), r.info.start_time))
