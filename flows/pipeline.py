@@ -135,6 +135,16 @@ def with_newest_data(spec: RunSpec) -> RunSpec:
     return newest_snapshot(spec) if has_latest(spec.data.uri) else spec
 
 
+_CHECKED: dict[int, RunSpec] = {}  # specs a command checked in this process for the ladder it starts next
+
+
+def checked_here(spec: RunSpec) -> None:
+    """A command has checked ``spec`` in this process as the ladder would (its newest data resolved, its checks,
+    the preflight, the entitlement) and starts the ladder with it next: the ladder does not check it again. A
+    flow run started otherwise (a deployment's, a retry's) has a spec of its own and is checked."""
+    _CHECKED[id(spec)] = spec
+
+
 def check_entitled(spec: RunSpec) -> None:
     """The spec's priority class is one of the pools config's (this Prefect server's; without one, the built-in
     classes), or one CapacityError line naming the valid ones. On a Slurm pool of that config: the submitting
@@ -278,13 +288,14 @@ def ladder(
         resume_from = ResumeFrom(run_id=started)
     warm_unit: WarmPytest | None = None
     if spec is not None and resume_from is None:  # validation once, before anything is created
-        spec = with_newest_data(spec)
-        check_spec(spec)
-        preflight(spec, settings)
-        try:
-            check_entitled(spec)
-        except (SlurmError, CapacityError) as e:
-            return stopped(Failed(message=str(e)), {})
+        if _CHECKED.pop(id(spec), None) is not spec:
+            spec = with_newest_data(spec)
+            check_spec(spec)
+            preflight(spec, settings)
+            try:
+                check_entitled(spec)
+            except (SlurmError, CapacityError) as e:
+                return stopped(Failed(message=str(e)), {})
         # The unit stage's interpreter loads pytest and the tests' imports beside the data snapshot and the
         # MLflow runs; it runs nothing before run_unit_tests hands it its arguments.
         warm_unit = start_unit_tests(spec)
@@ -799,6 +810,7 @@ def same_end(state: State) -> State:
 
 __all__ = [
     "Approval",
+    "checked_here",
     "Resume",
     "RunStopped",
     "ResumeFrom",

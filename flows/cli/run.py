@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     # A progress bar in a terminal, one line per stage transition elsewhere.
     local_server.connect(settings.state_dir)  # the kept server, once the spec passed (flows.local_server)
-    state = run_ladder_here(spec, args.until, settings, follow=follow_run)
+    state = run_ladder_here(spec, args.until, settings, follow=follow_run, checked=True)
     if isinstance(state, int):
         return state
     summary = _summary(state)
@@ -75,20 +75,27 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_ladder_here(
-    spec: Any, until: str, settings: Settings, follow: Callable[[Settings], AbstractContextManager[Any]] | None = None
+    spec: Any,
+    until: str,
+    settings: Settings,
+    follow: Callable[[Settings], AbstractContextManager[Any]] | None = None,
+    checked: bool = False,
 ) -> Any:
     """The ladder flow in this process, as `run` and `ci` start it: the state dir made, the process
-    guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given.
+    guarded (Ctrl-C preempts at a checkpoint), ``follow(settings)`` around the flow when given. ``checked``: the
+    caller resolved the spec's newest data, checked it and ran the preflight (:func:`flows.cli.validate._load`).
 
     Returns the flow's final state, or the exit code of a second Ctrl-C (no waiting for the checkpoint).
     """
     # lazy: importing Prefect creates PREFECT_HOME; a refused spec leaves nothing behind
-    from flows.pipeline import check_entitled, ladder, no_flow_heartbeats, one_client
+    from flows.pipeline import check_entitled, checked_here, ladder, no_flow_heartbeats, one_client
 
     named = bool(os.environ.get("PREFECT_API_URL"))  # else the temporary server starts below
     with one_client() if named else contextlib.nullcontext():
         if named:  # a server that may carry a Slurm pool (a temporary one carries none)
             check_entitled(spec)
+            if checked:  # the ladder finds it checked: nothing is asked twice
+                checked_here(spec)
         settings.ensure()
         guard_this_process(spec.supervision.preempt_grace_s)
         try:
