@@ -292,6 +292,31 @@ def test_a_pools_locations_carry_the_allowlist_and_hosts_but_never_the_checkpoin
                                                "TRAINGATE_ENV_HOSTS": "hooks.slack.com"}
 
 
+def test_threads_of_one_process_generating_the_checkpoint_key_at_once_all_read_the_same_key(tmp_path):
+    import threading
+
+    from traingate.settings import Settings, checkpoint_key
+
+    for attempt in range(5):  # a sweep's trials start in threads of one process
+        settings = Settings.from_env({"TRAINGATE_STATE_DIR": str(tmp_path / f"state{attempt}")})
+        start, keys, errors = threading.Barrier(8), [], []
+
+        def first_run() -> None:
+            start.wait()
+            try:
+                keys.append(checkpoint_key(settings, env={}))
+            except Exception as e:  # noqa: BLE001 - what the test reports
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=first_run) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(set(keys)) == 1 and len(keys) == 8
+        assert sorted(p.name for p in (tmp_path / f"state{attempt}").iterdir()) == ["checkpoint.key"]
+
+
 def test_the_checkpoint_key_is_generated_once_into_the_state_dir_readable_by_its_owner_only(tmp_path):
     from traingate.settings import Settings, checkpoint_key
 

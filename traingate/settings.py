@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -332,10 +333,11 @@ def checkpoint_key(settings: Settings, env: Mapping[str, str] | None = None) -> 
         return env[CHECKPOINT_KEY_VAR].encode()
     path = settings.ensure().state_dir / CHECKPOINT_KEY_FILE
     if not path.exists():
-        # Written whole under a temporary name, then linked into place: of two first runs at once, one
-        # link wins and both read the same key; no reader ever sees a half-written file.
-        tmp = path.with_name(f".{CHECKPOINT_KEY_FILE}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Written whole under a temporary name of its own (threads of one process, sweep trials, race too),
+        # then linked into place: of two first runs at once, one link wins and both read the same key; no
+        # reader ever sees a half-written file.
+        fd, name = tempfile.mkstemp(prefix=f".{CHECKPOINT_KEY_FILE}.", dir=path.parent)  # mode 0600
+        tmp = Path(name)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_hex(32).encode())
             f.flush()
