@@ -79,6 +79,7 @@ PRELOADED = (
     "traingate.tracking.identity:installed_packages",
     # What opening an MLflow store computes the same way in every child (traingate.tracking.runs.warm_mlflow).
     "traingate.tracking.runs:warm_mlflow",
+    "flows.warm_engine:build_prefect_models",
     # A built-in recipe's unit stage is forked from the engine too (traingate.launch.pytest_child).
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,

@@ -7,12 +7,14 @@ Prefect UI (its RunSpec parameter renders as a form) and CI all come through it.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import copy
 import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -30,14 +32,15 @@ from prefect.futures import PrefectFuture
 from prefect.input import RunInput
 from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
+from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tasks.data import data_snapshot, newest_snapshot
 from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
-    check_identity,
     close_pipeline_run,
     create_stage_run,
+    fill_pipeline_run,
     fill_stage_run,
     gate_passed,
     open_pipeline_run,
@@ -47,7 +50,7 @@ from tasks.tracking import (
 from tasks.train import budgets_at_gate, read_capacity_config, run_stage_job
 from tasks.unit import run_unit_tests, start_unit_tests
 from traingate.capacity import entitlements
-from traingate.capacity.pools import BUILTIN_CLASSES, CapacityError, priority_class
+from traingate.capacity.pools import BUILTIN_CLASSES, CapacityConfig, CapacityError, priority_class
 from traingate.capacity.slurm import SlurmError
 from traingate.capacity.slurm_cli import check_pool_entitled
 from traingate.job.files import read_result
@@ -71,6 +74,9 @@ from traingate.tracking import stale
 from traingate.tracking.identity import code_version, commit_mismatch
 
 T = TypeVar("T")
+# The longest a stage's end keeps the run's tracking writes waiting (Beside.hold): the ladder's own work between
+# a stage's processes and the next launch takes a tenth of a second; a pause, a restart's backoff, a queue may not.
+HOLD_S = 1.0
 
 
 class RunStopped(Exception, Mapping[str, Any]):
@@ -314,9 +320,11 @@ def ladder(
     elif spec is not None:
         beside.after_next_launch(lambda: [beside.fetch(_close_stale_runs, settings)])
         point = None
-        data_hash, data_uri = data_snapshot(spec)
-        run_id = open_pipeline_run(spec, data_hash, data_uri, validate=False)
-        beside.after_next_launch(_submitting(check_identity, run_id))  # the stored identity's verdict
+        data_hash, data_uri = data_snapshot(_as_is(spec))
+        # Its tags now (its stage runs inherit them); its params, identity artifacts and the stored identity's
+        # verdict from the first launch on, before any stage run copies them.
+        run_id = open_pipeline_run(_as_is(spec), data_hash, data_uri, validate=False, fill=False)
+        beside.after_next_launch(_submitting(fill_pipeline_run, run_id, _as_is(spec)))
         write_resolved(spec, settings.state_dir / "runs" / run_id / "spec.yaml")
         record_flow_run(settings, str(flow_run.id), run_id)  # after spec.yaml: a retry finds a resumable run
         stages = stages_until(until)
@@ -343,7 +351,7 @@ def ladder(
             # Every stage ran but the orchestrator died before the end: promote and close, as it would have.
             full = read_result(run_dir / "full")
             summary["model"] = register_candidate(
-                spec, point.mlflow_run_ids["full"], full.checkpoint_uri if full else None, run_id=run_id
+                _as_is(spec), point.mlflow_run_ids["full"], full.checkpoint_uri if full else None, run_id=run_id
             )
             promotion = _promotion(run_id, summary["model"], beside)
             close_pipeline_run(run_id, True, "full")
@@ -358,15 +366,17 @@ def ladder(
         if first_training is not None
         else None
     )
+    end = _StageEnd(beside)
     try:
         for i, stage in enumerate(stages):
             resuming = point is not None and stage == point.stage
             in_place: UiResume | None = None  # the stage's pause in place, if it paused
             known_run = point.mlflow_run_ids.get(stage) if point is not None and resuming else None
             if stage == "unit":  # its MLflow run is created beside its pytest run: the tests need none of it
+                end.read_now()  # the gate's pools config, beside the tests
                 creating = None if known_run else create_stage_run.submit(run_id, stage)
                 result = run_unit_tests.with_options(task_run_name=stage)(
-                    spec, str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
+                    _as_is(spec), str(run_dir / "spec.yaml"), str(run_dir / stage), warm=warm_unit
                 )
                 stage_run = known_run or cast(PrefectFuture, creating).result()
                 if not known_run:
@@ -381,7 +391,12 @@ def ladder(
                     beside.after_next_launch(_submitting(fill_stage_run, run_id, stage_run, stage))
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
                 result = run_stage_job(
-                    job, resume=resuming, zygote=zygote, launched=beside.launched, capacity=capacity.result
+                    _as_is(job),
+                    resume=resuming,
+                    zygote=zygote,
+                    launched=beside.launched,
+                    ended=end.ended,
+                    capacity=capacity.result,
                 )
                 while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
                     in_place = _wait_for_resume(
@@ -393,9 +408,11 @@ def ladder(
                     job = derive(
                         spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run
                     )
-                    result = run_stage_job(job, resume=True, zygote=zygote, launched=beside.launched)
+                    result = run_stage_job(
+                        _as_is(job), resume=True, zygote=zygote, launched=beside.launched, ended=end.ended
+                    )
             gate = spec.gate(stage)
-            decision = _decide(spec, result, run_id, run_dir, beside)
+            decision = _decide(spec, result, run_id, run_dir, beside, end.capacity)
             refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
             if pause_wait_s > 0 and refused_on_budget:  # the Prefect UI's Resume form gives the next stage a budget
                 in_place = _wait_for_budget(stages[i + 1], result, decision, spec, run_dir, pause_wait_s, beside)
@@ -465,7 +482,7 @@ def ladder(
         )
         if stages[-1] == "full":  # promotion: registered only if the run's identity is complete
             summary["model"] = register_candidate(
-                spec, summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
+                _as_is(spec), summary["stages"]["full"]["mlflow_run_id"], summary.get("checkpoint_uri"), run_id=run_id
             )
             verb += "; " + _promotion(run_id, summary["model"], beside)
         close_pipeline_run(run_id, True, stages[-1])
@@ -668,15 +685,46 @@ def _wait_for_resume(
         return UiResume(changed)
 
 
-def _decide(spec: RunSpec, result: StageResult, run_id: str, run_dir: Path, beside: Beside) -> GateDecision:
+def _decide(
+    spec: RunSpec,
+    result: StageResult,
+    run_id: str,
+    run_dir: Path,
+    beside: Beside,
+    capacity: Callable[[], CapacityConfig | None] = read_capacity_config,
+) -> GateDecision:
     """The gate after ``result``'s stage under ``spec``: its rules, and the next stage's estimate against
-    ``budget.max_cost_usd`` and what is left of the run's and the team's budgets."""
+    ``budget.max_cost_usd`` and what is left of the run's and the team's budgets (``capacity``: the pools config
+    with the team budgets; the default reads it now)."""
     return decide(
         result,
         spec.gate(result.stage),
         spec.budget.max_cost_usd,
-        budgets=budgets_at_gate(spec, run_id, run_dir, result, beside.settle),
+        budgets=budgets_at_gate(spec, run_id, run_dir, result, beside.settle, capacity),
     )
+
+
+class _StageEnd:
+    """What a stage's end starts as it happens: the run's tracking writes held (:meth:`Beside.hold`), and the pools
+    config read for the gate (its team budgets): a server round trip while the stage's own end (its checkpoints,
+    its progress) runs, not after it."""
+
+    def __init__(self, beside: Beside) -> None:
+        self.beside = beside
+        self.config: Future[CapacityConfig | None] | None = None
+
+    def ended(self) -> None:
+        """A stage's ``ended`` hook (each launch's; the last one's read is the gate's)."""
+        self.beside.hold()
+        self.read_now()
+
+    def read_now(self) -> None:
+        self.config = Beside.fetch(read_capacity_config)
+
+    def capacity(self) -> CapacityConfig | None:
+        """The config read as the stage ended (read now if it was not)."""
+        config, self.config = self.config, None
+        return config.result() if config is not None else read_capacity_config()
 
 
 def _wait_for_budget(
@@ -728,11 +776,22 @@ class Beside:
     (:meth:`after_next_launch`: the identity check, a stage run's identity, a stage's recording, so
     that none shares the flow's process with a stage's start: MLflow's writes are Python, they hold the
     interpreter's lock), and API calls that nothing after them reads (:meth:`thread`); waited for before the run
-    ends (:meth:`settle`)."""
+    ends (:meth:`settle`).
+
+    The kept writes run one after another in one thread, and wait while the ladder has a moment's work of its
+    own (:meth:`hold`: from a stage's processes' end to the next launch, at most :data:`HOLD_S`): in the same
+    process at once they take as long as in turn, and the one that waits is the ladder's. A short stage
+    (a smoke run of a second) leaves the rest to the next one's training."""
 
     def __init__(self) -> None:
         self.futures: list[PrefectFuture | Future] = []
         self.later: list[Callable[[], list[PrefectFuture | Future]]] = []
+        self._context = contextvars.copy_context()  # the flow run's: its task runner, logger and API client
+        self._queue: collections.deque[Callable[[], list[PrefectFuture | Future]]] = collections.deque()
+        self._turn = threading.Condition()
+        self._working = False
+        self._held_until = 0.0  # time.monotonic(); the kept writes wait until then
+        self._failed: list[BaseException] = []
 
     def thread(self, call: Callable[..., Any], *args: Any) -> None:
         """``call(*args)`` in a thread of its own with this thread's context (the flow run's logger and API
@@ -759,16 +818,59 @@ class Beside:
         self.later.append(submit)
 
     def launched(self) -> None:
-        """Submit what waited for a launch (a stage's ``launched`` hook; also before a pause that may be long)."""
-        while self.later:
-            self.futures += self.later.pop(0)()
+        """Hand what waited for a launch to the writes' thread, and let it go on (a stage's ``launched`` hook;
+        also before a pause that may be long)."""
+        with self._turn:
+            self._held_until = 0.0
+            self._queue.extend(self.later)
+            self.later.clear()
+            if self._queue and not self._working:
+                self._working = True
+                threading.Thread(target=self._write, name="ladder-beside-writes", daemon=True).start()
+            self._turn.notify_all()
+
+    def hold(self) -> None:
+        """The ladder has work of its own until the next launch (a stage's ``ended`` hook): the next kept write
+        waits for it, at most :data:`HOLD_S` (one in progress finishes)."""
+        with self._turn:
+            self._held_until = time.monotonic() + HOLD_S
+
+    def _write(self) -> None:
+        while True:
+            with self._turn:
+                while (held := self._held_until - time.monotonic()) > 0:
+                    self._turn.wait(held)
+                if not self._queue:
+                    self._working = False
+                    self._turn.notify_all()
+                    return
+                submit = self._queue.popleft()
+            try:
+                for f in self._context.copy().run(submit):
+                    f.result()
+            except BaseException as e:  # noqa: BLE001 - raised by settle, in the flow's thread
+                self._failed.append(e)
 
     def settle(self) -> None:
         """Submit what waits, then wait for all of it (a failure among them fails the flow, as if awaited inline)."""
         self.launched()
+        with self._turn:
+            while self._working:
+                self._turn.wait()
         for f in self.futures:
             f.result()
         self.futures.clear()
+        if self._failed:
+            failed = self._failed[0]
+            self._failed.clear()
+            raise failed
+
+
+def _as_is(value: T) -> T:
+    """``value`` handed to a task as it is: Prefect walks a task's arguments for futures and states to wait for (a
+    spec: 3 ms; a stage's result with a loss series of 400 steps: 15 ms; a walk or two per call), and these hold
+    none."""
+    return cast(T, quote(value))
 
 
 def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture | Future]]:
@@ -777,7 +879,7 @@ def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture | Futu
 
 
 def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture | Future]:
-    return [record_stage.submit(stage_run, result, decision, run_id=run_id, report=True)]
+    return [record_stage.submit(stage_run, _as_is(result), _as_is(decision), run_id=run_id, report=True)]
 
 
 @flow(name="pipeline", log_prints=True)

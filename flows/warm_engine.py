@@ -58,6 +58,7 @@ PRELOADED = (
     *pytest_child.CONTRACT_PRELOAD,
     "traingate.tracking.identity:installed_packages",  # a run's environment snapshot lists them
     "traingate.tracking.runs:warm_mlflow",  # what opening an MLflow store computes the same way in every child
+    "flows.warm_engine:build_prefect_models",
 )
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).
@@ -172,6 +173,28 @@ def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     return listener, wake
+
+
+# Prefect's client schemas, artifacts and events: a flow run creates, sends and reads them.
+PREFECT_MODELS = ("prefect.client.schemas", "prefect.artifacts", "prefect.events.schemas")
+
+
+def build_prefect_models() -> None:
+    """Prefect's models build their validators on first use (pydantic's deferred build): once here, not in each
+    forked command (a flow run's creation alone builds three, about 10 ms)."""
+    from pydantic import BaseModel  # lazy: the pool's thin entry imports this module, and it needs no pydantic
+
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(PREFECT_MODELS):
+            continue
+        for value in list(vars(module).values()):
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseModel)
+                and value.__module__ == name
+                and not value.__pydantic_complete__
+            ):
+                value.model_rebuild()
 
 
 def preload(names: tuple[str, ...], who: str) -> None:

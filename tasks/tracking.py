@@ -49,17 +49,22 @@ def request_key(kind: str) -> runs.RequestKey:
 
 
 @task(name="open-pipeline-run", **_MLFLOW)
-def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str, validate: bool = True) -> str:
+def open_pipeline_run(
+    spec: RunSpec, data_snapshot: str, data_uri: str, validate: bool = True, fill: bool = True
+) -> str:
     """The run's MLflow parent run. ``validate``: its identity checked and tagged now; False: the caller runs
-    :func:`check_identity` (beside its next steps)."""
+    :func:`check_identity` (beside its next steps). ``fill``: its params and identity artifacts written now;
+    False: its tags only (what its stage runs inherit), and the caller runs :func:`fill_pipeline_run` (beside its
+    next steps; it checks the identity too)."""
     s = Settings.from_env()
     # A script run is versioned by its project (git, or the content of a git-less one), not by traingate.
-    identity = {
+    identity: dict[str, Any] = {
         "code": run_code_version(spec, s.state_dir),
         "data_snapshot": data_snapshot,
         "data_uri": data_uri,
-        "environment": environment_snapshot(),
     }
+    if fill:
+        identity["environment"] = environment_snapshot()
     return runs.open_pipeline_run(
         runs.client(s.tracking_uri),
         spec,
@@ -68,6 +73,14 @@ def open_pipeline_run(spec: RunSpec, data_snapshot: str, data_uri: str, validate
         request_key=request_key("pipeline"),
         validate=validate,
     )
+
+
+@task(name="fill-pipeline-run", **_MLFLOW)
+def fill_pipeline_run(run_id: str, spec: RunSpec) -> list[str]:
+    """A parent run opened without ``fill``: its params, spec and environment snapshot, then its identity check;
+    what the stored run lacks of its identity (tagged on it as the verdict)."""
+    c = runs.client(Settings.from_env().tracking_uri)
+    return runs.fill_pipeline_run(c, run_id, spec, environment_snapshot())
 
 
 @task(name="check-identity", **_MLFLOW)

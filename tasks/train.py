@@ -56,14 +56,16 @@ def run_stage_job(
     watcher: Watcher | None = None,
     zygote: Zygote | None = None,
     launched: Callable[[], None] | None = None,
+    ended: Callable[[], None] | None = None,
     capacity: Callable[[], CapacityConfig | None] | None = None,
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
     stage's or its run's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); released
     unused on a Slurm pool, whose job starts its own processes. ``launched``: called once, as the stage's
     processes have started (or as it ends without them, or before a Slurm pool takes it): the caller's work that
-    is to stay off the stage's start. ``capacity``: the pools config, read by the caller beside its own
-    preparation of the stage (:func:`read_capacity_config`); None: read here.
+    is to stay off the stage's start. ``ended``: called as each launch's processes have ended, before they are
+    judged: the caller's work that is to stay off the stage's end. ``capacity``: the pools config, read by the
+    caller beside its own preparation of the stage (:func:`read_capacity_config`); None: read here.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
@@ -72,7 +74,7 @@ def run_stage_job(
     """
     once = _Once(launched)
     try:
-        return _run_stage_job(job, resume, watcher, zygote, once, capacity)
+        return _run_stage_job(job, resume, watcher, zygote, once, ended, capacity)
     finally:
         once()
 
@@ -107,6 +109,7 @@ def _run_stage_job(
     watcher: Watcher | None,
     zygote: Zygote | None,
     launched: _Once,
+    ended: Callable[[], None] | None,
     capacity: Callable[[], CapacityConfig | None] | None,
 ) -> StageResult:
     log = get_run_logger()
@@ -136,6 +139,7 @@ def _run_stage_job(
         progress = ProgressArtifact(job)
         hooks = Hooks(
             on_tick=_in_turn(launched, progress.tick),  # the first tick comes right after the launch
+            on_exit=ended,
             on_line=log.info,
             info=log.info,
             error=log.error,
@@ -222,19 +226,24 @@ def _with_budget(job: StageJob, config: CapacityConfig | None, log: Any) -> Stag
 
 
 def budgets_at_gate(
-    spec: Any, run_id: str, run_dir: str | Path, result: StageResult, settle: Callable[[], None] = lambda: None
+    spec: Any,
+    run_id: str,
+    run_dir: str | Path,
+    result: StageResult,
+    settle: Callable[[], None] = lambda: None,
+    capacity: Callable[[], CapacityConfig | None] = read_capacity_config,
 ) -> list[BudgetLeft]:
     """What is left of each budget when the gate after ``result``'s stage decides (the gate refuses the
     next stage when its estimate does not fit): the run's from its stage directories (this stage's every
     attempt included), the team's from the tracking store. ``settle``: waits for the run's earlier stages
-    to be recorded there (called only when a team budget applies)."""
+    to be recorded there (called only when a team budget applies). ``capacity``: the pools config (its team
+    budgets), read as the stage ended (the default reads it now)."""
     log = get_run_logger()
     found: list[BudgetLeft] = []
     if spec.budget.max_run_usd is not None:
         spent = charged.run_usd(Path(run_dir), but=result.stage) + (result.cost_usd or 0.0)
         found.append(_run_budget(spec, run_id, spent))
-    with get_client(sync_client=True) as client:
-        config = slots.read_config(client)
+    config = capacity()
     found += _team_budget(
         spec, run_id, config, log, settle, pending=[Attempt.from_record(run_id, r) for r in result.attempts]
     )

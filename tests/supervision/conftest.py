@@ -22,8 +22,9 @@ supervision: {backoff_base_s: 0.2, backoff_max_s: 1.0, hang_timeout_s: 4, preemp
 
 class Run:
     def __init__(self, sup: Supervision, stage_dir: Path, seconds: float, events: list[dict[str, Any]],
-                 log: list[str]):
+                 log: list[str], exits: list[int]):
         self.sup, self.stage_dir, self.seconds, self.events, self.log = sup, stage_dir, seconds, events, log
+        self.exits = exits  # at each launch's end (Hooks.on_exit): how many restarts had been announced
 
     @property
     def causes(self) -> list[str | None]:
@@ -43,7 +44,9 @@ def supervised(tiny_spec, state_dir, tmp_path) -> Callable[..., Run]:
         events: list[dict[str, Any]] = []
         log: list[str] = []
         t0 = time.monotonic()
-        sup = supervise(job, hooks=Hooks(info=log.append, on_restart=events.append), seed=0)
+        exits: list[int] = []
+        hooks = Hooks(info=log.append, on_restart=events.append, on_exit=lambda: exits.append(len(events)))
+        sup = supervise(job, hooks=hooks, seed=0)
         assert job.checkpoint_uri.startswith("file://")
-        return Run(sup, Path(job.stage_dir), time.monotonic() - t0, events, log)
+        return Run(sup, Path(job.stage_dir), time.monotonic() - t0, events, log, exits)
     return run

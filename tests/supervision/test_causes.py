@@ -33,6 +33,7 @@ def test_non_retryable_cause_stops_at_once_with_the_cause_and_the_log_tail(super
 def test_oom_policy_retries_a_simulated_oom_with_half_the_micro_batch_and_twice_the_accumulation(supervised):
     run = supervised("oom@3:1", "supervision.oom_halve_batch=true")
     assert run.causes == ["oom", None], run.log
+    assert run.exits == [0, 1]  # each launch's end said as it ended, before its restart was decided
     assert run.events[0]["overrides"] == ["optim.batch_size=8", "optim.grad_accum=2"]
     relaunched = json.loads((run.stage_dir / "job.json").read_text())  # the last attempt's StageJob
     assert relaunched["attempt"] == 1 and relaunched["restart_cause"] == "oom"
@@ -44,5 +45,5 @@ def test_a_retryable_fault_beyond_the_retry_budget_stops_with_the_cause_instead_
     # The budget's counting and wall-clock limits are unit-tested in test_policy.py; here, the wiring.
     run = supervised("kill@3:1", "supervision.max_restarts=0")
     assert run.causes == ["worker_lost"], run.log
-    assert run.sup.status == "failed" and run.events == []
+    assert run.sup.status == "failed" and run.events == [] and run.exits == [0]
     assert run.sup.error.startswith("worker_lost: ") and "retry budget spent" in run.sup.error

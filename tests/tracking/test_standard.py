@@ -89,3 +89,27 @@ def test_a_run_link_leads_to_the_tracking_servers_ui_without_its_credentials():
     )
     local = run_link("sqlite:////srv/state/mlflow.db", "ab12")
     assert "`ab12`" in local and "mlflow ui --backend-store-uri sqlite:////srv/state/mlflow.db" in local
+
+
+def test_a_parent_opened_with_its_tags_only_is_complete_once_filled_before_its_stage_runs_copy_it(tmp_path):
+    # The ladder's order: the parent's tags, a stage run created from them, then (beside the first launch) the
+    # parent's params and identity artifacts, then the stage run's copy of them.
+    c = MlflowClient(fresh_store(tmp_path / "mlflow.db"))
+    spec = _spec(tmp_path)
+    tags_only = {k: v for k, v in IDENTITY.items() if k != "environment"}
+    parent = runs.open_pipeline_run(c, spec, (tmp_path / "art").as_uri(), tags_only, request_key="p-1", validate=False)
+    p = c.get_run(parent)
+    assert p.data.params == {} and c.list_artifacts(parent) == []
+    assert p.data.tags["traingate.run_id"] == parent and p.data.tags["traingate.data_snapshot"] == SNAPSHOT
+    smoke = runs.create_stage_run(c, parent, "smoke", request_key="s-smoke")
+    assert c.get_run(smoke).data.tags["traingate.code_version"] == "1" * 40  # inherited as it opened
+
+    assert runs.fill_pipeline_run(c, parent, spec, IDENTITY["environment"]) == []  # its identity now complete
+    runs.fill_pipeline_run(c, parent, spec, IDENTITY["environment"])  # again: the same values
+    runs.fill_stage_run(c, parent, smoke, "smoke")
+    p, s = c.get_run(parent), c.get_run(smoke)
+    assert p.data.params and s.data.params == p.data.params
+    assert p.data.tags["traingate.identity_valid"] == s.data.tags["traingate.identity_valid"] == "true"
+    for folder in ("spec", "identity"):
+        stored = {a.path for a in c.list_artifacts(parent, folder)}
+        assert stored and stored == {a.path for a in c.list_artifacts(smoke, folder)}

@@ -135,19 +135,25 @@ def _register_script_checkpoint(c: MlflowClient, name: str, run: Run, checkpoint
             )
         )
         c.log_artifact(stage_run_id, str(index), "checkpoints")
-    try:
-        c.create_registered_model(name)
-    except MlflowException as e:
-        # Already there: an earlier version, or another run registering at the same moment. Anything else is not.
-        if e.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
     tags = {
         **_version_tags(run),
         "traingate.checkpoint_file": last.path,
         "traingate.checkpoint_sha256": last.sha256,
         "traingate.checkpoint_step": str(last.step or ""),
     }
-    return c.create_model_version(name, f"runs:/{stage_run_id}/{SCRIPT_MODEL_PATH}", run_id=stage_run_id, tags=tags)
+    source = f"runs:/{stage_run_id}/{SCRIPT_MODEL_PATH}"
+    try:  # the model is there but for its first version: a failed create (a rolled-back insert) costs more
+        return c.create_model_version(name, source, run_id=stage_run_id, tags=tags)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    try:
+        c.create_registered_model(name)
+    except MlflowException as e:
+        # Created meanwhile by another run registering at the same moment. Anything else is not.
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    return c.create_model_version(name, source, run_id=stage_run_id, tags=tags)
 
 
 def _log_final_model(c: MlflowClient, spec: RunSpec, stage_run_id: str, checkpoint_uri: str) -> str:

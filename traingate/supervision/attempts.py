@@ -73,6 +73,8 @@ class Hooks:
     stop_requested: Callable[[], str | None] | None = None
     # Called every tick while the tree runs (a sweep trial feeds its progress to the pruner here).
     on_tick: Callable[[], None] | None = None
+    # Called as each launch's processes have ended, before the supervisor judges the launch.
+    on_exit: Callable[[], None] | None = None
 
 
 @dataclass

@@ -141,6 +141,8 @@ def _supervise(run: _Run, python: str, zygote_socket: str | None) -> Supervision
     while True:
         tree, watch = run.launch(python, zygote_socket)
         result = run.wait(tree, watch)
+        if run.hooks.on_exit is not None:
+            run.hooks.on_exit()
         attempt, words = watch.close(result.returncode)
         if watch.rollback is not None:
             run.roll_back(watch, attempt)

@@ -226,7 +226,9 @@ def open_pipeline_run(
     """Create the parent run with the full identity; returns its id (the traingate run id).
 
     Idempotent per ``request_key`` (see :func:`create_run_once`). ``validate``: check the stored identity and tag
-    the verdict now (:func:`validate_identity`); a caller with other work runs that beside it.
+    the verdict now (:func:`validate_identity`); a caller with other work runs that beside it. Without
+    ``identity["environment"]`` the run gets its tags only (what its stage runs inherit as they open): the caller
+    writes the rest with :func:`fill_pipeline_run`.
     """
     exp = experiment_id(c, spec.identity.experiment, artifact_uri)
     name = spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
@@ -250,15 +252,23 @@ def open_pipeline_run(
         "traingate.work_pool": spec.resources.work_pool,
         **standard.standard_tags(spec, identity["code"], unique_name(name, rid)),
     }
+    c.log_batch(rid, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+    if "environment" in identity:
+        fill_pipeline_run(c, rid, spec, identity["environment"], validate=validate)
+    return rid
+
+
+def fill_pipeline_run(
+    c: MlflowClient, rid: str, spec: RunSpec, environment: dict[str, Any], validate: bool = True
+) -> list[str]:
+    """The rest of a pipeline run's identity: the spec as params and as an artifact, the environment snapshot; then
+    the identity check (``validate``), whose missing parts it returns. Safe to repeat (same values)."""
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
-    c.log_batch(rid, params=params[:100], tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
-    for i in range(100, len(params), 100):  # MLflow takes at most 100 params (and 100 tags) in one batch
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 params (and 100 tags) in one batch
         c.log_batch(rid, params=params[i : i + 100])
     c.log_dict(rid, redact_mapping(spec.to_dict()), SPEC_ARTIFACT)
-    c.log_dict(rid, redact_mapping(identity["environment"]), ENVIRONMENT_ARTIFACT)
-    if validate:
-        validate_identity(c, rid)
-    return rid
+    c.log_dict(rid, redact_mapping(environment), ENVIRONMENT_ARTIFACT)
+    return validate_identity(c, rid) if validate else []
 
 
 def unique_name(name: str, run_id: str) -> str:
