@@ -10,13 +10,13 @@ import os
 import sys
 from pathlib import Path
 
-from flows import server_mode, warm_engine
+from flows import server_mode
+from traingate import commandenv
 from traingate.runtime import handoff
-from traingate.settings import CLI_ENGINE_VAR, Settings
 
 COMMANDS = ("run", "resume", "sweep")
 # ``off`` (or 0, false, no): every command runs cold and none starts an engine.
-ENGINE_VAR = CLI_ENGINE_VAR
+ENGINE_VAR = commandenv.CLI_ENGINE_VAR
 RECORD = "engine.json"
 _COLD = -1  # what handoff.ask returns when the command is to run here
 
@@ -31,7 +31,7 @@ def forward(argv: list[str]) -> int | None:
             return None
     except server_mode.LocalServerError:
         return None  # the command reports the bad setting
-    record = read_record(server_mode.server_dir(Settings.from_env().state_dir))
+    record = read_record(server_mode.server_dir(commandenv.state_dir()))
     if record is None:
         return None
     request = {
@@ -39,7 +39,7 @@ def forward(argv: list[str]) -> int | None:
         "env": dict(os.environ),
         "cwd": os.getcwd(),
         "python": sys.executable,
-        "code": str(warm_engine.CODE_ROOT),
+        "code": str(commandenv.CODE_ROOT),
         "path0": sys.path[0],
     }
     code = handoff.ask(record["socket"], request, lambda: _COLD)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
-from traingate.settings import PREFECT_SERVER_VAR
+from traingate.commandenv import PREFECT_SERVER_VAR
 
 MODE_VAR = PREFECT_SERVER_VAR
 DIR_NAME = "prefect-server"

@@ -41,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from traingate import commandenv
 from traingate.launch import pytest_child
 from traingate.runtime import handoff
 from traingate.settings import CODE_DIR_VAR, ENGINE_SOCKET_VAR
@@ -63,7 +64,7 @@ PRELOADED = (
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).
 _FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
-CODE_ROOT = Path(__file__).resolve().parent.parent
+CODE_ROOT = commandenv.CODE_ROOT
 # A process pool's command (its job template's default): this module's thin entry.
 ENGINE_COMMAND = "python -m flows.warm_engine"
 

@@ -155,7 +155,7 @@ def test_packages_and_modules_import_each_other_without_cycles():
 # the ground up; docs/layout.md draws them. A module imports only its own room and the rooms below it, so
 # the rooms never import each other in a circle. A new room gets its floor here.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("specbase", "redact", "settings", "alerts", "sweepspec", "spec", "places", "secrets",
+    ("foundation", ("commandenv", "specbase", "redact", "settings", "alerts", "sweepspec", "spec", "places", "secrets",
                     "storage", "snapshots", "units")),
     ("contract", ("job",)),
     ("scheduled, trained, remembered", ("capacity", "recipes", "tracking")),

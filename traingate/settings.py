@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from traingate.commandenv import CLI_ENGINE_VAR as CLI_ENGINE_VAR
+from traingate.commandenv import PREFECT_SERVER_VAR as PREFECT_SERVER_VAR
+from traingate.commandenv import STATE_DIR_VAR as STATE_DIR_VAR
+from traingate.commandenv import state_dir
 from traingate.redact import redact
 
 if TYPE_CHECKING:
@@ -34,14 +38,10 @@ if TYPE_CHECKING:
     from typing import TextIO
 
 
-STATE_DIR_VAR = "TRAINGATE_STATE_DIR"
 TRACKING_URI_VAR = "TRAINGATE_TRACKING_URI"
 ARTIFACT_URI_VAR = "TRAINGATE_ARTIFACT_URI"
 CHECKPOINT_URI_VAR = "TRAINGATE_CHECKPOINT_URI"
 OPTUNA_STORAGE_VAR = "TRAINGATE_OPTUNA_STORAGE"
-# which Prefect server a CLI command uses without PREFECT_API_URL (flows/local_server.py): kept | temporary
-PREFECT_SERVER_VAR = "TRAINGATE_PREFECT_SERVER"
-CLI_ENGINE_VAR = "TRAINGATE_CLI_ENGINE"  # off: every command runs cold (flows.cli_engine)
 # Where migrated, empty Prefect databases are cached (flows.local_server.db_cache_dir); unset: under the state dir.
 PREFECT_DB_CACHE_VAR = "TRAINGATE_PREFECT_DB_CACHE"
 S3_ENDPOINT_VAR = "TRAINGATE_S3_ENDPOINT_URL"
@@ -96,7 +96,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        state = Path(env.get(STATE_DIR_VAR) or ".traingate").expanduser().resolve()
+        state = state_dir(env)
         tracking = env.get(TRACKING_URI_VAR) or f"sqlite:///{state}/mlflow.db"
         # Beside a tracking server, the default is the server's artifact store: a file:// location on
         # this machine's disk would be one the server cannot serve and the next container loses.

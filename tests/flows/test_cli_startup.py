@@ -84,3 +84,18 @@ def test_validating_the_demo_spec_imports_neither_prefect_mlflow_torch_nor_optun
     assert json.loads(p.stderr.strip().splitlines()[-1]) == [], p.stderr
 
 
+
+
+def test_the_traingate_process_loads_only_the_hand_over_and_the_standard_library_before_the_engine_runs_it():
+    # What `traingate run` imports before handing the command to the CLI engine is its own time before the engine's
+    # fork: the hand-over's modules and the standard library, no settings module, no third-party package.
+    code = """
+import json, sys
+before = set(sys.modules)
+import flows.cli
+print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names)))
+"""
+    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == ["flows", "flows.cli", "flows.cli_forward", "flows.server_mode", "traingate",
+                                    "traingate.commandenv", "traingate.runtime", "traingate.runtime.handoff"]
