@@ -12,7 +12,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from tracking_helpers import fresh_store, new_run
-from traingate.promotion.aliases import CANDIDATE, take_alias_if_better
+from traingate.promotion.aliases import CANDIDATE, alias_holder, take_alias_if_better
 
 NAME = "race-model"
 
@@ -86,3 +86,17 @@ def test_a_worse_model_registered_later_does_not_take_candidate(tmp_path: Path):
     res = take_alias_if_better(c, NAME, better, better_run)
     assert res["registered"] is True and res["reason"] == f"took @{CANDIDATE} from v{good}: val_loss 0.1 < 0.2"
     assert c.get_model_version_by_alias(NAME, CANDIDATE).version == better
+
+
+def test_an_aliases_holder_is_read_as_one_version_and_none_where_there_is_no_alias_or_no_model(tmp_path: Path):
+    uri = fresh_store(tmp_path / "mlflow.db")
+    c = MlflowClient(uri)
+    assert alias_holder(c, NAME, CANDIDATE) is None  # no such model
+    c.create_registered_model(NAME)
+    assert alias_holder(c, NAME, CANDIDATE) is None  # a model without the alias
+    run_id, version = _version(c, uri, 0.2)
+    c.set_model_version_tag(NAME, version, "traingate.val_loss", "0.2")
+    c.set_registered_model_alias(NAME, CANDIDATE, version)
+    holder = alias_holder(c, NAME, CANDIDATE)
+    assert holder is not None and holder.version == version and holder.run_id == run_id
+    assert holder.tags["traingate.val_loss"] == "0.2"

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Run, RunTag
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from traingate.settings import Settings
@@ -37,6 +39,19 @@ def _eval_metric(c: MlflowClient, stage_run_id: str, run: Run | None) -> float |
     metrics = (run if run is not None else c.get_run(stage_run_id)).data.metrics
     value = metrics.get(f"stage.{EVAL_METRIC}", metrics.get(EVAL_METRIC))
     return float(value) if value is not None else None
+
+
+def alias_holder(c: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+    """The version of model ``name`` that ``alias`` points at; None when it points at none or there is no such
+    model. One read of that version: the registered model, which lists every version it has, is not read."""
+    try:
+        return c.get_model_version_by_alias(name, alias)
+    except MlflowException as e:
+        # The store's answers: INVALID_PARAMETER_VALUE for an alias it does not have, RESOURCE_DOES_NOT_EXIST for
+        # a model it does not have.
+        if e.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"):
+            return None
+        raise
 
 
 @contextlib.contextmanager
@@ -71,8 +86,7 @@ def take_alias_if_better(
     if mine is not None:
         c.set_model_version_tag(name, version, _METRIC_TAG, repr(mine))
     with alias_lock(c, name):
-        held = c.get_registered_model(name).aliases.get(alias)
-        holder = c.get_model_version(name, held) if held is not None else None
+        holder = alias_holder(c, name, alias)
         theirs = holder.tags.get(_METRIC_TAG) if holder is not None else None
         if holder is None:
             won, why = True, f"took @{alias}: no model held it"

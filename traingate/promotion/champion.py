@@ -23,10 +23,9 @@ from typing import Any
 
 import mlflow
 import mlflow.pytorch
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from traingate.promotion.aliases import alias_lock, model_name
+from traingate.promotion.aliases import alias_holder, alias_lock, model_name
 from traingate.recipes import get_recipe
 from traingate.runtime.checkpoint import Checkpointer
 from traingate.settings import Settings, checkpoint_key
@@ -55,15 +54,9 @@ class Decision:
 
 def find(c: MlflowClient, name: str) -> Champion | None:
     """The version of model ``name`` holding ``champion``, or None (no such model, or no champion yet)."""
-    try:
-        held = c.get_registered_model(name).aliases.get(CHAMPION)
-    except MlflowException as e:
-        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
+    v = alias_holder(c, name, CHAMPION)
+    if v is None:
         return None
-    if held is None:
-        return None
-    v = c.get_model_version(name, str(held))
     return Champion(
         name,
         str(v.version),
@@ -157,8 +150,8 @@ def crown(
     decision = decide(scores["champion"], challenger, margin, champion.version if champion else None)
     promoted = False
     with alias_lock(c, name):
-        held = c.get_registered_model(name).aliases.get(CHAMPION)
-        held = str(held) if held is not None else None
+        holder = alias_holder(c, name, CHAMPION)
+        held = str(holder.version) if holder is not None else None
         if held == str(version):  # a retried call whose first attempt moved it
             promoted = True
         elif held != (champion.version if champion else None):
