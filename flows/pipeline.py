@@ -397,6 +397,7 @@ def ladder(
                     launched=beside.launched,
                     ended=end.ended,
                     capacity=capacity.result,
+                    beside=beside.thread,
                 )
                 while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
                     in_place = _wait_for_resume(
@@ -409,7 +410,12 @@ def ladder(
                         spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run
                     )
                     result = run_stage_job(
-                        _as_is(job), resume=True, zygote=zygote, launched=beside.launched, ended=end.ended
+                        _as_is(job),
+                        resume=True,
+                        zygote=zygote,
+                        launched=beside.launched,
+                        ended=end.ended,
+                        beside=beside.thread,
                     )
             gate = spec.gate(stage)
             decision = _decide(spec, result, run_id, run_dir, beside, end.capacity)

@@ -58,6 +58,7 @@ def run_stage_job(
     launched: Callable[[], None] | None = None,
     ended: Callable[[], None] | None = None,
     capacity: Callable[[], CapacityConfig | None] | None = None,
+    beside: Callable[[Callable[[], object]], None] | None = None,
 ) -> StageResult:
     """Train one StageJob. ``resume``: continue an interrupted stage from its latest checkpoint. ``zygote``: the
     stage's or its run's, started ahead of time (:func:`traingate.supervision.drivers.start_zygote`); released
@@ -65,7 +66,9 @@ def run_stage_job(
     processes have started (or as it ends without them, or before a Slurm pool takes it): the caller's work that
     is to stay off the stage's start. ``ended``: called as each launch's processes have ended, before they are
     judged: the caller's work that is to stay off the stage's end. ``capacity``: the pools config, read by the
-    caller beside its own preparation of the stage (:func:`read_capacity_config`); None: read here.
+    caller beside its own preparation of the stage (:func:`read_capacity_config`); None: read here. ``beside``: runs
+    a call of the stage's end beside the caller's next steps (the progress artifact's last update, an API call the
+    gate does not read), and the caller waits for it before its own end; None: called here.
 
     On a server with a capacity config (``traingate pools bootstrap``) the job first waits in its
     pool's queue for all of its slots (``tasks/slots.py``), holds them while it trains, and gives
@@ -74,7 +77,7 @@ def run_stage_job(
     """
     once = _Once(launched)
     try:
-        return _run_stage_job(job, resume, watcher, zygote, once, ended, capacity)
+        return _run_stage_job(job, resume, watcher, zygote, once, ended, capacity, beside)
     finally:
         once()
 
@@ -111,6 +114,7 @@ def _run_stage_job(
     launched: _Once,
     ended: Callable[[], None] | None,
     capacity: Callable[[], CapacityConfig | None] | None,
+    beside: Callable[[Callable[[], object]], None] | None,
 ) -> StageResult:
     log = get_run_logger()
     stage_dir = Path(job.stage_dir)
@@ -192,7 +196,11 @@ def _run_stage_job(
             previous = read_state(stage_dir)
     held = time.monotonic() - t0 - (gang.waited_s if gang is not None else 0.0)
     result = outcomes.from_supervision(job, sup, held, before=before)
-    progress.publish()  # the stage's end: its last step, loss and status
+    # The stage's end: its last step, loss and status.
+    if beside is not None:
+        beside(progress.publish)
+    else:
+        progress.publish()
     charged.record(stage_dir, result.attempts, final=True)  # what `traingate watch` adds up for the ended stage
     if gang is not None:
         result.metrics.update(preemptions=preemptions, queue_wait_s=round(gang.waited_s, 3))

@@ -108,6 +108,7 @@ def test_a_parent_opened_with_its_tags_only_is_complete_once_filled_before_its_s
     runs.fill_pipeline_run(c, parent, spec, IDENTITY["environment"])  # again: the same values
     runs.fill_stage_run(c, parent, smoke, "smoke")
     p, s = c.get_run(parent), c.get_run(smoke)
+    assert s.info.run_name == f"{p.info.run_name}/smoke" and p.info.run_name.endswith(parent[:8])  # renamed as filled
     assert p.data.params and s.data.params == p.data.params
     assert p.data.tags["traingate.identity_valid"] == s.data.tags["traingate.identity_valid"] == "true"
     for folder in ("spec", "identity"):

@@ -231,12 +231,11 @@ def open_pipeline_run(
     writes the rest with :func:`fill_pipeline_run`.
     """
     exp = experiment_id(c, spec.identity.experiment, artifact_uri)
-    name = spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
-    run = create_run_once(c, exp, request_key, name, {"traingate.kind": "pipeline"})
-    rid = run.info.run_id
-    # Its unique name comes with the tags below: MLflow renames a run whose mlflow.runName tag is written.
+    name = _base_name(spec)
+    # Its tags come with its creation, its id right after; its unique name with the rest of its identity
+    # (fill_pipeline_run: MLflow renames a run whose mlflow.runName tag is written, a write of its own).
     tags = {
-        "traingate.run_id": rid,
+        "traingate.kind": "pipeline",
         "traingate.experiment": spec.identity.experiment,
         "traingate.owner": spec.identity.owner,
         "traingate.team": spec.identity.team,
@@ -250,9 +249,11 @@ def open_pipeline_run(
         "traingate.data_uri": identity["data_uri"],
         "traingate.spec_hash": spec.spec_hash(),
         "traingate.work_pool": spec.resources.work_pool,
-        **standard.standard_tags(spec, identity["code"], unique_name(name, rid)),
+        **standard.standard_tags(spec, identity["code"], name),
     }
-    c.log_batch(rid, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+    run = create_run_once(c, exp, request_key, name, {k: redact(str(v)) for k, v in tags.items()})
+    rid = run.info.run_id
+    c.set_tag(rid, "traingate.run_id", rid)
     if "environment" in identity:
         fill_pipeline_run(c, rid, spec, identity["environment"], validate=validate)
     return rid
@@ -261,14 +262,29 @@ def open_pipeline_run(
 def fill_pipeline_run(
     c: MlflowClient, rid: str, spec: RunSpec, environment: dict[str, Any], validate: bool = True
 ) -> list[str]:
-    """The rest of a pipeline run's identity: the spec as params and as an artifact, the environment snapshot; then
-    the identity check (``validate``), whose missing parts it returns. Safe to repeat (same values)."""
+    """The rest of a pipeline run's identity: its unique name, the spec as params and as an artifact, the environment
+    snapshot; then the identity check (``validate``), whose missing parts it returns. Safe to repeat (same values)."""
+    c.set_tag(rid, "mlflow.runName", unique_name(_base_name(spec), rid))
     params = [Param(k, redact(v)[:_MAX_PARAM]) for k, v in sorted(spec.flat().items())]
     for i in range(0, len(params), 100):  # MLflow takes at most 100 params (and 100 tags) in one batch
         c.log_batch(rid, params=params[i : i + 100])
     c.log_dict(rid, redact_mapping(spec.to_dict()), SPEC_ARTIFACT)
     c.log_dict(rid, redact_mapping(environment), ENVIRONMENT_ARTIFACT)
     return validate_identity(c, rid) if validate else []
+
+
+def _base_name(spec: RunSpec) -> str:
+    return spec.identity.run_name or f"{spec.recipe.name}-{spec.spec_hash()[:6]}"
+
+
+def pipeline_name(name: str, run_id: str) -> str:
+    """A pipeline run's unique name from its stored name, whether or not the rename that gives it has been written.
+
+    >>> rid = "7d1e0b2a9c4f4e0d8b6a5c3e2f1a0b9c"
+    >>> pipeline_name("digits-cnn-3f9a2c", rid), pipeline_name("digits-cnn-3f9a2c-7d1e0b2a", rid)
+    ('digits-cnn-3f9a2c-7d1e0b2a', 'digits-cnn-3f9a2c-7d1e0b2a')
+    """
+    return name if name.endswith(f"-{run_id[:8]}") else unique_name(name, run_id)
 
 
 def unique_name(name: str, run_id: str) -> str:
@@ -381,7 +397,7 @@ def create_stage_run(c: MlflowClient, parent_run_id: str, stage: str, *, request
         c,
         parent.info.experiment_id,
         request_key,
-        f"{parent.info.run_name}/{stage}",
+        f"{pipeline_name(parent.info.run_name, parent_run_id)}/{stage}",
         {
             **inherited,
             "mlflow.parentRunId": parent_run_id,
