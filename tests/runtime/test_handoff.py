@@ -80,3 +80,40 @@ def test_a_forked_child_runs_its_own_finalizers_at_exit_and_not_the_zygotes(tmp_
         zygote.kill()
     assert status == 3
     assert sorted(p.name for p in tmp_path.iterdir() if p.name in ("child", "zygote")) == ["child"]
+
+
+def test_a_forked_child_lets_go_of_the_entrys_output_before_its_exit_status_goes_out():
+    # Whoever reads the entry's output to its end sees the end as the entry exits, not once the kernel has taken the
+    # child's memory apart: here the child lingers after telling its status, as a large one does in its exit.
+    out_r, out_w = os.pipe()
+    here, child_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: its stdout and stderr are the entry's output
+        try:
+            here.close()
+            os.dup2(out_w, 1)
+            os.dup2(out_w, 2)
+            os.close(out_w)
+            os.close(out_r)
+            real_exit = os._exit
+
+            def lingering_exit(code: int) -> None:
+                select.select([], [], [], 3.0)
+                real_exit(code)
+
+            handoff.os._exit = lingering_exit  # type: ignore[assignment]  # this process only: a forked copy
+            handoff.finish(child_end, threading.Event(), 4)
+        finally:
+            os._exit(70)
+    os.close(out_w)
+    child_end.close()
+    try:
+        record = here.recv(handoff.REC.size)
+        assert handoff.REC.unpack(record) == (b"X", 4)
+        ready, _, _ = select.select([out_r], [], [], 2.0)
+        assert ready and os.read(out_r, 100) == b""  # the output's end, while the child still lingers
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        os.waitpid(pid, 0)
+        os.close(out_r)
+        here.close()

@@ -14,6 +14,7 @@ Zygote/child -> entry: ``!ci`` records: ``R`` refused (start cold), ``P`` pid, `
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -224,10 +225,17 @@ def run_and_finish(conn: socket.socket, done: threading.Event, body: Callable[[]
 
 
 def finish(conn: socket.socket, done: threading.Event, code: int) -> NoReturn:
-    """In the forked child: tell the entry the exit status and end with it."""
+    """In the forked child: tell the entry the exit status and end with it.
+
+    The entry's standard streams are closed here first: a process holds its descriptors until the kernel has taken
+    its memory apart, which for a child of a large engine takes tens of milliseconds, and whoever reads the
+    entry's output to its end (a shell's command substitution, a caller's pipe) would wait for that too."""
     done.set()
     sys.stdout.flush()
     sys.stderr.flush()
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
     try:
         conn.sendall(REC.pack(b"X", code))
     except OSError:
