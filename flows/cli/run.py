@@ -158,14 +158,10 @@ def interrupted(run_id: str | None) -> int:
 
 
 def _claimed_run(settings: Settings) -> str | None:
-    """The run this process was orchestrating: the newest run directory that names this process as its
-    orchestrator (the ladder records it as it starts, traingate.tracking.stale.claim)."""
-    mine = [
-        d
-        for d in (settings.state_dir / "runs").glob("*")
-        if (o := stale.read_orchestrator(d)) is not None and o.pid == os.getpid()
-    ]
-    return max(mine, key=lambda d: (d / stale.ORCHESTRATOR).stat().st_mtime).name if mine else None
+    """The run this process was orchestrating in ``settings``' state directory: the one it claimed last that
+    still names it as its orchestrator (the ladder records it as it starts, traingate.tracking.stale.claim)."""
+    run_dir = stale.claimed_here()
+    return run_dir.name if run_dir is not None and run_dir.parent == settings.state_dir / "runs" else None
 
 
 def _start_prefect_server_shielded() -> None:

@@ -22,6 +22,7 @@ tell" must never close a live run of a concurrent ladder.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -70,7 +71,22 @@ def claim(run_dir: Path, flow_run_id: str | None) -> Orchestrator:
     o = Orchestrator(pid=me.pid, started=me.create_time(), host=socket.gethostname(), flow_run_id=flow_run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / ORCHESTRATOR, asdict(o))
+    _CLAIMED.append(run_dir)
     return o
+
+
+_CLAIMED: list[Path] = []  # the run directories this process claimed, oldest first
+
+
+def claimed_here() -> Path | None:
+    """The run directory this process claimed last that still names it as its orchestrator (a `traingate resume`
+    elsewhere takes a run over); None if none. Read from this process's own claims, not from every run
+    directory: a state directory holds thousands of runs."""
+    for run_dir in reversed(_CLAIMED):
+        o = read_orchestrator(run_dir)
+        if o is not None and o.pid == os.getpid():
+            return run_dir
+    return None
 
 
 def read_orchestrator(run_dir: Path) -> Orchestrator | None:
