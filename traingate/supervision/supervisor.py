@@ -1,17 +1,15 @@
 """The restart loop around one training process tree: the one launch path of every StageJob.
 
-Launch the tree, watch its heartbeats, classify how it ended, and either finish, stop
-with the cause, or relaunch it from the latest checkpoint after a backoff, within the
-retry budget. Ladder stages, resumes, sweep trials and drills all come through here.
-Prefect stays outside: the caller hands in plain callables (log a line, emit a restart
-event, "should this tree stop now?").
+Launch the tree, watch its heartbeats, classify how it ended, and either finish, stop with the cause, or relaunch
+it from the latest checkpoint after a backoff, within the retry budget. Ladder stages, resumes, sweep trials and
+drills all come through here. Prefect stays outside: the caller hands in plain callables (log a line, emit a
+restart event, "should this tree stop now?").
 
-A torchrun group may also restart *in place* after a lost worker (``--max-restarts`` set to
-what is left of the budget): no backoff, no new agent, faster than a relaunch. The supervisor
-sees it in the heartbeats (their ``restart_count``), records it as an attempt, emits the same
-restart event and charges the same budget. Failures an in-place restart cannot fix (a bug, NaN,
-an OOM that needs a smaller batch, a full disk) stop the tree at once, so torchrun does not
-retry them, and the supervisor decides.
+A torchrun group may also restart *in place* after a lost worker (``--max-restarts`` set to what is left of the
+budget): no backoff, no new agent, faster than a relaunch. The supervisor sees it in the heartbeats (their
+``restart_count``), records it as an attempt, emits the same restart event and charges the same budget. Failures
+an in-place restart cannot fix (a bug, NaN, an OOM that needs a smaller batch, a full disk) stop the tree at once,
+so torchrun does not retry them, and the supervisor decides.
 
 What differs between a built-in recipe and a user's script sits behind one interface
 (:mod:`traingate.supervision.drivers`); the tick-by-tick watch of a launch is
