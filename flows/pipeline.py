@@ -367,6 +367,20 @@ def ladder(
         else None
     )
     end = _StageEnd(beside)
+
+    def train(job: Any, resume: bool, capacity: Callable[[], CapacityConfig | None] | None = None) -> StageResult:
+        """A training stage with the ladder's hooks: the kept writes go on at its launch and wait at its end, the
+        gate's config is read as it ends, its last progress update runs beside what follows."""
+        return run_stage_job(
+            _as_is(job),
+            resume=resume,
+            zygote=zygote,
+            launched=beside.launched,
+            ended=end.ended,
+            capacity=capacity,
+            beside=beside.thread,
+        )
+
     try:
         for i, stage in enumerate(stages):
             resuming = point is not None and stage == point.stage
@@ -390,15 +404,7 @@ def ladder(
                 if not known_run:
                     beside.after_next_launch(_submitting(fill_stage_run, run_id, stage_run, stage))
                 job = derive(spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run)
-                result = run_stage_job(
-                    _as_is(job),
-                    resume=resuming,
-                    zygote=zygote,
-                    launched=beside.launched,
-                    ended=end.ended,
-                    capacity=capacity.result,
-                    beside=beside.thread,
-                )
+                result = train(job, resuming, capacity.result)
                 while pause_wait_s > 0 and _paused(result):  # the Prefect UI's Resume form continues it here
                     in_place = _wait_for_resume(
                         stage, spec, run_dir, pause_wait_s, Resume, resumable_stop(stage, result, run_id)
@@ -409,14 +415,7 @@ def ladder(
                     job = derive(
                         spec, stage, run_id=run_id, run_dir=run_dir, settings=settings, mlflow_run_id=stage_run
                     )
-                    result = run_stage_job(
-                        _as_is(job),
-                        resume=True,
-                        zygote=zygote,
-                        launched=beside.launched,
-                        ended=end.ended,
-                        beside=beside.thread,
-                    )
+                    result = train(job, True)
             gate = spec.gate(stage)
             decision = _decide(spec, result, run_id, run_dir, beside, end.capacity)
             refused_on_budget = i + 1 < len(stages) and over_budget_only(result, gate, decision)
