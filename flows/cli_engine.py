@@ -80,6 +80,7 @@ PRELOADED = (
     # What opening an MLflow store computes the same way in every child (traingate.tracking.runs.warm_mlflow).
     "traingate.tracking.runs:warm_mlflow",
     "flows.warm_engine:build_prefect_models",
+    "flows.prefect_tls:share",  # a forked command's Prefect clients make no TLS context of their own
     # A built-in recipe's unit stage is forked from the engine too (traingate.launch.pytest_child).
     "pytest",
     *pytest_child.CONTRACT_PRELOAD,

@@ -35,7 +35,9 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Running, State
 from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from flows import prefect_tls
 from tasks.data import data_snapshot, newest_snapshot
+from tasks.report import publish_stage_report
 from tasks.slots import CONFIG_VAR, read_config
 from tasks.tracking import (
     close_pipeline_run,
@@ -125,6 +127,7 @@ class _OutcomeNotFault(logging.Filter):
 _FILTER = _OutcomeNotFault()
 if not any(isinstance(f, _OutcomeNotFault) for f in logging.getLogger("prefect.flow_runs").filters):
     logging.getLogger("prefect.flow_runs").addFilter(_FILTER)
+prefect_tls.install()  # every Prefect client of a run shares one verified TLS context per CA file
 
 
 def stopped(state: State, summary: dict[str, Any]) -> State:
@@ -426,8 +429,13 @@ def ladder(
                     result = reestimated(result, spec)
                     decision = _decide(spec, result, run_id, run_dir, beside)
             # Recording runs beside the next stage (MLflow writes, plots, the report), from its launch on: the gate
-            # needs none of it, and the next stage's start does not share the process with it.
-            beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id))
+            # needs none of it, and the next stage's start does not share the process with it. After the run's
+            # last stage nothing launches: its report (an API call, read by nothing after it) goes out now, beside
+            # its MLflow records and the promotion that reads them.
+            last = i + 1 == len(stages)
+            beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id, not last))
+            if last:
+                beside.thread(publish_stage_report.fn, run_id, result, decision, stage_run)
             summary["stages"][stage] = {
                 "status": str(result.status),
                 "gate": decision.passed,
@@ -479,7 +487,7 @@ def ladder(
                     close_pipeline_run(run_id, False, stage, reason)
                     return stopped(Failed(message=reason), summary)
                 log.info("promotion to %s approved by %s", stages[i + 1], answer.reviewer or "reviewer")
-        beside.settle()
+        beside.settle(writes_only=True)  # the stages' records, which the promotion reads
         verb = (
             f"resumed {stages[0]}; reached {stages[-1]}"
             if point is not None
@@ -491,7 +499,7 @@ def ladder(
             )
             verb += "; " + _promotion(run_id, summary["model"], beside)
         close_pipeline_run(run_id, True, stages[-1])
-        beside.settle()  # the promotion's artifact
+        beside.settle()  # the last stage's report, the promotion's artifact
         return Completed(message=verb, data=summary)
     finally:
         if zygote is not None:
@@ -856,15 +864,17 @@ class Beside:
             except BaseException as e:  # noqa: BLE001 - raised by settle, in the flow's thread
                 self._failed.append(e)
 
-    def settle(self) -> None:
-        """Submit what waits, then wait for all of it (a failure among them fails the flow, as if awaited inline)."""
+    def settle(self, writes_only: bool = False) -> None:
+        """Submit what waits, then wait for all of it (a failure among them fails the flow, as if awaited inline).
+        ``writes_only``: the kept writes; the threads' calls go on (a later settle waits for them)."""
         self.launched()
         with self._turn:
             while self._working:
                 self._turn.wait()
-        for f in self.futures:
-            f.result()
-        self.futures.clear()
+        if not writes_only:
+            for f in self.futures:
+                f.result()
+            self.futures.clear()
         if self._failed:
             failed = self._failed[0]
             self._failed.clear()
@@ -883,8 +893,10 @@ def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture | Futu
     return lambda: [task.submit(*args)]
 
 
-def _record(stage_run: str, result: StageResult, decision: GateDecision, run_id: str) -> list[PrefectFuture | Future]:
-    return [record_stage.submit(stage_run, _as_is(result), _as_is(decision), run_id=run_id, report=True)]
+def _record(
+    stage_run: str, result: StageResult, decision: GateDecision, run_id: str, report: bool = True
+) -> list[PrefectFuture | Future]:
+    return [record_stage.submit(stage_run, _as_is(result), _as_is(decision), run_id=run_id, report=report)]
 
 
 @flow(name="pipeline", log_prints=True)

@@ -60,6 +60,7 @@ PRELOADED = (
     "traingate.tracking.identity:installed_packages",  # a run's environment snapshot lists them
     "traingate.tracking.runs:warm_mlflow",  # what opening an MLflow store computes the same way in every child
     "flows.warm_engine:build_prefect_models",
+    "flows.prefect_tls:share",  # a forked command's Prefect clients make no TLS context of their own
 )
 # Threads a library starts at import that hold no lock a forked child could need (jemalloc's arena purger,
 # through pyarrow under pandas, re-creates itself in a child).

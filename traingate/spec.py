@@ -804,5 +804,9 @@ def write_resolved(spec: RunSpec, path: str | Path) -> Path:
     """Write the resolved spec (every default filled in) where a training process can read it."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    p.write_text(yaml.dump(spec.to_dict(), Dumper=_SAFE_DUMPER, sort_keys=False))
     return p
+
+
+# libyaml's emitter where PyYAML has it (its wheels do): the same text as the pure-Python one, 4x faster.
+_SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

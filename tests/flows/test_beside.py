@@ -118,3 +118,27 @@ def test_writes_kept_after_a_settle_get_a_writer_again():
     _until(lambda: w.started("second"))
     beside.settle()
     _until(lambda: not [t for t in threading.enumerate() if t.name == "ladder-beside-writes"])  # none left waiting
+
+
+def test_settling_the_writes_leaves_a_call_in_a_thread_to_the_next_settle():
+    """The run's end: the stages' records are settled before the promotion reads them, while the last stage's
+    report (an API call in a thread) goes on beside the promotion until the run's last settle."""
+    beside, w = Beside(), Writes()
+    report_may_end, report_ended = threading.Event(), threading.Event()
+
+    def report() -> None:
+        assert report_may_end.wait(10)
+        report_ended.set()
+
+    beside.thread(report)
+    beside.after_next_launch(w.write("record-full", seconds=0.05))
+    beside.settle(writes_only=True)
+    assert len(w.spans["record-full"]) == 2  # the record has ended...
+    assert not report_ended.is_set()  # ...and the report still runs
+    settled = threading.Thread(target=beside.settle)
+    settled.start()
+    time.sleep(0.1)
+    assert settled.is_alive()  # the last settle waits for it
+    report_may_end.set()
+    settled.join(5)
+    assert not settled.is_alive() and report_ended.is_set()
