@@ -532,8 +532,8 @@ def no_flow_heartbeats() -> AbstractContextManager[Any]:
 
 
 def one_client() -> AbstractContextManager[Any]:
-    """This thread's Prefect API calls, a flow run's included, share one client in this context: each new client
-    loads the CA bundle (15-20 ms), whatever the server's scheme."""
+    """This thread's Prefect API calls, a flow run's included, share one client in this context: a new client costs
+    its connection and its CSRF token (its TLS context is the process's, :mod:`flows.prefect_tls`)."""
     return SyncClientContext.get_or_create()
 
 
