@@ -206,7 +206,9 @@ def test_a_trial_whose_heartbeat_thread_stalls_past_the_grace_period_is_not_fail
         study._storage.record_heartbeat(trial._trial_id)
         return contextlib.nullcontext()
     monkeypatch.setattr(driver, "heartbeat", stalled)
-    sw = _sweep(sampler="random", n_trials=2, max_concurrent=2)
+    # A grace of 3 s: with 2 s, a box running three test workers on two cores once saw both trials judged stale
+    # (heartbeats are kept to the second, and the driver's own beat and its check are transactions apart).
+    sw = _sweep(sampler="random", n_trials=2, max_concurrent=2, grace_s=3)
     stale_seen = []
     study = _study(tmp_path, sw, on_stale=lambda t: stale_seen.append(t.number), heartbeat=True)
 
