@@ -2,8 +2,8 @@
 
 Every new Prefect client builds a verified ``ssl.SSLContext`` from its CA file (Prefect's
 ``PREFECT_API_SSL_CERT_FILE``, else certifi's bundle): 20-45 ms of CPU for the system bundle, whatever the
-server's scheme. A ladder made four before its first stage (its own, the log and event workers', a thread's
-beside it) and its events client's version check one more. A verified context is not changed once made, and
+server's scheme. A ladder made five before its first stage: the command's own client, three async clients on
+Prefect's event-loop thread, and the events client's version check. A verified context is not changed once made, and
 OpenSSL's contexts serve many connections and threads, so one per CA file serves every client: :func:`install`
 puts that in the Prefect modules that make them (the ladder's module does as it is imported); :func:`share`
 also makes the context for the CA file Prefect is set to use now (an engine's preload: before it forks, so a
