@@ -433,7 +433,7 @@ def ladder(
             # last stage nothing launches: its report (an API call, read by nothing after it) goes out now, beside
             # its MLflow records and the promotion that reads them.
             last = i + 1 == len(stages)
-            beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id, not last))
+            beside.after_next_launch(functools.partial(_record, stage_run, result, decision, run_id, report=not last))
             if last:
                 beside.thread(publish_stage_report.fn, run_id, result, decision, stage_run)
             summary["stages"][stage] = {
@@ -894,7 +894,7 @@ def _submitting(task: Any, *args: Any) -> Callable[[], list[PrefectFuture | Futu
 
 
 def _record(
-    stage_run: str, result: StageResult, decision: GateDecision, run_id: str, report: bool = True
+    stage_run: str, result: StageResult, decision: GateDecision, run_id: str, report: bool
 ) -> list[PrefectFuture | Future]:
     return [record_stage.submit(stage_run, _as_is(result), _as_is(decision), run_id=run_id, report=report)]
 
